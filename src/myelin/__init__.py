@@ -1,0 +1,1 @@
+"""MyeLiN: the IREE compiler adapter and the runtime that loads and runs .mln artifacts."""

@@ -1,0 +1,35 @@
+"""Error types of the MyeLiN runtime.
+
+Every error a user can cause (a corrupt artifact, a wrong input, a missing device) is one of these,
+with a message that names the problem and the fix. IREE's own errors are translated at the
+boundary so a user never has to read a traceback from deep inside the runtime.
+"""
+
+from __future__ import annotations
+
+
+class MyelinError(Exception):
+    """Base of every error the MyeLiN layer raises on purpose."""
+
+
+class ArtifactError(MyelinError):
+    """The .mln file is unreadable, truncated, corrupt or of an unsupported version."""
+
+
+class InputError(MyelinError, ValueError):
+    """A call's inputs do not match the entrypoint's signature."""
+
+
+class DeviceUnavailable(MyelinError):
+    """No variant of the artifact can run on the devices this machine has."""
+
+
+class EntrypointNotFound(MyelinError, KeyError):
+    """The artifact has no entrypoint of that name."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class CompileError(MyelinError):
+    """The IREE compiler rejected a module; the message carries its diagnostics."""

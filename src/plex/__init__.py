@@ -1,0 +1,1 @@
+"""PLeX: manifests, resolution, policies, artifact composition and the plex CLI."""
