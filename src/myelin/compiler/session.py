@@ -1,0 +1,185 @@
+"""In-process access to the IREE compiler through its C API.
+
+The Python `iree.compiler.api` wrapper covers sessions, sources and outputs, but not compile
+phases or diagnostics capture. Both are stable C API entry points; we declare their ctypes
+signatures here (undeclared, ctypes truncates the 64-bit pointers and the process crashes) and
+keep every use of the private `ctypes_dl` module in this file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from iree.compiler import ir
+from iree.compiler.api import Output, Session, Source, ctypes_dl
+
+from myelin.errors import CompileError
+
+# The phases accepted by --compile-to / --compile-from, in pipeline order (iree-compile --help).
+PHASES: tuple[str, ...] = (
+    "start",
+    "input",
+    "abi",
+    "preprocessing",
+    "global-optimization",
+    "dispatch-creation",
+    "flow",
+    "stream",
+    "executable-sources",
+    "executable-configurations",
+    "executable-targets",
+    "hal",
+    "vm",
+    "end",
+)
+
+_DIAGNOSTIC_CALLBACK = ctypes.CFUNCTYPE(
+    None, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p
+)
+_SEVERITY = {0: "note", 1: "warning", 2: "error", 3: "remark"}
+_dylib_lock = threading.Lock()
+_dylib_ready = False
+
+
+def _dylib() -> ctypes.CDLL:
+    global _dylib_ready
+    with _dylib_lock:
+        if not _dylib_ready:
+            ctypes_dl._init_dylib()
+            lib = ctypes_dl._dylib
+            for name in (
+                "ireeCompilerInvocationSetCompileToPhase",
+                "ireeCompilerInvocationSetCompileFromPhase",
+            ):
+                ctypes_dl._setsig(getattr(lib, name), None, [ctypes.c_void_p, ctypes.c_char_p])
+            ctypes_dl._setsig(
+                lib.ireeCompilerInvocationEnableCallbackDiagnostics,
+                None,
+                [ctypes.c_void_p, ctypes.c_int, _DIAGNOSTIC_CALLBACK, ctypes.c_void_p],
+            )
+            _dylib_ready = True
+    return ctypes_dl._dylib
+
+
+@dataclass
+class Diagnostics:
+    """Messages the compiler emitted during one invocation."""
+
+    messages: list[tuple[str, str]] = field(default_factory=list)
+
+    def errors(self) -> list[str]:
+        return [m for s, m in self.messages if s == "error"]
+
+    def render(self, limit: int = 20) -> str:
+        picked = [f"{s}: {m}" for s, m in self.messages if s in ("error", "warning")]
+        if not picked:
+            picked = [f"{s}: {m}" for s, m in self.messages]
+        text = "\n".join(picked[:limit])
+        if len(picked) > limit:
+            text += f"\n... {len(picked) - limit} more"
+        return text
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise CompileError(f"unknown compile phase {phase!r}; phases: {', '.join(PHASES)}")
+
+
+class CompilerSession:
+    """One IREE compiler session (a context plus flags). Not shared across threads; two sessions
+    in two threads compile concurrently because the C API releases the GIL."""
+
+    def __init__(self, flags: Sequence[str]) -> None:
+        self._lib = _dylib()
+        self._session = Session()
+        self.flags = tuple(flags)
+        self._invocations: list[object] = []
+        try:
+            self._session.set_flags(*self.flags)
+        except ValueError as e:
+            raise CompileError(f"the IREE compiler rejected a flag: {e}") from e
+
+    @property
+    def context(self) -> ir.Context:
+        return self._session.context
+
+    def _invocation(self, diagnostics: Diagnostics):
+        inv = self._session.invocation()
+
+        @_DIAGNOSTIC_CALLBACK
+        def on_diagnostic(severity: int, message: bytes, size: int, _user: int) -> None:
+            diagnostics.messages.append(
+                (_SEVERITY.get(severity, "note"), message[:size].decode(errors="replace"))
+            )
+
+        inv._plex_diag_callback = on_diagnostic  # keep the callback alive with the invocation
+        self._lib.ireeCompilerInvocationEnableCallbackDiagnostics(
+            inv._inv_p, 0, on_diagnostic, None
+        )
+        return inv
+
+    def parse(self, source: Path | bytes | str, *, compile_to: str | None = None,
+              what: str = "module") -> ir.Operation:
+        """Parse a source (file or text) and run the pipeline up to `compile_to` (None: parse only).
+
+        Returns the module operation, owned by this session's context.
+        """
+        diagnostics = Diagnostics()
+        inv = self._invocation(diagnostics)
+        if isinstance(source, Path):
+            src = Source.open_file(self._session, str(source))
+        else:
+            data = source.encode() if isinstance(source, str) else source
+            if not data.startswith(b"ML\xefR") and not data.endswith(b"\0"):
+                data += b"\0"  # text sources are parsed as NUL-terminated strings
+            src = Source.wrap_buffer(self._session, data)
+        if not inv.parse_source(src):
+            raise CompileError(f"cannot parse {what}:\n{diagnostics.render()}")
+        if compile_to is not None:
+            _check_phase(compile_to)
+            self._lib.ireeCompilerInvocationSetCompileToPhase(inv._inv_p, compile_to.encode())
+            if not inv.execute():
+                raise CompileError(
+                    f"compiling {what} to phase '{compile_to}' failed:\n{diagnostics.render()}"
+                )
+        op = inv.export_module()
+        self._invocations.append(inv)  # the module's memory stays valid while the session lives
+        return op
+
+    def compile(self, module: ir.Operation, *, compile_from: str | None = None,
+                compile_to: str | None = None, what: str = "module") -> tuple[bytes, Diagnostics]:
+        """Run the rest of the pipeline on `module`; returns VM bytecode (or IR bytecode when
+        `compile_to` stops before the end)."""
+        diagnostics = Diagnostics()
+        inv = self._invocation(diagnostics)
+        if compile_from is not None:
+            _check_phase(compile_from)
+            self._lib.ireeCompilerInvocationSetCompileFromPhase(inv._inv_p, compile_from.encode())
+        if compile_to is not None:
+            _check_phase(compile_to)
+            self._lib.ireeCompilerInvocationSetCompileToPhase(inv._inv_p, compile_to.encode())
+        inv.import_module(module)
+        if not inv.execute():
+            raise CompileError(f"compiling {what} failed:\n{diagnostics.render()}")
+        output = Output.open_membuffer()
+        if compile_to is not None and compile_to not in ("vm", "end"):
+            inv.output_ir_bytecode(output)
+        else:
+            inv.output_vm_bytecode(output)
+        data = bytes(output.map_memory())
+        output.close()
+        return data, diagnostics
+
+    def close(self) -> None:
+        self._invocations.clear()
+        self._session.close()
+
+    def __enter__(self) -> CompilerSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,95 @@
+"""Compiler targets as policy: a named device description turns into IREE compiler flags.
+
+Compiler targets and runtime drivers are independent: a device says which code to generate
+(`target`) and which HAL driver runs it (`driver`); only the first reaches the compiler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from myelin.errors import CompileError
+
+# target -> (HAL device kind in --iree-hal-target-device, default runtime driver)
+TARGETS: dict[str, tuple[str, str]] = {
+    "llvm-cpu": ("local", "local-task"),
+    "vmvx": ("local", "local-task"),
+    "cuda": ("cuda", "cuda"),
+    "vulkan-spirv": ("vulkan", "vulkan"),
+    "rocm": ("hip", "hip"),
+    "metal-spirv": ("metal", "metal"),
+}
+
+# IREE 3.13 has no sm_90 entry in its CUDA target table (see docs/platforms.md); sm_80 PTX is
+# JIT-compiled by the driver on Hopper.
+DEFAULT_CUDA_ARCH = "sm_80"
+
+
+@dataclass(frozen=True)
+class TargetDevice:
+    """What the compiler needs to know about one named device."""
+
+    name: str
+    target: str = "llvm-cpu"
+    cpu: str | None = None  # llvm-cpu: "host", "generic" or an LLVM CPU name
+    cpu_features: str | None = None
+    arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN
+
+
+def _device_flags(device: TargetDevice) -> list[str]:
+    if device.target not in TARGETS:
+        raise CompileError(
+            f"device '{device.name}': unknown target {device.target!r}; "
+            f"accepted: {', '.join(TARGETS)}"
+        )
+    flags: list[str] = []
+    if device.target in ("llvm-cpu", "vmvx"):
+        flags.append(f"--iree-hal-local-target-device-backends={device.target}")
+        if device.target == "llvm-cpu":
+            flags.append(f"--iree-llvmcpu-target-cpu={device.cpu or 'host'}")
+            if device.cpu_features:
+                flags.append(f"--iree-llvmcpu-target-cpu-features={device.cpu_features}")
+    elif device.target == "cuda":
+        flags.append(f"--iree-cuda-target={device.arch or DEFAULT_CUDA_ARCH}")
+    elif device.target == "rocm":
+        if not device.arch:
+            raise CompileError(f"device '{device.name}': a rocm target needs arch, e.g. gfx942")
+        flags.append(f"--iree-hip-target={device.arch}")
+    return flags
+
+
+def target_flags(devices: Sequence[TargetDevice]) -> list[str]:
+    """Flags selecting the HAL target devices of one variant.
+
+    One device compiles for the plain device kind; several get named devices
+    (`name=kind[ordinal]`) so that placement can refer to them by name.
+    """
+    if not devices:
+        raise CompileError("a variant needs at least one device")
+    flags: list[str] = []
+    if len(devices) == 1:
+        flags.append(f"--iree-hal-target-device={TARGETS[_known(devices[0])][0]}")
+    else:
+        ordinals: dict[str, int] = {}
+        for d in devices:
+            kind = TARGETS[_known(d)][0]
+            n = ordinals.get(kind, 0)
+            ordinals[kind] = n + 1
+            flags.append(f"--iree-hal-target-device={d.name}={kind}[{n}]")
+    seen: set[str] = set()
+    for d in devices:
+        for f in _device_flags(d):
+            if f not in seen:
+                seen.add(f)
+                flags.append(f)
+    return flags
+
+
+def _known(device: TargetDevice) -> str:
+    if device.target not in TARGETS:
+        raise CompileError(
+            f"device '{device.name}': unknown target {device.target!r}; "
+            f"accepted: {', '.join(TARGETS)}"
+        )
+    return device.target

@@ -1,0 +1,60 @@
+"""One mapping between MLIR element types and numpy dtypes, used by the compiler adapter (to
+record signatures) and the runtime (to check inputs)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# MLIR builtin integer types in IREE's ABI are signless; numpy needs a sign, and IREE's own
+# Python bindings read them as signed. ui* / si* spellings are accepted for completeness.
+MLIR_TO_NUMPY: dict[str, str] = {
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "bf16": "bfloat16",
+    "i1": "bool",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "si8": "int8",
+    "si16": "int16",
+    "si32": "int32",
+    "si64": "int64",
+    "ui8": "uint8",
+    "ui16": "uint16",
+    "ui32": "uint32",
+    "ui64": "uint64",
+    "index": "int64",
+}
+
+NUMPY_TO_MLIR: dict[str, str] = {
+    "float16": "f16",
+    "float32": "f32",
+    "float64": "f64",
+    "bfloat16": "bf16",
+    "bool": "i1",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "ui8",
+    "uint16": "ui16",
+    "uint32": "ui32",
+    "uint64": "ui64",
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype for a dtype name recorded in a .mln (bfloat16 needs ml_dtypes)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes  # type: ignore[import-not-found]
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise TypeError("bfloat16 tensors need the 'ml_dtypes' package") from e
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def itemsize(name: str) -> int:
+    return 2 if name == "bfloat16" else np.dtype(name).itemsize

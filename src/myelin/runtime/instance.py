@@ -1,0 +1,32 @@
+"""The runtime's entry object: one IREE VM instance and the devices of this machine."""
+
+from __future__ import annotations
+
+import os
+
+import iree.runtime as rt
+
+from myelin.runtime.devices import DeviceRegistry
+from myelin.runtime.model import Model
+
+
+class Instance:
+    """`myelin.Instance().load("app.mln")` is the whole happy path.
+
+    One instance is enough per process: devices are shared by every model loaded through it.
+    """
+
+    def __init__(self) -> None:
+        self.vm_instance = rt.VmInstance()
+        self.devices = DeviceRegistry()
+
+    def load(
+        self, path: str | os.PathLike, *, variant: str | None = None, verify: bool = True
+    ) -> Model:
+        """Map and validate a .mln, pick the variant (the named one, or the first whose devices
+        exist here), and register its parameters zero-copy."""
+        return Model(self.vm_instance, self.devices, path, variant=variant, verify=verify)
+
+    def drivers(self) -> list[str]:
+        """Drivers that can create a device on this machine."""
+        return self.devices.usable_drivers()

@@ -1,0 +1,89 @@
+"""`plex bench`: latency percentiles and throughput of one entrypoint, warm-up excluded."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from myelin.dtypes import numpy_dtype
+from myelin.signature import Signature
+from plex.cli.tensor_args import parse_tensor_arg
+from plex.errors import PlexError
+
+
+def synthetic_inputs(signature: Signature, dims: dict[str, int], seed: int = 0) -> list:
+    """Random inputs matching a signature; dynamic dims take --dim values (default 1)."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for spec in signature.inputs:
+        if spec.shape is None:
+            values.append(numpy_dtype(spec.dtype).type(1))
+            continue
+        shape = [d if d is not None else dims.get(str(n), dims.get("*", 1))
+                 for d, n in zip(spec.shape, spec.dims)]
+        dtype = numpy_dtype(spec.dtype)
+        if dtype.kind == "f":
+            values.append(rng.standard_normal(shape).astype(dtype))
+        else:
+            values.append(rng.integers(0, 2, size=shape).astype(dtype))
+    return values
+
+
+def _rss_peak_mib() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def bench(
+    artifact: Path = typer.Argument(..., help="The .mln file."),
+    function: str = typer.Option("forward", "-f", "--function", help="Entrypoint to time."),
+    inputs: list[str] = typer.Option([], "--input", "-i", help="As for `plex run`; without "
+                                     "inputs, random tensors matching the signature are used."),
+    dims: list[str] = typer.Option([], "--dim", help="Size of a dynamic dim for random inputs: "
+                                   "NAME=N (names as `plex inspect` shows them) or *=N."),
+    warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed calls first."),
+    iterations: int = typer.Option(100, "-n", "--iterations", min=1, help="Timed calls."),
+    variant: str = typer.Option(None, "--variant", help="Variant to use."),
+) -> None:
+    """Time an entrypoint: p50/p90/p99 latency, mean, calls/s and peak RSS."""
+    import myelin
+
+    model = myelin.Instance().load(artifact, variant=variant)
+    entry = model.entrypoint(function)
+    if inputs:
+        args = [parse_tensor_arg(t) for t in inputs]
+    else:
+        sizes = {}
+        for d in dims:
+            name, _, value = d.partition("=")
+            if not value.isdigit():
+                raise PlexError(f"--dim {d!r}: expected NAME=N, e.g. x.0=8 or *=8")
+            sizes[name] = int(value)
+        args = synthetic_inputs(entry.signature, sizes)
+    with model.session() as session:
+        call = session.resolve(function)
+        for _ in range(warmup):
+            call(*args)
+        times = np.empty(iterations)
+        for i in range(iterations):
+            t0 = time.perf_counter()
+            call(*args)
+            times[i] = time.perf_counter() - t0
+    ms = times * 1e3
+    table = Table(title=f"{artifact.name} {function} ({model.variant_name}), {iterations} calls "
+                  f"after {warmup} warm-up")
+    for col in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "min ms", "calls/s", "peak RSS MiB"):
+        table.add_column(col, justify="right")
+    table.add_row(*(f"{v:.3f}" for v in np.percentile(ms, [50, 90, 99])), f"{ms.mean():.3f}",
+                  f"{ms.min():.3f}", f"{iterations / times.sum():.1f}", f"{_rss_peak_mib():.0f}")
+    Console().print(table)

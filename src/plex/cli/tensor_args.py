@@ -1,0 +1,64 @@
+"""Command-line tensors, in IREE's convention: `@file.npy`, `2x3xf32=1,2,3,4,5,6`, `4x16xf32=0.5`
+(one value fills the tensor), `i32=7` (a scalar)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from myelin.dtypes import MLIR_TO_NUMPY
+from plex.errors import PlexError
+
+_SPEC = re.compile(r"^(?P<shape>(?:\d+x)*)(?P<dtype>[a-z]+\d*)=(?P<values>.*)$", re.S)
+
+
+class TensorArgError(PlexError):
+    """A --input value is not a .npy reference or a SHAPExTYPE=VALUES literal."""
+
+
+def parse_tensor_arg(text: str) -> np.ndarray:
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            return np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise TensorArgError(f"--input {text}: file {path} does not exist") from None
+        except (ValueError, OSError) as e:
+            raise TensorArgError(f"--input {text}: {path} is not a .npy array ({e})") from None
+    m = _SPEC.match(text.strip())
+    if m is None:
+        raise TensorArgError(
+            f"--input {text!r}: expected @file.npy or SHAPExTYPE=VALUES "
+            "such as 2x3xf32=1,2,3,4,5,6 or 4x16xf32=0.5"
+        )
+    dtype_name = MLIR_TO_NUMPY.get(m.group("dtype"))
+    if dtype_name is None:
+        raise TensorArgError(
+            f"--input {text!r}: unknown element type '{m.group('dtype')}' "
+            f"(accepted: {', '.join(k for k in MLIR_TO_NUMPY if k != 'index')})"
+        )
+    shape = tuple(int(d) for d in m.group("shape").split("x") if d)
+    raw = [v for v in re.split(r"[,\s]+", m.group("values").strip()) if v]
+    try:
+        values = np.array([float(v) if dtype_name.startswith("float") else int(v) for v in raw])
+    except ValueError:
+        raise TensorArgError(f"--input {text!r}: values must be numbers") from None
+    count = int(np.prod(shape)) if shape else 1
+    if len(values) == 1:
+        values = np.full(count, values[0])
+    if len(values) != count:
+        raise TensorArgError(
+            f"--input {text!r}: shape {'x'.join(map(str, shape)) or 'scalar'} needs {count} "
+            f"values, got {len(values)}"
+        )
+    return values.astype(dtype_name).reshape(shape)
+
+
+def format_tensor(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        shape = "x".join(map(str, value.shape))
+        body = np.array2string(value, threshold=64, edgeitems=4, precision=6)
+        return f"{shape}x{value.dtype}=\n{body}" if shape else f"{value.dtype}={body}"
+    return repr(value)
