@@ -212,19 +212,13 @@ class Model:
         self._release()
 
     def _release(self) -> None:
-        # IREE objects reference the mapping; drop them before unmapping.
-        for attr in ("_modules", "_providers", "_file_handle"):
+        # IREE keeps raw pointers into the mapping (modules, parameter file handle, executables
+        # it loaded) and holds Python references to the objects that own it. Unmapping
+        # explicitly could leave those dangling (seen: a crash at interpreter exit), so we only
+        # drop our references and the mapping goes with the last holder.
+        for attr in ("_modules", "_providers", "_file_handle", "_reader"):
             if hasattr(self, attr):
                 delattr(self, attr)
-        import gc
-
-        gc.collect()
-        try:
-            self._reader.close()
-        except BufferError:
-            pass  # something still references the mapping; it is released with that object
-        except AttributeError:
-            pass
 
     def __enter__(self) -> Model:
         return self

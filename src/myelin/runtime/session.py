@@ -113,8 +113,13 @@ class ResolvedCall:
         view = results.get_as_object(i, rt.HalBufferView)
         if output == "device":
             return rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
-        array = rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
-        return np.asarray(array.to_host())
+        # Copy out of the mapping: a numpy array that outlives its HAL buffer's device (at
+        # interpreter exit, or after the model is closed) must not point into unmapped memory.
+        mapped = view.map()
+        try:
+            return np.array(mapped.asarray(view.shape, dtype), copy=True)
+        finally:
+            del mapped
 
 
 def _first_line(e: BaseException) -> str:

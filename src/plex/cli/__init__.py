@@ -3,15 +3,21 @@ turns PLeX/MyeLiN errors into one line and a non-zero exit code (`--debug` shows
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
-import click
 import typer
 
 from myelin.errors import MyelinError
 from plex.cli import bench_cmd, build_cmd, cache_cmd, init_cmd, inspect_cmd, run_cmd
 from plex.errors import PlexError
+
+EXIT_ERROR = 1
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     name="plex",
@@ -22,6 +28,38 @@ app = typer.Typer(
 )
 
 
+def _debug() -> bool:
+    return os.environ.get("PLEX_DEBUG") == "1"
+
+
+def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Errors meant for people become `error: ...` and exit 1; anything else is an internal
+    error, still one line unless --debug."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt:
+            print("plex: interrupted", file=sys.stderr)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except (PlexError, MyelinError) as e:
+            if _debug():
+                raise
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(EXIT_ERROR) from None
+        except Exception as e:
+            if _debug():
+                raise
+            print(f"internal error: {type(e).__name__}: {e} "
+                  "(run with --debug for the traceback)", file=sys.stderr)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return wrapper
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
@@ -30,42 +68,22 @@ def _root(
         os.environ["PLEX_DEBUG"] = "1"
 
 
-app.command("init")(init_cmd.init)
-app.command("build")(build_cmd.build)
-app.command("inspect")(inspect_cmd.inspect)
-app.command("run")(run_cmd.run)
-app.command("bench")(bench_cmd.bench)
+for name, command in (
+    ("init", init_cmd.init),
+    ("build", build_cmd.build),
+    ("inspect", inspect_cmd.inspect),
+    ("run", run_cmd.run),
+    ("bench", bench_cmd.bench),
+):
+    app.command(name)(one_line_errors(command))
+for name, command in cache_cmd.COMMANDS.items():
+    cache_cmd.cache_app.command(name)(one_line_errors(command))
 app.add_typer(cache_cmd.cache_app, name="cache")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("PLEX_DEBUG") == "1"
-    try:
-        result = app(args=args, prog_name="plex", standalone_mode=False)
-        return result if isinstance(result, int) else 0
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        print("plex: interrupted", file=sys.stderr)
-        return 130
-    except (PlexError, MyelinError) as e:
-        if debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except Exception as e:  # an unexpected failure is still one line unless --debug
-        if debug:
-            raise
-        print(
-            f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 70
+def main() -> None:
+    app(prog_name="plex")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -25,7 +25,6 @@ def _cache(folder: Path | None):
     return Cache(folder or default_cache_dir())
 
 
-@cache_app.command("ls")
 def ls(cache: Path = _CACHE_OPT) -> None:
     """List cache entries, newest use first."""
     c = _cache(cache)
@@ -40,7 +39,6 @@ def ls(cache: Path = _CACHE_OPT) -> None:
     Console().print(table)
 
 
-@cache_app.command("gc")
 def gc(
     max_size: str = typer.Option(None, "--max-size", help="Keep at most this much, e.g. 2GiB "
                                  "(least recently used go first)."),
@@ -55,7 +53,9 @@ def gc(
     typer.echo(f"removed {result}")
 
 
-@cache_app.command("clear")
 def clear(cache: Path = _CACHE_OPT) -> None:
     """Remove every entry."""
     typer.echo(f"removed {_cache(cache).clear()} entries")
+
+
+COMMANDS = {"ls": ls, "gc": gc, "clear": clear}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from myelin.mln import MlnReader
@@ -55,8 +56,8 @@ def inspect(
         for e in v["entrypoints"]:
             entry.add_row(
                 v["name"], e["name"],
-                ", ".join(TensorSpec.from_json(t).describe() for t in e["inputs"]),
-                ", ".join(TensorSpec.from_json(t).describe() for t in e["outputs"]),
+                escape(", ".join(TensorSpec.from_json(t).describe() for t in e["inputs"])),
+                escape(", ".join(TensorSpec.from_json(t).describe() for t in e["outputs"])),
             )
     console.print(entry)
     params = manifest["parameters"]
@@ -78,4 +79,6 @@ def inspect(
     for ref, digest in sorted(prov.get("sources", {}).items()):
         console.print(f"  source {ref}: sha256 {digest[:16]}…")
     for v in manifest["variants"]:
-        console.print(f"  flags [{v['name']}]: {' '.join(v.get('flags', []))}")
+        console.print(escape(f"  flags [{v['name']}]: {' '.join(v.get('flags', []))}"))
+        for name, value in v.get("module_attributes", {}).items():
+            console.print(escape(f"  module attribute [{v['name']}]: {name} = {value}"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from myelin.dtypes import MLIR_TO_NUMPY
+from myelin.dtypes import MLIR_TO_NUMPY, NUMPY_TO_MLIR
 from plex.errors import PlexError
 
 _SPEC = re.compile(r"^(?P<shape>(?:\d+x)*)(?P<dtype>[a-z]+\d*)=(?P<values>.*)$", re.S)
@@ -58,7 +58,8 @@ def parse_tensor_arg(text: str) -> np.ndarray:
 
 def format_tensor(value: object) -> str:
     if isinstance(value, np.ndarray):
-        shape = "x".join(map(str, value.shape))
+        element = NUMPY_TO_MLIR.get(str(value.dtype), str(value.dtype))
+        shape = "".join(f"{d}x" for d in value.shape)
         body = np.array2string(value, threshold=64, edgeitems=4, precision=6)
-        return f"{shape}x{value.dtype}=\n{body}" if shape else f"{value.dtype}={body}"
+        return f"{shape}{element}=\n{body}"
     return repr(value)

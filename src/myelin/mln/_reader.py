@@ -1,0 +1,216 @@
+"""MlnReader: map a .mln file read-only, check everything, hand out zero-copy section views."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from myelin.errors import ArtifactError
+from myelin.mln._layout import (
+    CHUNK_SIZE,
+    FORMAT_MAJOR,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_MANIFEST_SIZE,
+    Header,
+    LayoutError,
+    SectionEntry,
+    check_layout,
+)
+from myelin.mln._manifest import ManifestInvalid, decode_manifest, validate_manifest
+
+_DAMAGED = "the file was damaged after it was built — rebuild or re-copy it"
+_PARALLEL_VERIFY_BYTES = 64 * 1024 * 1024  # below this, threads cost more than they save
+
+
+def sha256_of(view: memoryview) -> bytes:
+    """Hash a view in large chunks: no copies, and hashlib drops the GIL for each chunk."""
+    digest = hashlib.sha256()
+    for start in range(0, len(view), CHUNK_SIZE):
+        digest.update(view[start : start + CHUNK_SIZE])
+    return digest.digest()
+
+
+def _all_zero(view: memoryview) -> bool:
+    zeros = bytes(min(len(view), CHUNK_SIZE))
+    return all(
+        view[start : start + CHUNK_SIZE] == zeros[: min(CHUNK_SIZE, len(view) - start)]
+        for start in range(0, len(view), CHUNK_SIZE)
+    )
+
+
+class MlnReader:
+    """An open .mln file: its manifest, its section table, and zero-copy views of its sections.
+
+    Opening checks the header, the manifest's hash and schema, and that every section lies inside
+    the file without overlapping another; with `verify` (the default) it also hashes every section.
+    Any problem is an ArtifactError whose message names the file.
+    """
+
+    path: Path
+    manifest: dict[str, Any]
+    sections: dict[str, SectionEntry]
+    mmap: mmap.mmap
+    file_size: int
+    format_version: tuple[int, int]
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+        self.path = Path(path)
+        self._view: memoryview | None = None
+        self._gaps: list[tuple[int, int]] = []
+        try:
+            self._open()
+            if verify:
+                self.verify_all()
+        except BaseException:
+            self.close()
+            raise
+
+    # --- opening ---------------------------------------------------------------------------------
+
+    def _error(self, message: str) -> ArtifactError:
+        return ArtifactError(f"{self.path}: {message}")
+
+    def _open(self) -> None:
+        try:
+            with open(self.path, "rb") as file:
+                info = os.fstat(file.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise self._error("not a regular file")
+                if info.st_size < HEADER_SIZE:
+                    head = file.read(HEADER_SIZE)
+                    if head != MAGIC[: len(head)]:
+                        raise self._error("not a .mln file (wrong magic bytes)")
+                    raise self._error(
+                        f"truncated: the file is {len(head)} bytes, shorter than the "
+                        f"{HEADER_SIZE}-byte header"
+                    )
+                # The map holds its own reference to the file; the descriptor can close now.
+                self.mmap = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise self._error(f"cannot open: {exc.strerror or exc}") from exc
+        self._view = memoryview(self.mmap)
+        self.file_size = len(self.mmap)
+
+        header = Header.unpack(self._view[:HEADER_SIZE])
+        if header.magic != MAGIC:
+            raise self._error("not a .mln file (wrong magic bytes)")
+        self.format_version = (header.major, header.minor)
+        if header.major != FORMAT_MAJOR:
+            raise self._error(
+                f"format version {header.major}.{header.minor}; this runtime reads "
+                f"{FORMAT_MAJOR}.x — rebuild with this PLeX or upgrade the runtime"
+            )
+        if header.flags:
+            raise self._error(
+                f"unknown header flags 0x{header.flags:08x}; this runtime knows none — "
+                "rebuild with this PLeX or upgrade the runtime"
+            )
+        start, length = header.manifest_offset, header.manifest_length
+        if length > MAX_MANIFEST_SIZE:
+            raise self._error(
+                f"manifest of {length} bytes is larger than the {MAX_MANIFEST_SIZE}-byte limit"
+            )
+        if start < HEADER_SIZE or start + length > self.file_size:
+            raise self._error(
+                f"truncated: the header places the manifest at bytes {start}..{start + length} "
+                f"but the file is {self.file_size} bytes"
+            )
+        manifest_bytes = self._view[start : start + length]
+        if sha256_of(manifest_bytes) != header.manifest_sha256:
+            raise self._error(f"manifest is corrupt (sha256 mismatch); {_DAMAGED}")
+        try:
+            manifest = decode_manifest(bytes(manifest_bytes))
+        except UnicodeDecodeError as exc:
+            raise self._error(f"manifest is not valid UTF-8 (at byte {exc.start})") from exc
+        except (ValueError, RecursionError) as exc:
+            raise self._error(f"manifest is not valid JSON: {exc}") from exc
+        try:
+            self.sections = validate_manifest(manifest, format_version=self.format_version)
+            self._gaps = check_layout(list(self.sections.values()), start, length, self.file_size)
+        except (ManifestInvalid, LayoutError) as exc:
+            raise self._error(str(exc)) from exc
+        self.manifest = manifest
+
+    # --- access ----------------------------------------------------------------------------------
+
+    def _live_view(self) -> memoryview:
+        if self._view is None:
+            raise self._error("the reader is closed")
+        return self._view
+
+    def _section(self, name: str) -> SectionEntry:
+        section = self.sections.get(name)
+        if section is None:
+            known = ", ".join(sorted(self.sections)) or "none"
+            raise self._error(f"no section named {name!r} (sections: {known})")
+        return section
+
+    def section_view(self, name: str) -> memoryview:
+        """A read-only, zero-copy view of a section's bytes, valid while the file is mapped."""
+        section = self._section(name)
+        return self._live_view()[section.offset : section.end]
+
+    def verify_section(self, name: str) -> None:
+        """Hash one section and compare with the manifest; ArtifactError on mismatch."""
+        section = self._section(name)
+        view = self._live_view()[section.offset : section.end]
+        if sha256_of(view).hex() != section.sha256:
+            raise self._error(f"section {name!r} is corrupt (sha256 mismatch); {_DAMAGED}")
+
+    def verify_all(self) -> None:
+        """Hash every section (in parallel when there is much to hash) and check the padding."""
+        view = self._live_view()
+        for start, end in self._gaps:
+            if not _all_zero(view[start:end]):
+                raise self._error(f"padding at bytes {start}..{end} is not zero; {_DAMAGED}")
+        names = list(self.sections)
+        total = sum(s.length for s in self.sections.values())
+        workers = min(len(names), os.cpu_count() or 1, 8)
+        if workers < 2 or total < _PARALLEL_VERIFY_BYTES:
+            for name in names:
+                self.verify_section(name)
+            return
+        # Largest first so one big section does not start last; errors surface in manifest order.
+        by_size = sorted(names, key=lambda n: -self.sections[n].length)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            outcomes = dict(zip(by_size, pool.map(self._section_problem, by_size), strict=True))
+        for name in names:
+            if outcomes[name] is not None:
+                raise outcomes[name]
+
+    def _section_problem(self, name: str) -> ArtifactError | None:
+        try:
+            self.verify_section(name)
+        except ArtifactError as exc:
+            return exc
+        return None
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap the file. Views still held elsewhere keep the mapping alive until they go."""
+        view, self._view = self._view, None
+        if view is not None:
+            view.release()
+        mapping = getattr(self, "mmap", None)
+        if mapping is not None:
+            # While section views are still exported the map stays; it goes with the last one.
+            with contextlib.suppress(BufferError):
+                mapping.close()
+
+    def __enter__(self) -> MlnReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._view is None else f"{len(self.sections)} sections"
+        return f"MlnReader({str(self.path)!r}, {state})"

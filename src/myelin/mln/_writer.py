@@ -1,0 +1,240 @@
+"""MlnWriter: stream sections into a .mln file atomically, hashing as it writes."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from myelin.errors import ArtifactError
+from myelin.mln._layout import (
+    CHUNK_SIZE,
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
+    HEADER_SIZE,
+    MAX_MANIFEST_SIZE,
+    MIN_ALIGNMENT,
+    SECTION_ALIGNMENT,
+    Header,
+    LayoutError,
+    SectionEntry,
+    align_up,
+    check_layout,
+)
+from myelin.mln._manifest import (
+    ManifestInvalid,
+    decode_manifest,
+    encode_manifest,
+    validate_manifest,
+)
+
+SectionData = bytes | bytearray | memoryview | np.ndarray | os.PathLike[str]
+_WRITER_FILLS = ("format", "sections")
+_PLACEHOLDER_SHA256 = "0" * 64  # hex digests are fixed-length, so the manifest size is known early
+
+
+@dataclass(frozen=True)
+class _PendingSection:
+    name: str
+    kind: str
+    source: memoryview | Path  # bytes in memory, or a file streamed at write time
+    length: int
+
+
+class MlnWriter:
+    """Collects a manifest and sections, then writes them as one .mln file.
+
+    `manifest` holds everything except "format" and "sections", which the writer fills. Sections
+    are laid out in the order they are added. In-memory data is referenced, not copied: do not
+    change it before write(). A Path is streamed at write time, never read whole into memory.
+    """
+
+    def __init__(self, manifest: Mapping[str, Any]) -> None:
+        given = [key for key in _WRITER_FILLS if key in manifest]
+        if given:
+            raise ValueError(f"the manifest must not contain {given}: the writer fills them")
+        self._manifest = copy.deepcopy(dict(manifest))
+        self._sections: list[_PendingSection] = []
+
+    def add_section(self, name: str, kind: str, data: SectionData) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a section name must be a non-empty string, got {name!r}")
+        if kind not in SECTION_ALIGNMENT:
+            raise ValueError(
+                f"unknown section kind {kind!r} (expected one of {', '.join(SECTION_ALIGNMENT)})"
+            )
+        if any(s.name == name for s in self._sections):
+            raise ValueError(f"section {name!r} was already added")
+        source, length = _section_source(data)
+        self._sections.append(_PendingSection(name, kind, source, length))
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the file via a temporary sibling and an atomic rename; return its path.
+
+        On any failure the temporary file is removed and `path` is left as it was.
+        """
+        path = Path(path)
+        offsets, manifest_offset = self._plan()
+        # Validate before writing any bytes: a bad manifest fails fast, even with GBs of weights.
+        self._encode_checked(path, offsets, [_PLACEHOLDER_SHA256] * len(offsets), manifest_offset)
+
+        temp = path.with_name(f"{path.name}.tmp-{secrets.token_hex(8)}")
+        created = False
+        try:
+            with open(temp, "xb") as out:
+                created = True
+                out.write(bytes(HEADER_SIZE))  # the header goes in last
+                position, digests = HEADER_SIZE, []
+                for section, offset in zip(self._sections, offsets, strict=True):
+                    out.write(bytes(offset - position))
+                    digests.append(_copy_hashing(section, out, path))
+                    position = offset + section.length
+                manifest_bytes = self._encode_checked(path, offsets, digests, manifest_offset)
+                out.write(bytes(manifest_offset - position))
+                out.write(manifest_bytes)
+                header = Header(
+                    FORMAT_MAJOR,
+                    FORMAT_MINOR,
+                    0,
+                    manifest_offset,
+                    len(manifest_bytes),
+                    hashlib.sha256(manifest_bytes).digest(),
+                )
+                out.seek(0)
+                out.write(header.pack())
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, path)
+        except BaseException as exc:
+            if created:
+                with contextlib.suppress(OSError):
+                    temp.unlink()
+            if isinstance(exc, OSError):
+                raise ArtifactError(f"{path}: cannot write: {exc}") from exc
+            raise
+        _fsync_directory(path.parent)
+        return path
+
+    def _plan(self) -> tuple[list[int], int]:
+        """Each section's offset, and the manifest's."""
+        offsets, position = [], HEADER_SIZE
+        for section in self._sections:
+            offset = align_up(position, SECTION_ALIGNMENT[section.kind])
+            offsets.append(offset)
+            position = offset + section.length
+        return offsets, align_up(position, MIN_ALIGNMENT)
+
+    def _encode_checked(
+        self, path: Path, offsets: list[int], digests: list[str], manifest_offset: int
+    ) -> bytes:
+        """Encode the final manifest and check it exactly as the reader will."""
+        sections = [
+            SectionEntry(s.name, s.kind, offset, s.length, SECTION_ALIGNMENT[s.kind], digest)
+            for s, offset, digest in zip(self._sections, offsets, digests, strict=True)
+        ]
+        manifest = {
+            **self._manifest,
+            "format": {"major": FORMAT_MAJOR, "minor": FORMAT_MINOR},
+            "sections": [
+                {
+                    "name": s.name,
+                    "kind": s.kind,
+                    "offset": s.offset,
+                    "length": s.length,
+                    "alignment": s.alignment,
+                    "sha256": s.sha256,
+                }
+                for s in sections
+            ],
+        }
+        try:
+            data = encode_manifest(manifest)
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"{path}: cannot write: manifest is not JSON: {exc}") from exc
+        if len(data) > MAX_MANIFEST_SIZE:
+            raise ArtifactError(
+                f"{path}: cannot write: manifest of {len(data)} bytes is larger than the "
+                f"{MAX_MANIFEST_SIZE}-byte limit"
+            )
+        try:
+            # Check what the reader will see (tuples became lists, and so on), not our dict.
+            validate_manifest(decode_manifest(data), format_version=(FORMAT_MAJOR, FORMAT_MINOR))
+            check_layout(sections, manifest_offset, len(data), manifest_offset + len(data))
+        except (ManifestInvalid, LayoutError) as exc:
+            raise ArtifactError(f"{path}: cannot write: {exc}") from exc
+        return data
+
+
+def _section_source(data: SectionData) -> tuple[memoryview | Path, int]:
+    if isinstance(data, str):
+        raise TypeError("section data is a str: pass a pathlib.Path for a file, bytes for data")
+    if isinstance(data, os.PathLike):
+        path = Path(data)
+        try:
+            info = path.stat()
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot read section data: {exc.strerror}") from exc
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError(f"{path}: cannot read section data: not a regular file")
+        return path, info.st_size
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise TypeError("an object array has no raw bytes to store")
+        # ascontiguousarray copies only when the array is not C-contiguous already.
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TypeError(
+            f"section data must be bytes-like, a numpy array or a Path, not {type(data).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    view = view.cast("B")
+    return view, len(view)
+
+
+def _copy_hashing(section: _PendingSection, out: BinaryIO, target: Path) -> str:
+    """Write a section's bytes to `out` in chunks, hashing them on the way; return the digest."""
+    digest = hashlib.sha256()
+    if isinstance(section.source, memoryview):
+        for start in range(0, section.length, CHUNK_SIZE):
+            chunk = section.source[start : start + CHUNK_SIZE]
+            digest.update(chunk)
+            out.write(chunk)
+        return digest.hexdigest()
+    buffer = memoryview(bytearray(CHUNK_SIZE))
+    remaining = section.length
+    with open(section.source, "rb") as file:
+        while remaining:
+            count = file.readinto(buffer[: min(CHUNK_SIZE, remaining)])
+            if not count:
+                break
+            digest.update(buffer[:count])
+            out.write(buffer[:count])
+            remaining -= count
+        if remaining or file.read(1):
+            raise ArtifactError(
+                f"{target}: cannot write: {section.source} changed size while being written "
+                f"(section {section.name!r}, expected {section.length} bytes)"
+            )
+    return digest.hexdigest()
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable (POSIX); where a folder cannot be opened, skip it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
