@@ -1,0 +1,267 @@
+"""`app.toml`: resolve an application and the packages it uses into an AppSpec."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from plex.errors import ManifestError
+from plex.manifest._document import TomlDocument, unknown
+from plex.manifest._locate import KeyPath
+from plex.manifest._package import MANIFEST_NAME, read_package, split_ref
+from plex.manifest._planned import check_planned
+from plex.manifest._schema import (
+    DRIVERS_OF_TARGET,
+    NAME,
+    TARGET_OPTIONS,
+    AppFile,
+    DeviceTable,
+)
+from plex.manifest._specs import (
+    AppSpec,
+    BuildOptions,
+    DeviceSpec,
+    GraphSpec,
+    PackageManifest,
+    PackageSpec,
+    VariantSpec,
+    WeightsSpec,
+)
+
+APP_MANIFEST_NAME = "app.toml"
+PLEX_PATH = "PLEX_PATH"  # os.pathsep-separated folders, each holding package folders
+
+_REQUIRED_OPTION_EXAMPLE = {"arch": "arch = 'gfx942'"}
+
+
+def load_app(app_toml: Path | str) -> AppSpec:
+    """Read `app.toml` (or a folder holding it), resolve its packages, and return the AppSpec.
+
+    Packages come from `[app] packages` (folders relative to app.toml) and from the folders on
+    PLEX_PATH. Raises ManifestError for the first problem, including any feature the app uses
+    that is accepted but not implemented yet.
+    """
+    path = Path(app_toml).resolve()
+    if path.is_dir():
+        path = path / APP_MANIFEST_NAME
+    doc = TomlDocument.read(path)
+    app = doc.validate(AppFile)
+    packages = _Packages(doc, path.parent, app.app.packages, os.environ.get(PLEX_PATH, ""))
+
+    graphs = _select_graphs(doc, app, packages)
+    graphs = [replace(g, weights=packages.weights_of(g)) for g in graphs]
+    devices = _devices(doc, app)
+    variants = _variants(doc, app, devices)
+    for glob, device in app.placement.items():
+        if device not in devices:
+            raise doc.error(("placement", glob), *unknown(device, devices, what="device"))
+    if app.myelin.tuning is not None:
+        packages.resolve(doc, ("myelin", "tuning"), app.myelin.tuning, "tuning")
+
+    check_planned(doc, "app.toml")
+    packages.check_planned(graphs)
+
+    cache = app.build.cache
+    return AppSpec(
+        name=app.app.name,
+        version=app.app.version,
+        path=path,
+        packages=packages.specs(),
+        graphs=tuple(graphs),
+        devices=tuple(devices.values()),
+        variants=variants,
+        favor=app.scheduling.favor,
+        residency=app.weights.residency,
+        build=BuildOptions(
+            jobs=app.build.jobs or os.cpu_count() or 1,
+            temp_memory=app.build.temp_memory,
+            cache=(path.parent / cache).resolve() if cache is not None else None,
+        ),
+    )
+
+
+class _Packages:
+    """The packages an app can refer to: those it lists, then those on PLEX_PATH (loaded lazily)."""
+
+    def __init__(self, doc: TomlDocument, folder: Path, listed: list[str], plex_path: str) -> None:
+        self._loaded: dict[str, tuple[PackageManifest, TomlDocument]] = {}
+        self._listed_at: dict[str, KeyPath] = {}
+        for i, relative in enumerate(listed):
+            at = ("app", "packages", i)
+            package_folder = (folder / relative).resolve()
+            if not (package_folder / MANIFEST_NAME).is_file():
+                what = "no plex.toml in" if package_folder.is_dir() else "folder not found:"
+                raise doc.error(at, f"not a package: {what} {package_folder}")
+            package, package_doc = read_package(package_folder)
+            name = package.spec.name
+            if name in self._loaded:
+                other = self._loaded[name][0].spec.path
+                if other == package_folder:
+                    raise doc.error(at, f"{relative!r} is listed twice")
+                raise doc.error(
+                    at,
+                    f"two packages are named {name!r}: {other} and {package_folder}",
+                    "rename one or list only one",
+                )
+            self._loaded[name] = (package, package_doc)
+            self._listed_at[name] = at
+        self.listed = tuple(package for package, _ in self._loaded.values())
+
+        self._installed: dict[str, Path] = {}
+        for entry in plex_path.split(os.pathsep):
+            root = Path(entry).expanduser().resolve() if entry else None
+            if root is None or not root.is_dir():
+                continue  # like PATH: empty or missing entries are skipped
+            for manifest in sorted(root.glob(f"*/{MANIFEST_NAME}")):
+                self._index(doc, manifest)
+
+    def _index(self, doc: TomlDocument, manifest: Path) -> None:
+        table = TomlDocument.read(manifest).data.get("package")
+        name = table.get("name") if isinstance(table, dict) else None
+        if not isinstance(name, str):
+            name = read_package(manifest)[0].spec.name  # raises the precise error
+        package_folder = manifest.parent
+        if name in self._loaded and self._loaded[name][0].spec.path != package_folder:
+            raise doc.error(
+                self._listed_at[name],
+                f"two packages are named {name!r}: "
+                f"{self._loaded[name][0].spec.path} (listed here) and {package_folder} "
+                f"(on {PLEX_PATH})",
+                f"list only one, or take it off {PLEX_PATH}",
+            )
+        other = self._installed.setdefault(name, package_folder)
+        if other != package_folder:
+            raise ManifestError(
+                f"two packages on {PLEX_PATH} are named {name!r}: {other} and {package_folder}",
+                file=manifest,
+                hint="remove one",
+            )
+
+    def get(self, name: str) -> PackageManifest | None:
+        if name not in self._loaded and name in self._installed:
+            self._loaded[name] = read_package(self._installed[name])
+        loaded = self._loaded.get(name)
+        return loaded[0] if loaded else None
+
+    def resolve(self, doc: TomlDocument, at: KeyPath, text: str, kind: str) -> Any:
+        """The graph, weights or tuning spec (`kind`) that `package:name` names."""
+        ref = split_ref(text)
+        if ref is None:
+            raise doc.error(at, f"invalid reference {text!r}", "expected 'package:name'")
+        package = self.get(ref[0])
+        if package is None:
+            names = sorted({*self._loaded, *self._installed})
+            message, hint = unknown(ref[0], names, what="package")
+            raise doc.error(at, message, f"{hint}; add others to [app] packages or {PLEX_PATH}")
+        table: Mapping[str, Any] = getattr(package, kind)
+        if ref[1] not in table:
+            accepted = [spec.ref for spec in table.values()]
+            word = {"graphs": "graph", "weights": "weights", "tuning": "tuning spec"}[kind]
+            raise doc.error(at, *unknown(text, accepted, what=word))
+        return table[ref[1]]
+
+    def weights_of(self, graph: GraphSpec) -> WeightsSpec | None:
+        if graph.weights_ref is None:
+            return None
+        doc = self._loaded[graph.package][1]
+        return self.resolve(doc, ("graph", graph.name, "weights"), graph.weights_ref, "weights")
+
+    def check_planned(self, graphs: list[GraphSpec]) -> None:
+        """Reject not-implemented features of the graphs selected and the weights they use."""
+        for name, (_, doc) in self._loaded.items():
+            graph_names = {g.name for g in graphs if g.package == name}
+            weights_names = {
+                g.weights.name for g in graphs if g.weights and g.weights.package == name
+            }
+            check_planned(doc, "plex.toml", _package_scope(graph_names, weights_names))
+
+    def specs(self) -> tuple[PackageSpec, ...]:
+        return tuple(package.spec for package, _ in self._loaded.values())
+
+
+def _package_scope(graphs: set[str], weights: set[str]) -> Callable[[KeyPath], bool]:
+    def in_scope(path: KeyPath) -> bool:
+        if path[0] == "graph":
+            return path[1] in graphs
+        if path[0] == "weights":
+            return path[1] in weights
+        return True
+
+    return in_scope
+
+
+def _select_graphs(doc: TomlDocument, app: AppFile, packages: _Packages) -> list[GraphSpec]:
+    if app.app.graphs is None:
+        return [g for package in packages.listed for g in package.graphs.values()]
+    selected: dict[str, GraphSpec] = {}
+    for i, text in enumerate(app.app.graphs):
+        graph = packages.resolve(doc, ("app", "graphs", i), text, "graphs")
+        if graph.ref in selected:
+            raise doc.error(("app", "graphs", i), f"{text!r} is listed twice")
+        selected[graph.ref] = graph
+    return list(selected.values())
+
+
+def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
+    tables = app.devices or {"cpu": DeviceTable()}
+    devices: dict[str, DeviceSpec] = {}
+    for name, d in tables.items():
+        at = ("devices", name)
+        if not re.match(NAME, name):
+            raise doc.error(at, f"invalid device name {name!r}; must match {NAME}")
+        options = TARGET_OPTIONS[d.target]
+        given = {"cpu": d.cpu, "cpu_features": d.cpu_features, "arch": d.arch}
+        for option, value in given.items():
+            if value is not None and option not in options:
+                hint = (
+                    f"options of {d.target}: {', '.join(options)}"
+                    if options
+                    else f"{d.target} takes no options"
+                )
+                raise doc.error((*at, option), f"does not apply to target {d.target!r}", hint)
+        for option, default in options.items():
+            if default is None and given[option] is None:
+                example = _REQUIRED_OPTION_EXAMPLE.get(option, option)
+                raise doc.error(at, f"target {d.target!r} needs {option!r}", f"e.g. {example}")
+        drivers = DRIVERS_OF_TARGET[d.target]
+        if d.driver is not None and d.driver not in drivers:
+            raise doc.error(
+                (*at, "driver"),
+                f"driver {d.driver!r} cannot run target {d.target!r}",
+                f"accepted for {d.target}: {', '.join(drivers)}",
+            )
+        value = {o: given[o] if given[o] is not None else options.get(o) for o in given}
+        devices[name] = DeviceSpec(
+            name=name,
+            target=d.target,
+            driver=d.driver or drivers[0],
+            cpu=value["cpu"],
+            cpu_features=value["cpu_features"],
+            arch=value["arch"],
+        )
+    return devices
+
+
+def _variants(
+    doc: TomlDocument, app: AppFile, devices: dict[str, DeviceSpec]
+) -> tuple[VariantSpec, ...]:
+    if not app.variant:
+        return (VariantSpec("default", tuple(devices.values())),)
+    variants: dict[str, VariantSpec] = {}
+    for i, v in enumerate(app.variant):
+        if v.name in variants:
+            raise doc.error(("variant", i, "name"), f"variant {v.name!r} is declared twice")
+        members: dict[str, DeviceSpec] = {}
+        for j, device in enumerate(v.devices):
+            at = ("variant", i, "devices", j)
+            if device not in devices:
+                raise doc.error(at, *unknown(device, devices, what="device"))
+            if device in members:
+                raise doc.error(at, f"{device!r} is listed twice")
+            members[device] = devices[device]
+        variants[v.name] = VariantSpec(v.name, tuple(members.values()))
+    return tuple(variants.values())

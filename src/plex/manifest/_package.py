@@ -1,0 +1,286 @@
+"""`plex.toml`: read, validate and describe one package."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+from plex.errors import ManifestError
+from plex.manifest._document import TomlDocument, unknown
+from plex.manifest._schema import (
+    FRONTEND_OF_SUFFIX,
+    GRAPH_NAME,
+    NAME,
+    PYTHON_FRONTENDS,
+    WEIGHTS_FORMATS,
+    GraphTable,
+    PackageFile,
+)
+from plex.manifest._specs import (
+    FrozenDict,
+    GraphSpec,
+    PackageManifest,
+    PackageSpec,
+    TuningSpec,
+    WeightsSpec,
+)
+
+MANIFEST_NAME = "plex.toml"
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*$")  # a module or a function name
+
+
+def load_package(folder_or_toml: Path | str) -> PackageManifest:
+    """Read and validate a package: a folder holding `plex.toml`, or the file itself.
+
+    References to other packages (`weights = "other:name"`) are checked by `load_app`, which
+    also rejects not-implemented features the app uses; here they are only validated.
+    """
+    return read_package(folder_or_toml)[0]
+
+
+def fingerprint_package(package: PackageManifest | Path | str) -> str:
+    """sha256 (hex) over `plex.toml` and every file it references, names included.
+
+    Given a PackageManifest, the files are hashed again, so the result reflects the disk now.
+    """
+    if not isinstance(package, PackageManifest):
+        package = load_package(package)
+    return _fingerprint(package.spec.path, package.files)
+
+
+def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocument]:
+    """`load_package`, plus the document, for errors that `load_app` finds later."""
+    path = Path(folder_or_toml).resolve()
+    if path.is_dir():
+        folder, manifest = path, path / MANIFEST_NAME
+        if not manifest.is_file():
+            raise ManifestError(f"not a package: no {MANIFEST_NAME} in this folder", file=folder)
+    else:
+        folder, manifest = path.parent, path
+    doc = TomlDocument.read(manifest)
+    model = doc.validate(PackageFile)
+    name = model.package.name
+
+    weights: dict[str, WeightsSpec] = {}
+    for wname, w in model.weights.items():
+        _check_name(doc, ("weights", wname), wname, NAME)
+        source = fmt = None
+        if w.source is not None:
+            source = _existing(doc, ("weights", wname, "source"), folder, w.source)
+            fmt = WEIGHTS_FORMATS.get(source.suffix)
+            if fmt is None:
+                raise doc.error(
+                    ("weights", wname, "source"),
+                    f"unknown weights format {source.suffix or source.name!r}",
+                    f"accepted: {', '.join(WEIGHTS_FORMATS)}",
+                )
+        weights[wname] = WeightsSpec(
+            ref=f"{name}:{wname}",
+            package=name,
+            name=wname,
+            source=source,
+            format=fmt,
+            scope=w.scope,
+            codec=w.codec,
+        )
+
+    tuning: dict[str, TuningSpec] = {}
+    for tname, t in model.tuning.items():
+        _check_name(doc, ("tuning", tname), tname, NAME)
+        tuning[tname] = TuningSpec(
+            ref=f"{name}:{tname}",
+            package=name,
+            name=tname,
+            path=_existing(doc, ("tuning", tname, "path"), folder, t.path),
+            target=t.target,
+        )
+
+    graphs = {
+        gname: _graph(doc, folder, name, gname, g, weights) for gname, g in model.graph.items()
+    }
+
+    files = [manifest]
+    files += [g.source for g in graphs.values()]
+    files += [w.source for w in weights.values() if w.source is not None]
+    files += [t.path for t in tuning.values()]
+    ordered = tuple(sorted(set(files), key=lambda f: _relative(folder, f)))
+    spec = PackageSpec(
+        name=name,
+        version=model.package.version,
+        description=model.package.description,
+        path=folder,
+        manifest_path=manifest,
+        fingerprint=_fingerprint(folder, ordered),
+    )
+    package = PackageManifest(
+        spec=spec,
+        graphs=FrozenDict(graphs),
+        weights=FrozenDict(weights),
+        tuning=FrozenDict(tuning),
+        files=ordered,
+    )
+    return package, doc
+
+
+def split_ref(text: str, package: str | None = None) -> tuple[str, str] | None:
+    """("package", "name") of `package:name`, or of `name` when `package` is given; else None."""
+    pkg, sep, name = text.rpartition(":")
+    if not sep:
+        pkg = package or ""
+    if not pkg or not name or ":" in pkg:
+        return None
+    return pkg, name
+
+
+def _graph(
+    doc: TomlDocument,
+    folder: Path,
+    package: str,
+    name: str,
+    g: GraphTable,
+    weights: dict[str, WeightsSpec],
+) -> GraphSpec:
+    at = ("graph", name)
+    _check_name(doc, at, name, GRAPH_NAME)
+    source, symbol, frontend = _graph_source(doc, folder, name, g)
+
+    if g.entrypoints is not None:
+        if not g.entrypoints:
+            raise doc.error((*at, "entrypoints"), "must list at least one function")
+        _check_unique(doc, (*at, "entrypoints"), g.entrypoints)
+    for entry, args in g.arg_names.items():
+        if g.entrypoints is not None and entry not in g.entrypoints:
+            raise doc.error(
+                (*at, "arg_names", entry), *unknown(entry, g.entrypoints, what="entrypoint")
+            )
+        _check_unique(doc, (*at, "arg_names", entry), args)
+    for arg, dims in g.dynamic.items():
+        for dim, symbol_name in dims.items():
+            if not dim.isdigit():
+                raise doc.error((*at, "dynamic", arg, dim), f"{dim!r} is not a dimension index")
+            if not re.fullmatch(_IDENTIFIER, symbol_name):
+                raise doc.error(
+                    (*at, "dynamic", arg, dim), f"invalid dimension name {symbol_name!r}"
+                )
+    if g.shards is not None and not isinstance(g.shards, dict | list):
+        raise doc.error((*at, "shards"), "expected a table or an array")
+
+    weights_ref = None
+    if g.weights is not None:
+        ref = split_ref(g.weights, package)
+        if ref is None:
+            raise doc.error(
+                (*at, "weights"),
+                f"invalid reference {g.weights!r}",
+                "expected 'name' (this package) or 'package:name'",
+            )
+        weights_ref = f"{ref[0]}:{ref[1]}"
+        if ref[0] == package and ref[1] not in weights:
+            accepted = [f"{package}:{w}" for w in weights]
+            raise doc.error((*at, "weights"), *unknown(weights_ref, accepted, what="weights"))
+
+    return GraphSpec(
+        ref=f"{package}:{name}",
+        package=package,
+        name=name,
+        source=source,
+        source_symbol=symbol,
+        frontend=frontend,
+        entrypoints=tuple(g.entrypoints) if g.entrypoints is not None else None,
+        arg_names=FrozenDict({k: tuple(v) for k, v in g.arg_names.items()}),
+        weights_ref=weights_ref,
+    )
+
+
+def _graph_source(
+    doc: TomlDocument, folder: Path, name: str, g: GraphTable
+) -> tuple[Path, str | None, str]:
+    """(file, function or None, frontend) of a graph's `source`."""
+    at = ("graph", name)
+    module, sep, symbol = g.source.rpartition(":")
+    if sep and module and _DOTTED.match(symbol):  # a Python source, "model.py:fn" or "pkg.mod:fn"
+        if g.frontend is None:
+            raise doc.error(
+                (*at, "source"),
+                "a Python source needs an explicit frontend",
+                f"add frontend = {' or '.join(repr(f) for f in PYTHON_FRONTENDS)}",
+            )
+        if g.frontend not in PYTHON_FRONTENDS:
+            raise doc.error(
+                (*at, "frontend"),
+                f"frontend {g.frontend!r} reads a file, not a Python 'module:function'",
+                f"use {' or '.join(repr(f) for f in PYTHON_FRONTENDS)}",
+            )
+        if module.endswith(".py"):
+            return _existing(doc, (*at, "source"), folder, module), symbol, g.frontend
+        if not _DOTTED.match(module):
+            raise doc.error(
+                (*at, "source"),
+                f"invalid Python source {g.source!r}",
+                "expected 'file.py:function' or 'package.module:function'",
+            )
+        base = folder.joinpath(*module.split("."))
+        for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate, symbol, g.frontend
+        raise doc.error(
+            (*at, "source"),
+            f"module {module!r} not found: no {base}.py or {base / '__init__.py'}",
+        )
+
+    path = _existing(doc, (*at, "source"), folder, g.source)
+    if g.frontend in PYTHON_FRONTENDS:
+        raise doc.error(
+            (*at, "frontend"),
+            f"frontend {g.frontend!r} needs a Python source 'module:function'",
+            'e.g. source = "model.py:build"',
+        )
+    frontend = g.frontend or FRONTEND_OF_SUFFIX.get(path.suffix)
+    if frontend is None:
+        raise doc.error(
+            (*at, "source"),
+            f"cannot infer the frontend of {path.name!r}",
+            "set frontend = 'mlir', 'stablehlo' or 'onnx'",
+        )
+    return path, None, frontend
+
+
+def _existing(doc: TomlDocument, at: tuple[str, ...], folder: Path, relative: str) -> Path:
+    path = (folder / relative).resolve()
+    if not path.is_file():
+        what = "is a folder, not a file" if path.is_dir() else "not found"
+        raise doc.error(at, f"file {what}: {path}")
+    return path
+
+
+def _check_name(doc: TomlDocument, at: tuple[str, ...], name: str, pattern: str) -> None:
+    if not re.match(pattern, name):
+        raise doc.error(at, f"invalid name {name!r}; must match {pattern}")
+
+
+def _check_unique(doc: TomlDocument, at: tuple[str, ...], names: list[str]) -> None:
+    seen: set[str] = set()
+    for i, n in enumerate(names):
+        if n in seen:
+            raise doc.error((*at, i), f"{n!r} is listed twice")
+        seen.add(n)
+
+
+def _relative(folder: Path, path: Path) -> str:
+    return Path(os.path.relpath(path, folder)).as_posix()
+
+
+def _fingerprint(folder: Path, files: tuple[Path, ...]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(_relative(folder, path).encode() + b"\0")
+        try:
+            with path.open("rb") as f:
+                digest.update(hashlib.file_digest(f, "sha256").digest())
+        except OSError as e:
+            raise ManifestError(f"cannot read {path}: {e}") from None
+    return digest.hexdigest()

@@ -1,0 +1,202 @@
+"""The shape of `plex.toml` and `app.toml`: pydantic models, accepted values, size strings.
+
+The models check types, unknown keys and single values. Checks that span keys or files
+(references, file existence, target options) live in `_package` and `_app`, which know the
+manifest's folder. Nothing outside this package sees these models.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+# -- accepted values: one definition each ---------------------------------------------------------
+
+Target = Literal["llvm-cpu", "cuda", "vulkan-spirv", "rocm", "metal-spirv", "vmvx"]
+Driver = Literal["local-task", "local-sync", "cuda", "vulkan", "hip", "metal"]
+Frontend = Literal["mlir", "stablehlo", "onnx", "torch", "jax"]
+Codec = Literal["fp32", "fp16", "bf16", "int8", "q4"]
+Residency = Literal["resident", "streamed", "prefetch"]
+Favor = Literal["min-memory", "max-concurrency", "debug"]
+
+# target -> drivers that run its code; the first is the default.
+DRIVERS_OF_TARGET: dict[str, tuple[str, ...]] = {
+    "llvm-cpu": ("local-task", "local-sync"),
+    "vmvx": ("local-task", "local-sync"),
+    "cuda": ("cuda",),
+    "vulkan-spirv": ("vulkan",),
+    "rocm": ("hip",),
+    "metal-spirv": ("metal",),
+}
+# target -> its options and their defaults (None: required). Other options are errors.
+TARGET_OPTIONS: dict[str, dict[str, str | None]] = {
+    "llvm-cpu": {"cpu": "host", "cpu_features": ""},
+    "vmvx": {},
+    "cuda": {"arch": "sm_80"},  # IREE 3.13's CUDA table has no sm_90; sm_80 PTX JITs on Hopper
+    "vulkan-spirv": {},
+    "rocm": {"arch": None},
+    "metal-spirv": {},
+}
+# weights file extension -> format
+WEIGHTS_FORMATS = {".safetensors": "safetensors", ".irpa": "irpa", ".gguf": "gguf"}
+# graph source extension -> frontend, when `frontend` is omitted
+FRONTEND_OF_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx"}
+PYTHON_FRONTENDS = ("torch", "jax")
+
+PACKAGE_NAME = r"^[a-z][a-z0-9_-]*$"
+GRAPH_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"  # apps, devices, variants, weights, tuning specs
+SCOPE = r"^[A-Za-z0-9_.-]+$"
+
+# -- sizes ----------------------------------------------------------------------------------------
+
+_SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size such as `"2GiB"`, `"512 MiB"`, `"1.5GB"`, `"4096"` or `4096`.
+
+    Units are case-sensitive (`B`, `KB`, `MB`, `GB`, `TB`, `KiB`, `MiB`, `GiB`, `TiB`); a bare
+    number is bytes. Raises ValueError for anything else, negative numbers included.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"a size cannot be negative, got {text}")
+        return text
+    m = _SIZE.match(text) if isinstance(text, str) else None
+    if not m or m.group(2) not in (*_SIZE_UNITS, ""):
+        raise ValueError(
+            f"invalid size {text!r}; expected a number and a unit such as '2GiB' "
+            f"(units: {', '.join(_SIZE_UNITS)})"
+        )
+    try:
+        size = Decimal(m.group(1)) * _SIZE_UNITS[m.group(2) or "B"]
+    except InvalidOperation as e:  # pragma: no cover - the regex admits only decimals
+        raise ValueError(f"invalid size {text!r}") from e
+    return int(size)
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+# -- models ---------------------------------------------------------------------------------------
+
+
+class _Table(BaseModel):
+    # strict: TOML values are typed, so "2" is not an integer and 1 is not a string.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# plex.toml
+
+
+class PackageTable(_Table):
+    name: Annotated[str, Field(pattern=PACKAGE_NAME)]
+    version: str = "0.0.0"
+    description: str = ""
+
+
+class GraphTable(_Table):
+    source: str
+    frontend: Frontend | None = None
+    weights: str | None = None
+    entrypoints: list[str] | None = None
+    arg_names: dict[str, list[str]] = {}
+    dynamic: dict[str, dict[str, str]] = {}
+    shards: Any = None
+
+
+class WeightsTable(_Table):
+    source: str | None = None
+    scope: Annotated[str, Field(pattern=SCOPE)] = "model"
+    codec: Codec = "fp32"
+
+
+class TuningTable(_Table):
+    path: str
+    target: Target
+
+
+class PackageFile(_Table):
+    package: PackageTable
+    graph: dict[str, GraphTable] = {}
+    weights: dict[str, WeightsTable] = {}
+    tuning: dict[str, TuningTable] = {}
+    backend: dict[str, dict[str, Any]] = {}
+
+
+# app.toml
+
+
+class AppTable(_Table):
+    name: Annotated[str, Field(pattern=NAME)]
+    version: str = "0.0.0"
+    packages: list[str] = []
+    graphs: list[str] | None = None
+
+
+class DeviceTable(_Table):
+    target: Target = "llvm-cpu"
+    driver: Driver | None = None
+    cpu: str | None = None
+    cpu_features: str | None = None
+    arch: str | None = None
+
+
+class VariantTable(_Table):
+    name: Annotated[str, Field(pattern=NAME)]
+    devices: Annotated[list[str], Field(min_length=1)]
+
+
+class AppWeightsTable(_Table):
+    residency: Residency = "resident"
+    codec: dict[str, Codec] = {}
+
+
+class SchedulingTable(_Table):
+    favor: Favor = "min-memory"
+
+
+class MyelinTable(_Table):
+    tuning: str | None = None
+
+
+class ProfileTable(_Table):
+    output: str | None = None
+    device_timing: bool = False
+
+
+class RuntimeTable(_Table):
+    memory: Size | None = None
+    profile: ProfileTable | None = None
+
+
+class BuildTable(_Table):
+    jobs: Annotated[int, Field(ge=1)] | None = None
+    temp_memory: Size = 2**30
+    cache: str | None = None
+
+
+class AppFile(_Table):
+    app: AppTable
+    devices: dict[str, DeviceTable] = {}
+    variant: list[VariantTable] = []
+    placement: dict[str, str] = {}
+    weights: AppWeightsTable = AppWeightsTable()
+    scheduling: SchedulingTable = SchedulingTable()
+    myelin: MyelinTable = MyelinTable()
+    runtime: RuntimeTable = RuntimeTable()
+    build: BuildTable = BuildTable()

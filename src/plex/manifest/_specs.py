@@ -1,0 +1,139 @@
+"""What a manifest resolves to: frozen, pydantic-free dataclasses the build consumes.
+
+Paths are absolute. Defaults are filled in, references are resolved (by `load_app`), and every
+value has been validated, so consumers need not check anything again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, NoReturn, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenDict(dict[K, V], Generic[K, V]):
+    """A dict that refuses changes: specs stay immutable and hashable, and still pickle (the
+    build may hand them to worker processes, where a MappingProxyType would not go)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("manifest specs are immutable")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A named target device of an app: what to compile for (`target`) and what runs it."""
+
+    name: str
+    target: str  # llvm-cpu | cuda | vulkan-spirv | rocm | metal-spirv | vmvx
+    driver: str  # local-task | local-sync | cuda | vulkan | hip | metal
+    cpu: str | None  # llvm-cpu only: "host", "generic" or an LLVM CPU name
+    cpu_features: str | None  # llvm-cpu only
+    arch: str | None  # cuda: sm_XX; rocm: gfxNNNN
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """A set of devices compiled into the artifact together; the runtime picks one variant."""
+
+    name: str
+    devices: tuple[DeviceSpec, ...]
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    """A package's `[weights.<name>]`: where parameters come from and how they are encoded."""
+
+    ref: str  # "package:name"
+    package: str
+    name: str
+    source: Path | None  # None: the weights are inline in the graph source
+    format: str | None  # "safetensors"; None when `source` is None
+    scope: str
+    codec: str
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    """A package's `[tuning.<name>]`: a transform-dialect tuning spec for one target."""
+
+    ref: str
+    package: str
+    name: str
+    path: Path
+    target: str
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A package's `[graph.<name>]`: one model graph and the frontend that imports it."""
+
+    ref: str  # "package:name"
+    package: str
+    name: str
+    source: Path  # the file; for a Python source, the module file
+    source_symbol: str | None  # Python sources: the function after ':'; else None
+    frontend: str  # mlir | stablehlo | onnx | torch | jax
+    entrypoints: tuple[str, ...] | None  # None: every public function
+    arg_names: FrozenDict[str, tuple[str, ...]]
+    weights_ref: str | None = None  # "package:name", as written but always qualified
+    weights: WeightsSpec | None = None  # resolved by load_app; load_package leaves it None
+
+
+@dataclass(frozen=True)
+class PackageSpec:
+    """A package's identity: `[package]`, where it lives, and the fingerprint of its content."""
+
+    name: str
+    version: str
+    description: str
+    path: Path  # the package folder
+    manifest_path: Path  # its plex.toml
+    fingerprint: str  # sha256 hex over plex.toml and every file it references
+
+
+@dataclass(frozen=True)
+class PackageManifest:
+    """One validated `plex.toml`, as `load_package` returns it. References are not resolved."""
+
+    spec: PackageSpec
+    graphs: FrozenDict[str, GraphSpec]
+    weights: FrozenDict[str, WeightsSpec]
+    tuning: FrozenDict[str, TuningSpec]
+    files: tuple[Path, ...]  # plex.toml and every file it references, in fingerprint order
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """`[build]` of an app."""
+
+    jobs: int
+    temp_memory: int  # bytes
+    cache: Path | None  # None: the caller picks the user cache folder
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """A resolved `app.toml`: everything a build needs, with package references resolved."""
+
+    name: str
+    version: str
+    path: Path  # app.toml
+    packages: tuple[PackageSpec, ...]  # the listed packages, then those found on PLEX_PATH
+    graphs: tuple[GraphSpec, ...]
+    devices: tuple[DeviceSpec, ...]
+    variants: tuple[VariantSpec, ...]
+    favor: str  # min-memory | max-concurrency | debug
+    residency: str  # resident (the only one implemented)
+    build: BuildOptions
