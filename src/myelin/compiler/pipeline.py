@@ -30,8 +30,6 @@ IMPORT_PHASE = "input"
 # stay in the module where the compiler can fold them.
 DEFAULT_MIN_PARAMETER_BYTES = 256
 
-_INPUT_TYPE = {"mlir": "auto", "stablehlo": "stablehlo"}
-
 # Flags for the import step: it stops before any target-specific pass, but the session still
 # needs a target device to be configured.
 _IMPORT_FLAGS = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu")
@@ -49,19 +47,20 @@ class ImportedGraph:
 
 
 def import_graph(
-    source: Path,
+    source: Path | bytes,
     *,
-    frontend: str,
+    input_type: str,
     module_name: str,
     scope: str,
     min_parameter_bytes: int = DEFAULT_MIN_PARAMETER_BYTES,
+    what: str = "graph",
 ) -> ImportedGraph:
-    """Parse an MLIR/StableHLO file, lower it to the input phase and externalize inline weights."""
-    if frontend not in _INPUT_TYPE:
-        raise CompileError(f"frontend {frontend!r} is not an MLIR input")
-    flags = [*_IMPORT_FLAGS, f"--iree-input-type={_INPUT_TYPE[frontend]}"]
+    """Parse MLIR (a file, or text/bytecode from a frontend), lower it to the input phase and
+    externalize inline weights. `input_type` is IREE's --iree-input-type (auto, stablehlo,
+    torch, onnx, ...)."""
+    flags = [*_IMPORT_FLAGS, f"--iree-input-type={input_type}"]
     with CompilerSession(flags) as session:
-        module = session.parse(source, compile_to=IMPORT_PHASE, what=str(source))
+        module = session.parse(source, compile_to=IMPORT_PHASE, what=what)
         with session.context:
             # The VM module takes the graph's name so several graphs can share one VM context.
             module.attributes["sym_name"] = ir.StringAttr.get(module_name)

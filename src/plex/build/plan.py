@@ -12,6 +12,7 @@ from pathlib import Path
 from myelin import hostinfo
 from myelin.compiler.pipeline import DEFAULT_MIN_PARAMETER_BYTES, compile_flags
 from myelin.compiler.targets import TargetDevice
+from myelin.frontends import FrontendRequest
 from plex.build import steps
 from plex.manifest import AppSpec, DeviceSpec, GraphSpec, VariantSpec, WeightsSpec
 from synapse import Node, Plan, file_digest, json_digest
@@ -56,6 +57,13 @@ def graph_scope(graph: GraphSpec) -> str:
     return f"{graph.package}.{graph.name}"
 
 
+def frontend_request(graph: GraphSpec, scope: str) -> FrontendRequest:
+    return FrontendRequest(
+        source=graph.source, symbol=graph.source_symbol, module_name=graph.name, scope=scope,
+        entrypoints=graph.entrypoints,
+    )
+
+
 def weights_node_id(weights: WeightsSpec) -> str:
     return f"weights:{weights.package}:{weights.name}"
 
@@ -94,8 +102,8 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
             Node(
                 id=import_id, kind="import", label=f"import {graph.ref}",
                 action=lambda ctx, g=graph, scope=scope: steps.run_import(
-                    ctx.out_dir, source=g.source, frontend=g.frontend, module_name=g.name,
-                    scope=scope, min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES, what=g.ref,
+                    ctx.out_dir, request=frontend_request(g, scope), frontend_name=g.frontend,
+                    min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES, what=g.ref,
                 ),
                 inputs={
                     "source": file_digest(graph.source),

@@ -7,10 +7,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from myelin.compiler.parameters import ParameterRef
 from myelin.compiler.pipeline import compile_imported, import_graph
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
+from myelin.frontends import DIRECT_INPUT_TYPES, FrontendRequest, frontend
 from plex.errors import BuildError
 
 IMPORTED_MODULE = "module.mlirbc"
@@ -23,13 +26,26 @@ COMPILE_META = "compile.json"
 
 
 def run_import(
-    out_dir: Path, *, source: Path, frontend: str, module_name: str, scope: str,
+    out_dir: Path, *, request: FrontendRequest, frontend_name: str,
     min_parameter_bytes: int, what: str,
 ) -> None:
+    """Frontend (torch/onnx/jax) to MLIR if needed, then IREE's input phase and weight export.
+
+    Weights a frontend externalized and constants PLeX moved out of the IR both land in
+    `exported/`, in the graph's own parameter scope.
+    """
     try:
+        if frontend_name in DIRECT_INPUT_TYPES:
+            source: Path | bytes = request.source
+            input_type = DIRECT_INPUT_TYPES[frontend_name]
+            frontend_parameters: dict = {}
+        else:
+            result = frontend(frontend_name)(request)
+            source, input_type = result.mlir, result.input_type
+            frontend_parameters = result.parameters
         imported = import_graph(
-            source, frontend=frontend, module_name=module_name, scope=scope,
-            min_parameter_bytes=min_parameter_bytes,
+            source, input_type=input_type, module_name=request.module_name,
+            scope=request.scope, min_parameter_bytes=min_parameter_bytes, what=what,
         )
     except CompileError as e:
         raise BuildError(f"import of graph {what} failed: {e}") from e
@@ -37,7 +53,10 @@ def run_import(
     exported_dir = out_dir / EXPORTED_DIR
     exported_dir.mkdir()
     exported = []
-    for i, (key, data) in enumerate(sorted(imported.exported.items())):
+    values = dict(imported.exported)
+    for key, array in frontend_parameters.items():
+        values[key] = np.ascontiguousarray(array).tobytes()
+    for i, (key, data) in enumerate(sorted(values.items())):
         name = f"{i:05d}.bin"
         (exported_dir / name).write_bytes(data)
         exported.append({"key": key, "file": name})
@@ -46,7 +65,7 @@ def run_import(
         "functions": list(imported.functions),
         "parameters": [asdict(p) for p in imported.parameters],
         "exported": exported,
-        "exported_scope": scope,
+        "exported_scope": request.scope,
     }
     (out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
 

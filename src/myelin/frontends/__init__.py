@@ -1,0 +1,74 @@
+"""Frontends: turn a framework model (PyTorch, ONNX, JAX) into MLIR that IREE's input pipeline
+accepts, with its weights as named parameters rather than inline constants.
+
+A frontend is one module here with a `to_mlir(request) -> FrontendResult` function, registered in
+FRONTENDS by name. MLIR and StableHLO files need no frontend: the compiler reads them directly.
+Framework imports happen inside each frontend, so a build that uses none of them never loads
+torch, onnx or jax.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from myelin.errors import CompileError
+
+# frontend name -> module implementing `to_mlir`
+FRONTENDS: dict[str, str] = {
+    "torch": "myelin.frontends.torch",
+    "onnx": "myelin.frontends.onnx",
+    "jax": "myelin.frontends.jax",
+}
+
+# frontends whose source is read by the compiler directly, and the --iree-input-type to use
+DIRECT_INPUT_TYPES: dict[str, str] = {"mlir": "auto", "stablehlo": "stablehlo"}
+
+
+@dataclass(frozen=True)
+class FrontendRequest:
+    """What the manifest says about one graph."""
+
+    source: Path  # the model file (.onnx, .py, ...)
+    symbol: str | None  # for Python sources: the function after ':'
+    module_name: str  # the VM module name the graph must get
+    scope: str  # parameter scope the frontend must use for weights it externalizes
+    entrypoints: tuple[str, ...] | None = None
+    # input name -> {dimension index -> dimension name}: dims that must stay dynamic
+    dynamic: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+
+
+@dataclass
+class FrontendResult:
+    """MLIR for IREE plus the weights it reads by name.
+
+    `mlir` is MLIR text or bytecode that IREE's input pipeline accepts with `input_type`
+    (e.g. "torch", "onnx", "stablehlo"); it refers to weights as
+    `#flow.parameter.named<scope::key>` (or `#stream.parameter.named`), whose values are in
+    `parameters`.
+    """
+
+    mlir: bytes
+    input_type: str
+    parameters: dict[str, np.ndarray] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:
+    module_name = FRONTENDS.get(name)
+    if module_name is None:
+        raise CompileError(
+            f"unknown frontend {name!r}; accepted: {', '.join([*DIRECT_INPUT_TYPES, *FRONTENDS])}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise CompileError(
+            f"the {name} frontend needs the '{e.name}' package; install PLeX with the "
+            f"'{name}' extra: pip install 'plex[{name}]'"
+        ) from e
+    return module.to_mlir
