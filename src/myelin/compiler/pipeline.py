@@ -54,13 +54,16 @@ def import_graph(
     scope: str,
     min_parameter_bytes: int = DEFAULT_MIN_PARAMETER_BYTES,
     what: str = "graph",
+    source_name: str | None = None,
 ) -> ImportedGraph:
     """Parse MLIR (a file, or text/bytecode from a frontend), lower it to the input phase and
     externalize inline weights. `input_type` is IREE's --iree-input-type (auto, stablehlo,
     torch, onnx, ...)."""
     flags = [*_IMPORT_FLAGS, f"--iree-input-type={input_type}"]
     with CompilerSession(flags) as session:
-        module = session.parse(source, compile_to=IMPORT_PHASE, what=what)
+        module = session.parse(
+            source, compile_to=IMPORT_PHASE, what=what, source_name=source_name
+        )
         with session.context:
             # The VM module takes the graph's name so several graphs can share one VM context.
             module.attributes["sym_name"] = ir.StringAttr.get(module_name)

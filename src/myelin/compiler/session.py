@@ -123,20 +123,28 @@ class CompilerSession:
         return inv
 
     def parse(self, source: Path | bytes | str, *, compile_to: str | None = None,
-              what: str = "module") -> ir.Operation:
-        """Parse a source (file or text) and run the pipeline up to `compile_to` (None: parse only).
+              what: str = "module", source_name: str | None = None) -> ir.Operation:
+        """Parse a source (file or text/bytecode) and run the pipeline up to `compile_to`
+        (None: parse only). Returns the module operation, owned by this session's context.
 
-        Returns the module operation, owned by this session's context.
+        The source is parsed from memory under `source_name` (default: the file's base name):
+        locations end up in the module's debug info, and an absolute build path there would make
+        the same model build to different bytes in different folders.
         """
         diagnostics = Diagnostics()
         inv = self._invocation(diagnostics)
         if isinstance(source, Path):
-            src = Source.open_file(self._session, str(source))
+            name = source_name or source.name
+            try:
+                data = source.read_bytes()
+            except OSError as e:
+                raise CompileError(f"cannot read {what}: {e}") from e
         else:
+            name = source_name or "source.mlir"
             data = source.encode() if isinstance(source, str) else source
-            if not data.startswith(b"ML\xefR") and not data.endswith(b"\0"):
-                data += b"\0"  # text sources are parsed as NUL-terminated strings
-            src = Source.wrap_buffer(self._session, data)
+        if not data.startswith(b"ML\xefR") and not data.endswith(b"\0"):
+            data += b"\0"  # text sources are parsed as NUL-terminated strings
+        src = Source.wrap_buffer(self._session, data, buffer_name=name)
         if not inv.parse_source(src):
             raise CompileError(f"cannot parse {what}:\n{diagnostics.render()}")
         if compile_to is not None:

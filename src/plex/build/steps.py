@@ -46,6 +46,7 @@ def run_import(
         imported = import_graph(
             source, input_type=input_type, module_name=request.module_name,
             scope=request.scope, min_parameter_bytes=min_parameter_bytes, what=what,
+            source_name=f"{request.module_name}/{request.source.name}",
         )
     except CompileError as e:
         raise BuildError(f"import of graph {what} failed: {e}") from e

@@ -1,0 +1,5 @@
+"""`python -m plex` runs the CLI."""
+
+from plex.cli import main
+
+main()
