@@ -94,3 +94,16 @@ def test_builds_are_byte_identical_from_different_folders(tmp_path):
         build(folder / "app.toml", out, use_cache=False)
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+def test_local_sync_driver_runs_the_same_module(tmp_path, mlp_weights):
+    (tmp_path / "app.toml").write_text(
+        f'[app]\nname = "sync"\npackages = ["{EXAMPLES / "mlp"}"]\n\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-sync"\n'
+    )
+    out = build(tmp_path / "app.toml", tmp_path / "sync.mln").output
+    model = myelin.Instance().load(out)
+    assert model.variant["devices"][0]["driver"] == "local-sync"
+    x = np.ones((3, 16), np.float32)
+    with model.session() as s:
+        assert np.abs(s.call("forward", x) - mlp_reference(mlp_weights, x)[1]).max() < 1e-5
