@@ -37,7 +37,7 @@ def build(
         from plex.manifest import load_app
 
         output = app_toml.parent / f"{load_app(app_toml).name}.mln"
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     if plan:
         _, the_plan = plan_for(app_toml, output)
         typer.echo(the_plan.describe())
