@@ -43,12 +43,14 @@ def raw_invoker(path: Path, function: str):
     variant = reader.manifest["variants"][0]
     instance = rt.VmInstance()
     device = rt.get_device("local-task")
-    module = rt.VmModule.copy_buffer(instance, bytes(reader.section_view(variant["modules"][0]["section"])))
+    section = variant["modules"][0]["section"]
+    module = rt.VmModule.copy_buffer(instance, bytes(reader.section_view(section)))
     handle = rt.FileHandle.wrap_memory(reader.mmap, readable=True, writable=False)
     index = rt.ParameterIndex()
     for p in reader.manifest["parameters"]:
-        index.add_from_file_handle(p["key"], handle, p["length"],
-                                   offset=reader.sections[p["section"]].offset + p["offset"])
+        index.add_from_file_handle(
+            p["key"], handle, p["length"], offset=reader.sections[p["section"]].offset + p["offset"]
+        )
     params = rt.create_io_parameters_module(instance, index.create_provider(scope="mlp"))
     context = rt.VmContext(instance, [rt.create_hal_module(instance, device), params, module])
     invoker = rt.FunctionInvoker(context, device, module.lookup_function(function))
@@ -89,8 +91,10 @@ def main() -> None:
             "myelin resolved call": lambda x: resolved(x),
             "myelin session.call": lambda x: session.call("forward", x),
         }
-        print(f"# runtime overhead, {platform.node()} {platform.machine()}, "
-              f"{time.strftime('%Y-%m-%d')}, rounds={args.rounds} calls/round={args.calls}")
+        print(
+            f"# runtime overhead, {platform.node()} {platform.machine()}, "
+            f"{time.strftime('%Y-%m-%d')}, rounds={args.rounds} calls/round={args.calls}"
+        )
         print("| batch | path | median µs/call | ratio vs raw (median) | ratio spread (min-max) |")
         print("|---|---|---|---|---|")
         for batch in (1, 64, 1024):
@@ -105,9 +109,11 @@ def main() -> None:
                     per_round[name].append(median)
             base = per_round["raw iree.runtime"]
             for name, times in per_round.items():
-                ratios = [t / b for t, b in zip(times, base)]
-                print(f"| {batch} | {name} | {statistics.median(times) * 1e6:.1f} | "
-                      f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}-{max(ratios):.3f} |")
+                ratios = [t / b for t, b in zip(times, base, strict=True)]
+                print(
+                    f"| {batch} | {name} | {statistics.median(times) * 1e6:.1f} | "
+                    f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}-{max(ratios):.3f} |"
+                )
         session.close()
 
 

@@ -51,5 +51,3 @@ def shlo_mln(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_stablehlo_package(root / "shlo")
     (root / "app.toml").write_text('[app]\nname = "shlo"\npackages = ["shlo"]\n')
     return build_app(root / "app.toml", root / "shlo.mln")
-
-

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 def mlp_reference(w: dict[str, np.ndarray], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     h = np.maximum(x @ w["w1"] + w["b1"], 0.0)
     return h, h @ w["w2"] + w["b2"]
@@ -25,7 +26,8 @@ INLINE_B = np.random.default_rng(2).standard_normal(16).astype(np.float32)
 def write_stablehlo_package(folder: Path) -> Path:
     """A StableHLO graph with inline constant weights (2 KiB + 64 B) and a scalar argument."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.mlir").write_text(textwrap.dedent(f"""\
+    (folder / "model.mlir").write_text(
+        textwrap.dedent(f"""\
         module @shlo {{
           func.func @forward(%x: tensor<?x32xf32>) -> tensor<?x16xf32> {{
             %w = stablehlo.constant dense<{dense_literal(INLINE_W)}> : tensor<32x16xf32>
@@ -46,8 +48,10 @@ def write_stablehlo_package(folder: Path) -> Path:
             return %y : tensor<2x3xf32>
           }}
         }}
-        """))
-    (folder / "plex.toml").write_text(textwrap.dedent("""\
+        """)
+    )
+    (folder / "plex.toml").write_text(
+        textwrap.dedent("""\
         [package]
         name = "shlo"
         version = "0.1.0"
@@ -56,7 +60,8 @@ def write_stablehlo_package(folder: Path) -> Path:
         source = "model.mlir"
         frontend = "stablehlo"
         arg_names = { forward = ["x"], scale = ["x", "k"] }
-        """))
+        """)
+    )
     return folder
 
 

@@ -30,7 +30,9 @@ class TensorSpec:
     def describe(self) -> str:
         if self.shape is None:
             return f"{self.name}: {self.dtype} scalar"
-        dims = [str(d) if d is not None else str(n) for d, n in zip(self.shape, self.dims)]
+        dims = [
+            str(d) if d is not None else str(n) for d, n in zip(self.shape, self.dims, strict=True)
+        ]
         return f"{self.name}: {self.dtype}[{', '.join(dims)}]"
 
     def to_json(self) -> dict:
@@ -82,9 +84,7 @@ def _parse_type(text: str) -> tuple[str, tuple[int | None, ...] | None]:
     return MLIR_TO_NUMPY[element], shape
 
 
-def parse_abi_declaration(
-    declaration: str, input_names: Sequence[str] | None = None
-) -> Signature:
+def parse_abi_declaration(declaration: str, input_names: Sequence[str] | None = None) -> Signature:
     """Parse e.g. `sync func @f(%input0: tensor<?x4xf32>) -> (%output0: tensor<?x3xf32>)`.
 
     Dynamic dims get stable names (`<arg>.<axis>`) so error messages can refer to them.
@@ -99,7 +99,9 @@ def parse_abi_declaration(
             dtype, shape = _parse_type(m.group("type"))
             dims: tuple[int | str, ...] = ()
             if shape is not None:
-                dims = tuple(d if d is not None else f"{name}.{axis}" for axis, d in enumerate(shape))
+                dims = tuple(
+                    d if d is not None else f"{name}.{axis}" for axis, d in enumerate(shape)
+                )
             out.append(TensorSpec(name=name, dtype=dtype, shape=shape, dims=dims))
         return tuple(out)
 

@@ -54,7 +54,7 @@ def test_weights_live_in_parameters_not_in_the_module(shlo_mln):
     from myelin.mln import MlnReader
 
     with MlnReader(shlo_mln) as r:
-        module = [s for s in r.sections.values() if s.kind == "module"][0]
+        module = next(s for s in r.sections.values() if s.kind == "module")
         (param,) = [s for s in r.sections.values() if s.kind == "parameter"]
         weights = bytes(r.section_view(param.name))
         module_bytes = bytes(r.section_view(module.name))

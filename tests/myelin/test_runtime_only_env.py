@@ -35,16 +35,25 @@ def runtime_only_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         "iree-base-runtime==3.13.0", "numpy"],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "iree-base-runtime==3.13.0",
+            "numpy",
+        ],
         check=True,
     )
     return python
 
 
 @pytest.mark.slow
-def test_prebuilt_mln_runs_without_the_compiler(runtime_only_python, mlp_mln, mlp_weights,
-                                                 tmp_path):
+def test_prebuilt_mln_runs_without_the_compiler(
+    runtime_only_python, mlp_mln, mlp_weights, tmp_path
+):
     x = np.random.default_rng(7).standard_normal((3, 16)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     # Only the runtime package travels: src/myelin, not plex or synapse.
@@ -53,9 +62,17 @@ def test_prebuilt_mln_runs_without_the_compiler(runtime_only_python, mlp_mln, ml
     os.symlink(REPO / "src" / "myelin", isolated / "myelin")
     env = {**os.environ, "PYTHONPATH": str(isolated)}
     subprocess.run(
-        [str(runtime_only_python), "-c", SCRIPT, str(mlp_mln), str(tmp_path / "x.npy"),
-         str(tmp_path / "y.npy")],
-        check=True, env=env, cwd=tmp_path,
+        [
+            str(runtime_only_python),
+            "-c",
+            SCRIPT,
+            str(mlp_mln),
+            str(tmp_path / "x.npy"),
+            str(tmp_path / "y.npy"),
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
     )
     y = np.load(tmp_path / "y.npy")
     _, want = mlp_reference(mlp_weights, x)

@@ -50,7 +50,8 @@ def big_mln(tmp_path_factory: pytest.TempPathFactory) -> Path:
     w = np.random.default_rng(0).standard_normal((ROWS, COLS), dtype=np.float32)
     save_file({"w": w}, str(pkg / "w.safetensors"))
     del w
-    (pkg / "big.mlir").write_text(textwrap.dedent(f"""\
+    (pkg / "big.mlir").write_text(
+        textwrap.dedent(f"""\
         module @big {{
           util.global private @w = #flow.parameter.named<"big"::"w"> : tensor<{ROWS}x{COLS}xf32>
           func.func @forward(%x: tensor<1x{ROWS}xf32>) -> tensor<1x{COLS}xf32> {{
@@ -63,7 +64,8 @@ def big_mln(tmp_path_factory: pytest.TempPathFactory) -> Path:
             return %y : tensor<1x{COLS}xf32>
           }}
         }}
-        """))
+        """)
+    )
     (pkg / "plex.toml").write_text(
         '[package]\nname = "big"\n\n[graph.big]\nsource = "big.mlir"\nweights = "w"\n\n'
         '[weights.w]\nsource = "w.safetensors"\nscope = "big"\n'

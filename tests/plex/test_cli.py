@@ -18,7 +18,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def plex(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "plex", *args], capture_output=True, text=True, cwd=cwd,
+        [sys.executable, "-m", "plex", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
         env={**os.environ, "COLUMNS": "200"},
     )
 
@@ -33,8 +36,9 @@ def test_every_verb_has_help():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "mlp.mln"
-    result = plex("build", str(EXAMPLES / "mlp" / "app.toml"), "-o", str(out), "--progress",
-                  "plain")
+    result = plex(
+        "build", str(EXAMPLES / "mlp" / "app.toml"), "-o", str(out), "--progress", "plain"
+    )
     assert result.returncode == 0, result.stderr
     assert "built" in result.stderr and out.exists()
     return out
@@ -43,8 +47,16 @@ def built(tmp_path_factory) -> Path:
 def test_run_reads_npy_and_writes_npy(built, tmp_path, mlp_weights):
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    result = plex("run", str(built), "-f", "forward", "--input", f"@{tmp_path / 'x.npy'}",
-                  "--output", str(tmp_path / "y.npy"))
+    result = plex(
+        "run",
+        str(built),
+        "-f",
+        "forward",
+        "--input",
+        f"@{tmp_path / 'x.npy'}",
+        "--output",
+        str(tmp_path / "y.npy"),
+    )
     assert result.returncode == 0, result.stderr
     y = np.load(tmp_path / "y.npy")
     _, want = mlp_reference(mlp_weights, x)
@@ -107,12 +119,15 @@ def test_missing_device_names_what_the_machine_has(tmp_path):
 @pytest.mark.parametrize(
     ("app_text", "expected"),
     [
-        ('[app]\nname = "x"\npackages = ["PKG"]\n[build]\njobz = 2\n',
-         ["app.toml:5:", "jobz", "did you mean 'jobs'"]),
-        ('[app]\nname = "x"\npackages = ["PKG"]\n[build]\njobs = "two"\n',
-         ["app.toml:5:", "jobs"]),
-        ('[app]\nname = "x"\npackages = ["PKG"]\ngraphs = ["mlp:mpl"]\n',
-         ["app.toml:4:", "mlp:mpl", "did you mean"]),
+        (
+            '[app]\nname = "x"\npackages = ["PKG"]\n[build]\njobz = 2\n',
+            ["app.toml:5:", "jobz", "did you mean 'jobs'"],
+        ),
+        ('[app]\nname = "x"\npackages = ["PKG"]\n[build]\njobs = "two"\n', ["app.toml:5:", "jobs"]),
+        (
+            '[app]\nname = "x"\npackages = ["PKG"]\ngraphs = ["mlp:mpl"]\n',
+            ["app.toml:4:", "mlp:mpl", "did you mean"],
+        ),
         ('[app]\nname = "x"\npackages = ["missing-folder"]\n', ["app.toml:3:", "missing-folder"]),
     ],
 )

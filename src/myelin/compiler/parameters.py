@@ -141,9 +141,7 @@ def _nbytes(t: ir.RankedTensorType) -> int:
     return int(np.prod(t.shape, dtype=np.int64)) * max(bits, 8) // 8
 
 
-def export_parameters(
-    module: ir.Operation, *, scope: str, min_bytes: int
-) -> dict[str, bytes]:
+def export_parameters(module: ir.Operation, *, scope: str, min_bytes: int) -> dict[str, bytes]:
     """Run IREE's `iree-io-export-parameters` pass in process and return {key: raw bytes}.
 
     The pass rewrites every util.global initial value of at least `min_bytes` into

@@ -32,7 +32,10 @@ DEFAULT_MIN_PARAMETER_BYTES = 256
 
 # Flags for the import step: it stops before any target-specific pass, but the session still
 # needs a target device to be configured.
-_IMPORT_FLAGS = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu")
+_IMPORT_FLAGS = (
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+)
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,7 @@ def import_graph(
     torch, onnx, ...)."""
     flags = [*_IMPORT_FLAGS, f"--iree-input-type={input_type}"]
     with CompilerSession(flags) as session:
-        module = session.parse(
-            source, compile_to=IMPORT_PHASE, what=what, source_name=source_name
-        )
+        module = session.parse(source, compile_to=IMPORT_PHASE, what=what, source_name=source_name)
         with session.context:
             # The VM module takes the graph's name so several graphs can share one VM context.
             module.attributes["sym_name"] = ir.StringAttr.get(module_name)

@@ -122,8 +122,14 @@ class CompilerSession:
         )
         return inv
 
-    def parse(self, source: Path | bytes | str, *, compile_to: str | None = None,
-              what: str = "module", source_name: str | None = None) -> ir.Operation:
+    def parse(
+        self,
+        source: Path | bytes | str,
+        *,
+        compile_to: str | None = None,
+        what: str = "module",
+        source_name: str | None = None,
+    ) -> ir.Operation:
         """Parse a source (file or text/bytecode) and run the pipeline up to `compile_to`
         (None: parse only). Returns the module operation, owned by this session's context.
 
@@ -158,8 +164,14 @@ class CompilerSession:
         self._invocations.append(inv)  # the module's memory stays valid while the session lives
         return op
 
-    def compile(self, module: ir.Operation, *, compile_from: str | None = None,
-                compile_to: str | None = None, what: str = "module") -> tuple[bytes, Diagnostics]:
+    def compile(
+        self,
+        module: ir.Operation,
+        *,
+        compile_from: str | None = None,
+        compile_to: str | None = None,
+        what: str = "module",
+    ) -> tuple[bytes, Diagnostics]:
         """Run the rest of the pipeline on `module`; returns VM bytecode (or IR bytecode when
         `compile_to` stops before the end)."""
         diagnostics = Diagnostics()

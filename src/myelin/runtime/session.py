@@ -88,8 +88,11 @@ class ResolvedCall:
         # Per input: (dtype, rank, ((axis, size), ...) of static dims), for the fast check;
         # None for scalars. The slow path (check_inputs) only runs to word an error.
         self._expected = [
-            None if t.is_scalar else (
-                numpy_dtype(t.dtype), len(t.shape or ()),
+            None
+            if t.is_scalar
+            else (
+                numpy_dtype(t.dtype),
+                len(t.shape or ()),
                 tuple((a, d) for a, d in enumerate(t.shape or ()) if d is not None),
             )
             for t in self.signature.inputs
@@ -98,7 +101,7 @@ class ResolvedCall:
     def _matches(self, values: tuple[Any, ...]) -> bool:
         if len(values) != len(self._expected):
             return False
-        for value, expected in zip(values, self._expected):
+        for value, expected in zip(values, self._expected, strict=True):
             if expected is None:
                 continue
             if type(value) is not np.ndarray:
@@ -117,8 +120,8 @@ class ResolvedCall:
             values: Any = inputs
         else:
             specs = self.signature.inputs
-            values = [as_host_array(v, s, self.name) for v, s in zip(inputs, specs)]
-            values.extend(inputs[len(specs):])
+            values = [as_host_array(v, s, self.name) for v, s in zip(inputs, specs, strict=False)]
+            values.extend(inputs[len(specs) :])
             check_inputs(self.name, specs, values)
         session = self._session
         device = session._device
@@ -134,8 +137,9 @@ class ResolvedCall:
         outs = [self._convert(results, i, device, output) for i in range(len(results))]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _convert(self, results: rt.VmVariantList, i: int, device: rt.HalDevice,
-                 output: OutputKind) -> Any:
+    def _convert(
+        self, results: rt.VmVariantList, i: int, device: rt.HalDevice, output: OutputKind
+    ) -> Any:
         dtype = self._out_dtypes[i] if i < len(self._out_dtypes) else None
         if dtype is None:
             return results.get_variant(i)

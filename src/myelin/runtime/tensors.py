@@ -45,7 +45,7 @@ def check_inputs(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[
         expected = ", ".join(s.describe() for s in specs) or "no arguments"
         which = "missing" if len(values) < len(specs) else "extra"
         names = (
-            ", ".join(f"'{s.name}'" for s in specs[len(values):])
+            ", ".join(f"'{s.name}'" for s in specs[len(values) :])
             if len(values) < len(specs)
             else f"{len(values) - len(specs)} extra"
         )
@@ -53,7 +53,7 @@ def check_inputs(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[
             f"{entrypoint}: {which} argument(s) {names}: got {len(values)} argument(s), "
             f"expected {len(specs)} ({expected})"
         )
-    for spec, value in zip(specs, values):
+    for spec, value in zip(specs, values, strict=True):
         check_input(entrypoint, spec, value)
 
 
@@ -74,7 +74,7 @@ def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:
             f"{'x'.join(map(str, shape)) or 'scalar'}), expected rank {len(spec.shape or ())} "
             f"(shape {expected_shape})"
         )
-    for axis, (got, want) in enumerate(zip(shape, spec.shape or ())):
+    for axis, (got, want) in enumerate(zip(shape, spec.shape or (), strict=True)):
         if want is not None and got != want:
             raise InputError(
                 f"{entrypoint}: argument '{spec.name}' has size {got} in dimension {axis}, "

@@ -53,8 +53,10 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as e:
             if _debug():
                 raise
-            print(f"internal error: {type(e).__name__}: {e} "
-                  "(run with --debug for the traceback)", file=sys.stderr)
+            print(
+                f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+                file=sys.stderr,
+            )
             raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper

@@ -24,8 +24,10 @@ def synthetic_inputs(signature: Signature, dims: dict[str, int], seed: int = 0) 
         if spec.shape is None:
             values.append(numpy_dtype(spec.dtype).type(1))
             continue
-        shape = [d if d is not None else dims.get(str(n), dims.get("*", 1))
-                 for d, n in zip(spec.shape, spec.dims)]
+        shape = [
+            d if d is not None else dims.get(str(n), dims.get("*", 1))
+            for d, n in zip(spec.shape, spec.dims, strict=True)
+        ]
         dtype = numpy_dtype(spec.dtype)
         if dtype.kind == "f":
             values.append(rng.standard_normal(shape).astype(dtype))
@@ -47,10 +49,18 @@ def _rss_peak_mib() -> float:
 def bench(
     artifact: Path = typer.Argument(..., help="The .mln file."),
     function: str = typer.Option("forward", "-f", "--function", help="Entrypoint to time."),
-    inputs: list[str] = typer.Option([], "--input", "-i", help="As for `plex run`; without "
-                                     "inputs, random tensors matching the signature are used."),
-    dims: list[str] = typer.Option([], "--dim", help="Size of a dynamic dim for random inputs: "
-                                   "NAME=N (names as `plex inspect` shows them) or *=N."),
+    inputs: list[str] = typer.Option(
+        [],
+        "--input",
+        "-i",
+        help="As for `plex run`; without inputs, random tensors matching the signature are used.",
+    ),
+    dims: list[str] = typer.Option(
+        [],
+        "--dim",
+        help="Size of a dynamic dim for random inputs: "
+        "NAME=N (names as `plex inspect` shows them) or *=N.",
+    ),
     warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed calls first."),
     iterations: int = typer.Option(100, "-n", "--iterations", min=1, help="Timed calls."),
     variant: str = typer.Option(None, "--variant", help="Variant to use."),
@@ -80,10 +90,17 @@ def bench(
             call(*args)
             times[i] = time.perf_counter() - t0
     ms = times * 1e3
-    table = Table(title=f"{artifact.name} {function} ({model.variant_name}), {iterations} calls "
-                  f"after {warmup} warm-up")
+    table = Table(
+        title=f"{artifact.name} {function} ({model.variant_name}), {iterations} calls "
+        f"after {warmup} warm-up"
+    )
     for col in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "min ms", "calls/s", "peak RSS MiB"):
         table.add_column(col, justify="right")
-    table.add_row(*(f"{v:.3f}" for v in np.percentile(ms, [50, 90, 99])), f"{ms.mean():.3f}",
-                  f"{ms.min():.3f}", f"{iterations / times.sum():.1f}", f"{_rss_peak_mib():.0f}")
+    table.add_row(
+        *(f"{v:.3f}" for v in np.percentile(ms, [50, 90, 99])),
+        f"{ms.mean():.3f}",
+        f"{ms.min():.3f}",
+        f"{iterations / times.sum():.1f}",
+        f"{_rss_peak_mib():.0f}",
+    )
     Console().print(table)

@@ -13,20 +13,36 @@ from synapse import explain, make_progress
 
 def build(
     app_toml: Path = typer.Argument(..., help="The application manifest (app.toml)."),
-    output: Path = typer.Option(None, "-o", "--output", help="Where to write the .mln "
-                                "(default: <app name>.mln beside app.toml)."),
-    jobs: int = typer.Option(None, "-j", "--jobs", min=1, help="Most build steps at once "
-                             "(default: [build] jobs, else the CPU count)."),
-    cache: Path = typer.Option(None, "--cache", help="Cache folder (default: [build] cache, "
-                               "else $PLEX_CACHE_DIR, else the user cache folder)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Build everything from scratch "
-                                  "and store nothing."),
+    output: Path = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Where to write the .mln (default: <app name>.mln beside app.toml).",
+    ),
+    jobs: int = typer.Option(
+        None,
+        "-j",
+        "--jobs",
+        min=1,
+        help="Most build steps at once (default: [build] jobs, else the CPU count).",
+    ),
+    cache: Path = typer.Option(
+        None,
+        "--cache",
+        help="Cache folder (default: [build] cache, "
+        "else $PLEX_CACHE_DIR, else the user cache folder).",
+    ),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Build everything from scratch and store nothing."
+    ),
     plan: bool = typer.Option(False, "--plan", help="Print the build DAG and exit."),
-    explain_: bool = typer.Option(False, "--explain", help="Say for each step whether it was "
-                                  "a cache hit or why it rebuilt."),
+    explain_: bool = typer.Option(
+        False, "--explain", help="Say for each step whether it was a cache hit or why it rebuilt."
+    ),
     progress: str = typer.Option("auto", "--progress", help="auto | rich | plain | json"),
-    json_: bool = typer.Option(False, "--json", help="Progress as JSON event lines "
-                               "(same as --progress json)."),
+    json_: bool = typer.Option(
+        False, "--json", help="Progress as JSON event lines (same as --progress json)."
+    ),
 ) -> None:
     """Resolve packages, import graphs, compile each variant and pack one .mln."""
     from plex.build import build as run_build
@@ -44,8 +60,9 @@ def build(
         return
     mode = "json" if json_ else progress
     with make_progress(mode, sys.stderr) as sink:
-        result = run_build(app_toml, output, jobs=jobs, cache_dir=cache,
-                           use_cache=not no_cache, on_event=sink)
+        result = run_build(
+            app_toml, output, jobs=jobs, cache_dir=cache, use_cache=not no_cache, on_event=sink
+        )
     if explain_:
         for line in explain(result.results):
             typer.echo(line)

@@ -17,7 +17,8 @@ def _linear_model(name: str) -> str:
     rng = np.random.default_rng(0)
     w = np.round(rng.standard_normal((8, 4)), 3)
     rows = ", ".join("[" + ", ".join(f"{v:.3f}" for v in row) + "]" for row in w)
-    return f"""// y = x @ W: replace this with your model (linalg, or StableHLO with frontend = "stablehlo").
+    return f"""// y = x @ W: replace this with your model
+// (linalg, or StableHLO with frontend = "stablehlo" in plex.toml).
 module @{name} {{
   func.func @forward(%x: tensor<?x8xf32>) -> tensor<?x4xf32> {{
     %w = arith.constant dense<[{rows}]> : tensor<8x4xf32>
@@ -57,6 +58,8 @@ def init(
         f'[app]\nname = "{pkg}"\nversion = "0.1.0"\npackages = ["."]\n\n'
         '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\n'
     )
-    typer.echo(f"created {folder}/plex.toml, model.mlir and app.toml. Next:\n"
-               f"  plex build {folder}/app.toml -o {pkg}.mln\n"
-               f"  plex run {pkg}.mln -f forward --input 2x8xf32=1")
+    typer.echo(
+        f"created {folder}/plex.toml, model.mlir and app.toml. Next:\n"
+        f"  plex build {folder}/app.toml -o {pkg}.mln\n"
+        f"  plex run {pkg}.mln -f forward --input 2x8xf32=1"
+    )

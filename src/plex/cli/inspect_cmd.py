@@ -18,8 +18,9 @@ from plex.cli.build_cmd import _size
 def inspect(
     artifact: Path = typer.Argument(..., help="The .mln file."),
     as_json: bool = typer.Option(False, "--json", help="Print the raw manifest as JSON."),
-    verify: bool = typer.Option(True, "--verify/--no-verify",
-                                help="Check every section's content hash (default: on)."),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Check every section's content hash (default: on)."
+    ),
 ) -> None:
     """Show variants, entrypoints with signatures, parameters, sizes and provenance."""
     with MlnReader(artifact, verify=verify) as reader:
@@ -42,12 +43,18 @@ def inspect(
     for v in manifest["variants"]:
         devices = ", ".join(
             f"{d['name']} ({d['target']} on {d['driver']}"
-            + "".join(f", {k}={val}" for k, val in d.get("options", {}).items()) + ")"
+            + "".join(f", {k}={val}" for k, val in d.get("options", {}).items())
+            + ")"
             for d in v["devices"]
         )
         module_bytes = sum(sections[m["section"]].length for m in v["modules"])
-        variants.add_row(v["name"], devices, ", ".join(m["name"] for m in v["modules"]),
-                         _size(module_bytes), ", ".join(v.get("parameter_scopes", [])))
+        variants.add_row(
+            v["name"],
+            devices,
+            ", ".join(m["name"] for m in v["modules"]),
+            _size(module_bytes),
+            ", ".join(v.get("parameter_scopes", [])),
+        )
     console.print(variants)
     entry = Table(title="entrypoints")
     for col in ("variant", "name", "inputs", "outputs"):
@@ -55,21 +62,29 @@ def inspect(
     for v in manifest["variants"]:
         for e in v["entrypoints"]:
             entry.add_row(
-                v["name"], e["name"],
+                v["name"],
+                e["name"],
                 escape(", ".join(TensorSpec.from_json(t).describe() for t in e["inputs"])),
                 escape(", ".join(TensorSpec.from_json(t).describe() for t in e["outputs"])),
             )
     console.print(entry)
     params = manifest["parameters"]
     if params:
-        table = Table(title=f"parameters ({len(params)}, "
-                      f"{_size(sum(p['length'] for p in params))})")
+        table = Table(
+            title=f"parameters ({len(params)}, {_size(sum(p['length'] for p in params))})"
+        )
         for col in ("scope", "key", "dtype", "shape", "codec", "stored bytes", "offset"):
             table.add_column(col)
         for p in params:
-            table.add_row(p["scope"], p["key"], p["dtype"], "x".join(map(str, p["shape"])),
-                          p["codec"], str(p["length"]),
-                          str(sections[p["section"]].offset + p["offset"]))
+            table.add_row(
+                p["scope"],
+                p["key"],
+                p["dtype"],
+                "x".join(map(str, p["shape"])),
+                p["codec"],
+                str(p["length"]),
+                str(sections[p["section"]].offset + p["offset"]),
+            )
         console.print(table)
     prov = manifest.get("provenance", {})
     console.print("[bold]provenance[/bold]")

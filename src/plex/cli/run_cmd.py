@@ -15,15 +15,18 @@ def run(
     artifact: Path = typer.Argument(..., help="The .mln file."),
     function: str = typer.Option("forward", "-f", "--function", help="Entrypoint to call."),
     inputs: list[str] = typer.Option(
-        [], "--input", "-i",
+        [],
+        "--input",
+        "-i",
         help="An argument: @file.npy or SHAPExTYPE=VALUES (e.g. 2x3xf32=1,2,3,4,5,6; one value "
         "fills the tensor). Repeat in argument order.",
     ),
     outputs: list[Path] = typer.Option(
         [], "--output", "-o", help="Save a result as .npy. Repeat for several results."
     ),
-    variant: str = typer.Option(None, "--variant", help="Use this variant instead of the first "
-                                "that fits this machine."),
+    variant: str = typer.Option(
+        None, "--variant", help="Use this variant instead of the first that fits this machine."
+    ),
 ) -> None:
     """Run one entrypoint and print (or save) its results."""
     import myelin
