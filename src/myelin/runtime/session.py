@@ -20,6 +20,8 @@ from myelin.runtime.tensors import as_host_array, check_inputs
 
 OutputKind = Literal["numpy", "device"]
 
+_HOST_VISIBLE = int(rt.MemoryType.HOST_VISIBLE)
+
 
 class CallError(MyelinError):
     """IREE failed while running a call whose inputs passed validation."""
@@ -146,6 +148,10 @@ class ResolvedCall:
         view = results.get_as_object(i, rt.HalBufferView)
         if output == "device":
             return rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
+        if not view.get_buffer().memory_type() & _HOST_VISIBLE:
+            # Device memory (CUDA): IREE's own transfer into a fresh host array.
+            array = rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
+            return np.array(array.to_host(), copy=True)
         # Copy out of the mapping: a numpy array that outlives its HAL buffer's device (at
         # interpreter exit, or after the model is closed) must not point into unmapped memory.
         mapped = view.map()
