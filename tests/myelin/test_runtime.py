@@ -137,3 +137,20 @@ def test_closed_session_refuses_calls(mlp_model):
     s.close()
     with pytest.raises(myelin.MyelinError, match="closed"):
         call(np.zeros((1, 16), np.float32))
+
+
+def test_device_result_alive_at_exit_does_not_crash(mlp_mln):
+    """A device array still held when Python exits, after its model and instance are gone."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import numpy as np, myelin
+        inst = myelin.Instance()
+        model = inst.load({str(mlp_mln)!r})
+        session = model.session()
+        kept = session.call("forward", np.ones((2, 16), np.float32), output="device")
+        session.close(); model.close(); del inst, model, session
+    """)
+    assert subprocess.run([sys.executable, "-c", script]).returncode == 0

@@ -1,8 +1,15 @@
-"""Finding the HAL devices a variant needs on this machine."""
+"""Finding the HAL devices a variant needs on this machine, and moving device arrays between
+them.
+
+A variant's devices are created in its order, with one ordinal per driver: the compiler names
+them `name=kind[ordinal]` (myelin.compiler.targets) and IREE matches the n-th device of a kind in
+the list given to the HAL module, so `[cpu (local-task), gpu (cuda)]` is local[0] and cuda[0].
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import iree.runtime as rt
@@ -21,6 +28,29 @@ class DeviceRequirement:
     cpu_flags: frozenset[str] = frozenset()
 
 
+# Drivers whose device memory is this process's host memory.
+HOST_MEMORY_DRIVERS = frozenset({"local-task", "local-sync"})
+
+
+def driver_ordinals(drivers: Sequence[str]) -> list[int]:
+    """Ordinal of each device among the devices of its driver: [local-task, cuda, local-task]
+    -> [0, 0, 1]."""
+    seen: dict[str, int] = {}
+    ordinals = []
+    for driver in drivers:
+        ordinals.append(seen.get(driver, 0))
+        seen[driver] = ordinals[-1] + 1
+    return ordinals
+
+
+@dataclass
+class TransferCount:
+    """Device-to-device moves of call arguments, per (source, target, method)."""
+
+    count: int = 0
+    bytes: int = 0
+
+
 class DeviceRegistry:
     """Creates HAL devices on demand and remembers which drivers failed (and why).
 
@@ -33,6 +63,8 @@ class DeviceRegistry:
         self._drivers: dict[str, rt.HalDriver] = {}
         self._devices: dict[tuple[str, int], rt.HalDevice] = {}
         self._failures: dict[str, str] = {}
+        # (source driver, target driver, method) -> moves made; see `move`.
+        self.transfers: dict[tuple[str, str, str], TransferCount] = {}
 
     def compiled_drivers(self) -> list[str]:
         return sorted(rt.query_available_drivers())
@@ -66,14 +98,114 @@ class DeviceRegistry:
                 return self._devices[key]
         drv = self._driver(driver)
         try:
-            dev = drv.create_default_device()  # each call creates a distinct device
+            if ordinal == 0 or driver in HOST_MEMORY_DRIVERS:
+                dev = drv.create_default_device()  # each call creates a distinct device
+            else:  # the n-th physical device (GPU n)
+                available = drv.query_available_devices()
+                if ordinal >= len(available):
+                    raise DeviceUnavailable(
+                        f"driver '{driver}' has {len(available)} device(s); the variant needs "
+                        f"{ordinal + 1}"
+                    )
+                dev = drv.create_device(available[ordinal]["device_id"])
+        except DeviceUnavailable:
+            raise
         except Exception as e:
             reason = f"driver '{driver}' has no usable device: {_first_line(e)}"
             with self._lock:
                 self._failures[driver] = reason
             raise DeviceUnavailable(reason) from e
         with self._lock:
+            if key not in self._devices:
+                _live_for_the_process(dev)
             return self._devices.setdefault(key, dev)
+
+    def devices_for(self, drivers: Sequence[str]) -> list[rt.HalDevice]:
+        """One device per entry of a variant's device list, in order (see the module doc)."""
+        return [self.device(d, o) for d, o in zip(drivers, driver_ordinals(drivers), strict=True)]
+
+    def driver_of(self, device: rt.HalDevice) -> str | None:
+        """The driver of a device this registry created; None for a device made elsewhere."""
+        with self._lock:
+            for (driver, _), dev in self._devices.items():
+                if dev is device:
+                    return driver
+        return None
+
+    def onto(self, values: Sequence[object], target: rt.HalDevice) -> Sequence[object]:
+        """Call arguments with every device array that lives on another device moved onto
+        `target` (see `move`); numpy arrays and scalars pass unchanged."""
+        if not any(isinstance(v, rt.DeviceArray) and v._device is not target for v in values):
+            return values
+        return [self.move(v, target) if isinstance(v, rt.DeviceArray) else v for v in values]
+
+    def move(self, array: rt.DeviceArray, target: rt.HalDevice) -> rt.DeviceArray:
+        """`array` on `target`: a device array passed to an entrypoint that runs on another
+        device (graph A's output into graph B, placed elsewhere) moves device to device, with
+        the HAL, never through a numpy array:
+
+        - host-memory device -> host-memory device: a queue copy on the target device into a
+          buffer of its allocator;
+        - host-memory device -> GPU: one host-to-device copy from the source buffer's own memory
+          (the CPU device's memory is host memory) into a buffer of the GPU's allocator;
+        - GPU -> host-memory device: a queue copy on the GPU into host-visible memory of the
+          GPU's allocator, which the CPU device reads in place.
+        """
+        source = array._device
+        if source is target:
+            return array
+        source_driver = self.driver_of(source)
+        target_driver = self.driver_of(target)
+        view = array._buffer_view
+        nbytes = view.byte_length
+        source_host = source_driver in HOST_MEMORY_DRIVERS
+        target_host = target_driver in HOST_MEMORY_DRIVERS
+        if source_driver is None or target_driver is None:
+            raise DeviceUnavailable(
+                "a device array from a device this runtime did not create cannot be moved to "
+                "the entrypoint's device; pass a numpy array, or an output of this model"
+            )
+        if source_host and target_host:
+            method = "queue-copy"
+            buffer = target.allocator.allocate_buffer(
+                memory_type=rt.MemoryType.DEVICE_LOCAL,
+                allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+                allocation_size=nbytes,
+            )
+            _queue_copy(target, view.get_buffer(), buffer)
+        elif source_host:
+            method = "host-to-device"
+            mapped = view.map()  # the source device's memory, viewed in place
+            buffer = target.allocator.allocate_buffer_copy(
+                memory_type=rt.MemoryType.DEVICE_LOCAL,
+                allowed_usage=rt.BufferUsage.DEFAULT,
+                device=target,
+                buffer=mapped,
+            )
+            del mapped
+        elif target_host:
+            method = "device-to-host-visible"
+            buffer = source.allocator.allocate_buffer(
+                memory_type=rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE,
+                allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+                allocation_size=nbytes,
+            )
+            _queue_copy(source, view.get_buffer(), buffer)
+        else:
+            raise DeviceUnavailable(
+                f"moving a device array from a '{source_driver}' device to a '{target_driver}' "
+                "device is not supported yet; pass output='numpy' between these two entrypoints"
+            )
+        moved = rt.HalBufferView(buffer, view.shape, view.element_type)
+        with self._lock:
+            count = self.transfers.setdefault(
+                (source_driver, target_driver, method), TransferCount()
+            )
+            count.count += 1
+            count.bytes += nbytes
+        return rt.DeviceArray(
+            target, moved, implicit_host_transfer=True, override_dtype=array.dtype
+        )
 
     def why_unusable(self, requirement: DeviceRequirement) -> str | None:
         """None when the device can be used here, else a reason for people."""
@@ -81,7 +213,7 @@ class DeviceRegistry:
         if missing and hostinfo.cpu_flags():
             return (
                 f"device '{requirement.name}' was compiled for CPU features this CPU lacks "
-                f"({', '.join(sorted(missing))}); rebuild with cpu = \"generic\" or for this CPU"
+                f'({", ".join(sorted(missing))}); rebuild with cpu = "generic" or for this CPU'
             )
         try:
             self._driver(requirement.driver)
@@ -98,6 +230,25 @@ class DeviceRegistry:
             except DeviceUnavailable:
                 pass
         return usable
+
+
+def _queue_copy(device: rt.HalDevice, source: rt.HalBuffer, target: rt.HalBuffer) -> None:
+    """A copy on `device`'s queue, waited for: the callee's synchronous ABI reads its inputs
+    without waiting on fences."""
+    semaphore = device.create_semaphore(0)
+    device.queue_copy(source, target, [], [(semaphore, 1)])
+    semaphore.wait(1)
+
+
+def _live_for_the_process(obj: object) -> None:
+    """Never free a HAL device. A buffer a user still holds at interpreter exit (a result
+    returned with output="device") is released during teardown; if its device was freed first,
+    the release crashes the process (seen with the device registry collected before the buffer).
+    Devices are process-lifetime resources anyway (iree.runtime caches its own the same way), so
+    we take one extra reference that is never dropped."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def _first_line(e: BaseException) -> str:
