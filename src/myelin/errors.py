@@ -33,3 +33,26 @@ class EntrypointNotFound(MyelinError, KeyError):
 
 class CompileError(MyelinError):
     """The IREE compiler rejected a module; the message carries its diagnostics."""
+
+
+class MemoryBudgetExceeded(MyelinError):
+    """A call (or a model's parameters) needs more memory than the variant's budget allows.
+
+    Raised before anything is allocated, so a budget is never enforced by an out-of-memory crash.
+    """
+
+
+class MemoryNeedUnknown(MyelinError):
+    """A memory budget is set but the artifact cannot say what this call needs."""
+
+
+class Cancelled(MyelinError):
+    """The call was cancelled (`Session.cancel()`) before it finished; the session stays usable."""
+
+
+class DeadlineExceeded(Cancelled):
+    """The call's `timeout=` ran out before it finished; the session stays usable."""
+
+
+class ProfilingUnavailable(MyelinError):
+    """This runtime or driver cannot record the profile that was asked for."""

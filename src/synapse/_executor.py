@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +92,9 @@ class Executor:
     salt: mixed into every key; pass the tool versions (e.g. "iree=3.13.0").
     on_event: receives `Event`s; calls are serialized, so it need not be thread-safe.
     workdir: parent of scratch folders for uncached outputs (default: the system temp folder).
+    memory_budget: bytes of temporary memory that nodes with a `memory` estimate may use at once
+    (None: no limit). Such nodes start only while the running ones' estimates plus theirs fit;
+    a node whose estimate alone exceeds the budget runs with no other such node.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class Executor:
         salt: str = "",
         on_event: EventSink | None = None,
         workdir: str | os.PathLike[str] | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         self.cache = cache
         self.jobs = jobs if jobs is not None else (os.cpu_count() or 1)
@@ -109,6 +113,9 @@ class Executor:
         self.salt = salt
         self.on_event = on_event
         self.workdir = Path(workdir) if workdir is not None else None
+        if memory_budget is not None and memory_budget < 0:
+            raise ValueError(f"memory_budget must be at least 0, got {memory_budget}")
+        self.memory_budget = memory_budget
         self._event_lock = threading.Lock()
 
     def keys(self, plan: Plan) -> dict[str, str]:
@@ -241,8 +248,11 @@ class _Run:
                     for node_id in [i for i in pending if not waiting_on[i]]:
                         if len(running) >= self.executor.jobs:
                             break
+                        node = plan.nodes[node_id]
+                        if not self._fits_memory(node, running.values()):
+                            continue  # a later ready node may need no memory
                         pending.remove(node_id)
-                        running[pool.submit(self._build, plan.nodes[node_id])] = node_id
+                        running[pool.submit(self._build, node)] = node_id
                 if not running:
                     break
                 try:
@@ -288,6 +298,15 @@ class _Run:
         if failure is not None:
             raise BuildFailed(failure[0], failure[1], ordered) from failure[1]
         return ordered
+
+    def _fits_memory(self, node: Node, running: Iterable[str]) -> bool:
+        """Whether `node` may start next to the `running` node ids under the memory budget."""
+        budget = self.executor.memory_budget
+        if budget is None or node.memory == 0:
+            return True
+        in_use = sum(self.plan.nodes[i].memory for i in running)
+        # Over budget on its own: it runs, but alone among the nodes that declare memory.
+        return in_use == 0 or in_use + node.memory <= budget
 
     def _record(self, node: Node, *, only_if_changed: bool = False) -> None:
         """Remember the node's inputs for the next build's explain."""

@@ -30,6 +30,10 @@ class Node:
     label: str = ""
     cacheable: bool = True  # False: always runs (e.g. the final compose writing the user's file)
     heavy: bool = False  # e.g. compiles; progress shows these while they run
+    # Estimated peak temporary memory of the action, in bytes (0: negligible or unknown). The
+    # executor runs such nodes together only while their estimates fit its memory budget. A
+    # scheduling hint, not part of the cache key.
+    memory: int = 0
 
     def __post_init__(self) -> None:
         if not self.id or not isinstance(self.id, str):
@@ -44,6 +48,10 @@ class Node:
                     f"(use synapse.file_digest / json_digest), got {type(value).__name__}"
                 )
         object.__setattr__(self, "inputs", inputs)
+        if not isinstance(self.memory, int) or self.memory < 0:
+            raise PlanError(
+                f"node '{self.id}': memory must be a byte count >= 0, got {self.memory!r}"
+            )
 
 
 @dataclass
@@ -119,7 +127,17 @@ class Plan:
 
 def _flags(node: Node) -> str:
     flags = [name for name, on in (("heavy", node.heavy), ("uncached", not node.cacheable)) if on]
+    if node.memory:
+        flags.append(f"mem={_size(node.memory)}")
     return ",".join(flags) or "-"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}GiB"
 
 
 def _topological_order(nodes: Mapping[str, Node]) -> list[str]:

@@ -503,12 +503,7 @@ def test_duplicate_package_names_name_both_folders(tmp_path, monkeypatch):
 # -- not implemented yet: accepted, validated, and refused when used ------------------------------
 
 APP_NOT_IMPLEMENTED = {
-    "placement": '[placement]\n"mlp.*" = "cpu"\n',
-    "residency": '[weights]\nresidency = "streamed"\n',
-    "[weights.codec]": '[weights.codec]\n"*.weight" = "int8"\n',
     "tuning": '[myelin]\ntuning = "mlp:cpu"\n',
-    "memory": '[runtime]\nmemory = "2GiB"\n',
-    "[runtime.profile]": '[runtime.profile]\noutput = "prof/{capture}"\n',
 }
 
 
@@ -519,14 +514,6 @@ def test_app_features_not_implemented_yet(tmp_path, key):
     message = error_of(load_app, app_toml)
     assert f":{line_of(app_toml, key)}: " in message
     assert "not implemented yet (planned in the " in message
-
-
-def test_residency_message_says_what_to_do(tmp_path):
-    app_toml = make_app(tmp_path, APP_TOML + '\n[weights]\nresidency = "streamed"\n')
-    assert error_of(load_app, app_toml).endswith(
-        "[weights] residency: 'streamed' is not implemented yet "
-        "(planned in the runtime-policies work); remove it or use 'resident'"
-    )
 
 
 def test_defaults_of_not_implemented_features_are_fine(tmp_path):
@@ -548,8 +535,6 @@ def test_not_implemented_values_are_still_validated(tmp_path):
 
 PACKAGE_NOT_IMPLEMENTED = {
     "dynamic": ("[graph.mlp]", 'dynamic = { x = { 0 = "batch" } }'),
-    "shards": ("[graph.mlp]", 'shards = ["layer*"]'),
-    "codec": ("[weights.params]", 'codec = "q4"'),
     "[backend.npu]": ("", '[backend.npu]\nlibrary = "npu.so"'),
 }
 

@@ -5,8 +5,9 @@ SYNaPSe cache the two steps separately.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from iree.compiler import ir
@@ -17,7 +18,14 @@ from myelin.compiler.parameters import (
     named_parameters,
     outline_constants,
 )
-from myelin.compiler.session import CompilerSession
+from myelin.compiler.phases import PHASE_ATTRIBUTE, RESUMABLE_PHASES, PhaseFileError
+from myelin.compiler.placement import (
+    PLACEMENT_PHASE,
+    Placement,
+    apply_placement,
+    resolve_dispatch_affinities,
+)
+from myelin.compiler.session import PHASES, CompilerSession
 from myelin.compiler.targets import TargetDevice, target_flags
 from myelin.errors import CompileError
 from myelin.signature import Signature, parse_abi_declaration
@@ -47,6 +55,9 @@ class ImportedGraph:
     parameters: tuple[ParameterRef, ...]
     exported: dict[str, bytes]  # key -> raw little-endian bytes, for constants that were inline
     functions: tuple[str, ...]
+    # VM modules whose functions this graph calls (declared `func.func private @mod.fn(...)`):
+    # they must be registered before it in a VM context.
+    imports: tuple[str, ...] = ()
 
 
 def import_graph(
@@ -72,8 +83,9 @@ def import_graph(
             exported = export_parameters(module, scope=scope, min_bytes=min_parameter_bytes)
             parameters = tuple(named_parameters(module))
             functions = _public_functions(module)
+            imports = _imported_modules(module)
             bytecode = _module_bytecode(module)
-    return ImportedGraph(bytecode, IMPORT_PHASE, parameters, exported, functions)
+    return ImportedGraph(bytecode, IMPORT_PHASE, parameters, exported, functions, imports)
 
 
 def _public_functions(module: ir.Operation) -> tuple[str, ...]:
@@ -86,6 +98,39 @@ def _public_functions(module: ir.Operation) -> tuple[str, ...]:
             continue
         names.append(ir.StringAttr(attrs["sym_name"]).value)
     return tuple(names)
+
+
+def _functions(module: ir.Operation):
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name in ("util.func", "func.func"):
+            yield op.operation
+
+
+def _imported_modules(module: ir.Operation) -> tuple[str, ...]:
+    """Modules named by external declarations `@module.function` (no body), in order."""
+    names: list[str] = []
+    for fn in _functions(module):
+        name = ir.StringAttr(fn.attributes["sym_name"]).value
+        if len(fn.regions[0].blocks) == 0 and "." in name:
+            module_name = name.partition(".")[0]
+            if module_name not in names:
+                names.append(module_name)
+    return tuple(names)
+
+
+def _export_only(module: ir.Operation, functions: Sequence[str]) -> None:
+    """Make every public function not in `functions` private, so the module exports only those
+    (the others stay if something calls them, else dead-code elimination drops them)."""
+    keep = set(functions)
+    for fn in _functions(module):
+        attrs = fn.attributes
+        if len(fn.regions[0].blocks) == 0:
+            continue  # a declaration of an import
+        public = "sym_visibility" not in attrs or (
+            ir.StringAttr(attrs["sym_visibility"]).value == "public"
+        )
+        if public and ir.StringAttr(attrs["sym_name"]).value not in keep:
+            attrs["sym_visibility"] = ir.StringAttr.get("private")
 
 
 def _module_bytecode(module: ir.Operation) -> bytes:
@@ -102,6 +147,7 @@ class CompiledModule:
     flags: tuple[str, ...]
     signatures: dict[str, Signature]
     warnings: tuple[str, ...]
+    devices: dict[str, str] = field(default_factory=dict)  # exported function -> its device
 
 
 def compile_flags(devices: Sequence[TargetDevice], extra: Sequence[str] = ()) -> list[str]:
@@ -117,6 +163,7 @@ def compile_imported(
     module_attributes: dict[str, str] | None = None,
     functions: Sequence[str] | None = None,
     arg_names: dict[str, Sequence[str]] | None = None,
+    placement: Placement | None = None,
     what: str = "module",
 ) -> CompiledModule:
     """Compile imported IR for one variant's devices to VM bytecode and read its signatures.
@@ -129,17 +176,154 @@ def compile_imported(
             f"{what}: imported IR is at phase '{phase}', expected '{IMPORT_PHASE}'; "
             "resuming from the wrong phase would silently miscompile"
         )
+    return compile_module(
+        module_bytecode,
+        phase=phase,
+        devices=devices,
+        extra_flags=extra_flags,
+        module_attributes=module_attributes,
+        functions=functions,
+        arg_names=arg_names,
+        placement=placement,
+        what=what,
+    )
+
+
+def compile_module(
+    source: bytes | str,
+    *,
+    phase: str,
+    devices: Sequence[TargetDevice],
+    extra_flags: Sequence[str] = (),
+    module_attributes: dict[str, str] | None = None,
+    functions: Sequence[str] | None = None,
+    arg_names: dict[str, Sequence[str]] | None = None,
+    module_name: str | None = None,
+    export_only: Sequence[str] | None = None,
+    stop_at: str | None = None,
+    on_phase: Callable[[str, str], None] | None = None,
+    placement: Placement | None = None,
+    what: str = "module",
+) -> CompiledModule:
+    """Compile IR at `phase` (bytecode or text) for one variant's devices.
+
+    At the import phase the module may first be renamed (`module_name`, the VM module name),
+    restricted to exporting `export_only`, and given `module_attributes`. IR at any later phase
+    must carry the `plex.phase` attribute with that phase (see myelin.compiler.phases): IREE
+    would silently miscompile IR resumed from the wrong phase.
+
+    With `on_phase`, the pipeline runs phase by phase and calls `on_phase(phase, text)` with the
+    IR (text, with its `plex.phase` attribute) at the starting phase and after each later one up
+    to `vm`; the VM bytecode is the same as a one-shot compile's. With `stop_at`, compilation
+    ends after that phase and the result has no VM bytecode (`vmfb == b""`, no signatures).
+
+    `placement` (import phase only) places the module and functions on named devices. With
+    several devices the compile passes through the dispatch-creation phase, where PLeX's
+    dispatch pass (myelin.compiler.placement) gives every dispatch its one resolved device.
+    """
+    if phase not in RESUMABLE_PHASES:
+        raise CompileError(f"{what}: cannot compile from phase {phase!r}")
+    last = RESUMABLE_PHASES[-1]
+    if stop_at is not None and (
+        stop_at not in RESUMABLE_PHASES or PHASES.index(stop_at) < PHASES.index(phase)
+    ):
+        raise CompileError(
+            f"{what}: cannot stop at phase {stop_at!r}: the IR is at '{phase}' already; "
+            f"phases after it: {', '.join(RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :])}"
+        )
     flags = compile_flags(devices, extra_flags)
     with CompilerSession(flags) as session:
-        module = session.parse(module_bytecode, what=what)
-        if module_attributes:
-            with session.context:
-                for name, text in module_attributes.items():
+        module = session.parse(source, what=what)
+        with session.context:
+            _take_recorded_phase(module, phase, what)
+            if phase == IMPORT_PHASE:
+                if module_name is not None:
+                    module.attributes["sym_name"] = ir.StringAttr.get(module_name)
+                if export_only is not None:
+                    _export_only(module, export_only)
+                for name, text in (module_attributes or {}).items():
                     module.attributes[name] = ir.Attribute.parse(text)
-        vmfb, diagnostics = session.compile(module, compile_from=phase, what=what)
+                if placement is not None and len(devices) > 1:  # one device: nothing to place
+                    apply_placement(module, placement)
+            elif module_name is not None or export_only is not None or module_attributes:
+                raise CompileError(
+                    f"{what}: renaming, export lists and module attributes apply only to IR at "
+                    f"phase '{IMPORT_PHASE}'"
+                )
+        # Several devices: the dispatch pass runs on IR at PLACEMENT_PHASE (held in memory, so
+        # the phase it resumes from is the one it was advanced to).
+        place = len(devices) > 1 and PHASES.index(phase) <= PHASES.index(PLACEMENT_PHASE)
+        if on_phase is None and stop_at is None and place:
+            if phase != PLACEMENT_PHASE:
+                module = session.advance(
+                    module, compile_from=phase, compile_to=PLACEMENT_PHASE, what=what
+                )
+            with session.context:
+                resolve_dispatch_affinities(module, what=what)
+            vmfb, diagnostics = session.compile(module, compile_from=PLACEMENT_PHASE, what=what)
+        elif on_phase is None and stop_at is None:
+            vmfb, diagnostics = session.compile(module, compile_from=phase, what=what)
+        else:
+            end = stop_at or last
+            current = phase
+            for step in RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :]:
+                if step != current:
+                    module = session.advance(
+                        module, compile_from=current, compile_to=step, what=what
+                    )
+                    current = step
+                if place and step == PLACEMENT_PHASE:
+                    with session.context:
+                        resolve_dispatch_affinities(module, what=what)
+                if on_phase is not None:
+                    on_phase(step, _text_with_phase(module, step, session.context))
+                if step == end:
+                    break
+            if stop_at is not None:
+                return CompiledModule(b"", tuple(flags), {}, ())
+            vmfb, diagnostics = session.compile(module, compile_from=last, what=what)
     signatures = read_signatures(vmfb, functions, arg_names or {})
     warnings = tuple(m for s, m in diagnostics.messages if s == "warning")
-    return CompiledModule(vmfb, tuple(flags), signatures, warnings)
+    placement = placement or Placement()
+    placed = {name: placement.device_of(name, devices[0].name) for name in signatures}
+    return CompiledModule(vmfb, tuple(flags), signatures, warnings, placed)
+
+
+def _take_recorded_phase(module: ir.Operation, phase: str, what: str) -> None:
+    """Check the `plex.phase` attribute against the phase we resume from, then drop it."""
+    if PHASE_ATTRIBUTE not in module.attributes:
+        if phase != IMPORT_PHASE:
+            raise PhaseFileError(
+                f"{what}: IR resumed from phase '{phase}' must carry the {PHASE_ATTRIBUTE} "
+                "attribute that records its phase; IREE cannot check it and would silently "
+                "miscompile IR of another phase"
+            )
+        return
+    recorded = ir.StringAttr(module.attributes[PHASE_ATTRIBUTE]).value
+    if recorded != phase:
+        raise PhaseFileError(
+            f"{what}: the IR records phase '{recorded}' but is being compiled from '{phase}'; "
+            "IREE would silently miscompile it"
+        )
+    del module.attributes[PHASE_ATTRIBUTE]
+
+
+# IREE 3.13 prints `#stream.partitioning_config<"max-concurrency">` as `<favor-max-concurrency>`,
+# which its own parser rejects ("expected string"): phase files get the parseable spelling.
+_UNPARSEABLE_FAVOR = re.compile(r"#stream\.partitioning_config<favor-([a-z-]+)>")
+
+
+def _text_with_phase(module: ir.Operation, phase: str, context: ir.Context) -> str:
+    """The module as text that parses back to the same IR (debug locations included, so a
+    resumed compile gives the same VM bytecode), with its phase recorded as a module attribute.
+    """
+    with context:
+        module.attributes[PHASE_ATTRIBUTE] = ir.StringAttr.get(phase)
+        try:
+            text = module.get_asm(enable_debug_info=True)
+        finally:
+            del module.attributes[PHASE_ATTRIBUTE]
+    return _UNPARSEABLE_FAVOR.sub(r'#stream.partitioning_config<"\1">', text)
 
 
 def read_signatures(

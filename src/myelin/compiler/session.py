@@ -194,6 +194,27 @@ class CompilerSession:
         output.close()
         return data, diagnostics
 
+    def advance(
+        self, module: ir.Operation, *, compile_from: str, compile_to: str, what: str = "module"
+    ) -> ir.Operation:
+        """Run the pipeline on `module` from one phase to a later one and return the resulting
+        module (owned by this session), for stepping through phases without serializing."""
+        _check_phase(compile_from)
+        _check_phase(compile_to)
+        diagnostics = Diagnostics()
+        inv = self._invocation(diagnostics)
+        self._lib.ireeCompilerInvocationSetCompileFromPhase(inv._inv_p, compile_from.encode())
+        self._lib.ireeCompilerInvocationSetCompileToPhase(inv._inv_p, compile_to.encode())
+        inv.import_module(module)
+        if not inv.execute():
+            raise CompileError(
+                f"compiling {what} from phase '{compile_from}' to '{compile_to}' failed:\n"
+                f"{diagnostics.render()}"
+            )
+        op = inv.export_module()
+        self._invocations.append(inv)
+        return op
+
     def close(self) -> None:
         self._invocations.clear()
         self._session.close()

@@ -24,6 +24,9 @@ TARGETS: dict[str, tuple[str, str]] = {
 # IREE 3.13 has no sm_90 entry in its CUDA target table (see docs/platforms.md); sm_80 PTX is
 # JIT-compiled by the driver on Hopper.
 DEFAULT_CUDA_ARCH = "sm_80"
+# CUDA archs IREE 3.13 names but cannot generate code for: the compiler fails deep in codegen
+# with "missing GPU target in #hal.executable.target" (notes §5), so they are refused up front.
+UNSUPPORTED_CUDA_ARCHS = frozenset({"sm_90", "sm_90a", "sm_100", "sm_100a"})
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,18 @@ def _device_flags(device: TargetDevice) -> list[str]:
             if device.cpu_features:
                 flags.append(f"--iree-llvmcpu-target-cpu-features={device.cpu_features}")
     elif device.target == "cuda":
-        flags.append(f"--iree-cuda-target={device.arch or DEFAULT_CUDA_ARCH}")
+        arch = device.arch or DEFAULT_CUDA_ARCH
+        if arch in UNSUPPORTED_CUDA_ARCHS:
+            raise CompileError(
+                f"device '{device.name}': IREE 3.13 cannot generate code for CUDA arch {arch} "
+                f'(no entry in its target table); use arch = "{DEFAULT_CUDA_ARCH}", whose PTX '
+                "the NVIDIA driver compiles for Hopper and newer GPUs"
+            )
+        flags.append(f"--iree-cuda-target={arch}")
     elif device.target == "rocm":
         if not device.arch:
             raise CompileError(f"device '{device.name}': a rocm target needs arch, e.g. gfx942")
-        flags.append(f"--iree-hip-target={device.arch}")
+        flags.append(f"--iree-rocm-target={device.arch}")  # 3.13 has no --iree-hip-target
     return flags
 
 

@@ -248,7 +248,11 @@ def _live_for_the_process(obj: object) -> None:
     we take one extra reference that is never dropped."""
     import ctypes
 
+    from iree.runtime._binding import disable_leak_checker
+
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    # nanobind would report the device as leaked at exit; it is kept on purpose.
+    disable_leak_checker()
 
 
 def _first_line(e: BaseException) -> str:

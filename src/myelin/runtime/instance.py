@@ -7,7 +7,7 @@ import os
 import iree.runtime as rt
 
 from myelin.runtime.devices import DeviceRegistry
-from myelin.runtime.model import Model
+from myelin.runtime.model import FROM_ARTIFACT, Model
 
 
 class Instance:
@@ -21,11 +21,32 @@ class Instance:
         self.devices = DeviceRegistry()
 
     def load(
-        self, path: str | os.PathLike, *, variant: str | None = None, verify: bool = True
+        self,
+        path: str | os.PathLike,
+        *,
+        variant: str | None = None,
+        verify: bool = True,
+        memory_budget: int | str | None = FROM_ARTIFACT,
+        residency: str | None = None,
+        lock_weights: bool = False,
     ) -> Model:
         """Map and validate a .mln, pick the variant (the named one, or the first whose devices
-        exist here), and register its parameters zero-copy."""
-        return Model(self.vm_instance, self.devices, path, variant=variant, verify=verify)
+        exist here), and register its parameters zero-copy.
+
+        The artifact's policies apply unless overridden: `memory_budget` (bytes, a size such as
+        "512MiB", or None for no budget), `residency` ("resident", "streamed", "prefetch"), and
+        `lock_weights` (mlock resident weights where the system allows it).
+        """
+        return Model(
+            self.vm_instance,
+            self.devices,
+            path,
+            variant=variant,
+            verify=verify,
+            memory_budget=memory_budget,
+            residency=residency,
+            lock_weights=lock_weights,
+        )
 
     def drivers(self) -> list[str]:
         """Drivers that can create a device on this machine."""

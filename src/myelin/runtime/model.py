@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import iree.runtime as rt
 
 from myelin.errors import ArtifactError, DeviceUnavailable, EntrypointNotFound
 from myelin.mln import MlnReader
+from myelin.runtime.admission import AdmissionBudget, CallNeed, MemoryPlan
 from myelin.runtime.devices import DeviceRegistry, DeviceRequirement
+from myelin.runtime.residency import RESIDENCY_MODES, ParameterResidency
 from myelin.signature import Signature, TensorSpec
+
+# `memory_budget=FROM_ARTIFACT` (the default) takes the budget the .mln records ([runtime] memory).
+FROM_ARTIFACT: Any = object()
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,8 @@ class Entrypoint:
     module: str
     function: str
     signature: Signature
+    device: str = ""  # the variant device it runs on (its arguments and results live there)
+    memory: MemoryPlan = field(default_factory=lambda: MemoryPlan.from_json(None))
 
 
 def _requirements(variant: dict) -> list[DeviceRequirement]:
@@ -87,6 +95,9 @@ class Model:
         *,
         variant: str | None = None,
         verify: bool = True,
+        memory_budget: int | str | None = FROM_ARTIFACT,
+        residency: str | None = None,
+        lock_weights: bool = False,
     ) -> None:
         self.path = Path(path)
         self._vm_instance = vm_instance
@@ -95,14 +106,18 @@ class Model:
         self._reader = MlnReader(self.path, verify=verify)
         try:
             self.manifest = self._reader.manifest
+            # Runtime policies the build recorded; load arguments override them.
+            self.policies: dict[str, Any] = dict(self.manifest.get("policies") or {})
             self.variant = choose_variant(self.manifest, registry, variant, self.path)
-            self.devices = [
-                registry.device(d["driver"], ordinal=i)
-                for i, d in enumerate(self.variant["devices"])
-            ]
+            self.registry = registry
+            self.devices = registry.devices_for([d["driver"] for d in self.variant["devices"]])
+            self.device_names = [d["name"] for d in self.variant["devices"]]
             self._modules = self._load_modules()
             self._providers = self._parameter_providers()
             self.entrypoints = self._entrypoints()
+            self.residency = self._residency(residency, lock_weights)
+            self.budget = self._budget(memory_budget)
+            self.residency.on_load()
         except BaseException:
             self._release()
             raise
@@ -131,6 +146,48 @@ class Model:
                 )
             modules.append(module)
         return modules
+
+    def _parameter_ranges(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(scope, key) -> (file offset, length) of every parameter this variant reads."""
+        scopes = set(self.variant.get("parameter_scopes", []))
+        ranges = {}
+        for p in self.manifest["parameters"]:
+            if p["scope"] in scopes:
+                section = self._reader.sections[p["section"]]
+                ranges[(p["scope"], p["key"])] = (section.offset + p["offset"], p["length"])
+        return ranges
+
+    def _residency(self, override: str | None, lock: bool) -> ParameterResidency:
+        policy = override or self.policies.get("residency") or "resident"
+        if policy not in RESIDENCY_MODES:
+            where = "residency=" if override else f"{self.path}: the artifact's"
+            error = ValueError if override else ArtifactError
+            raise error(
+                f"{where} unknown residency {policy!r}; expected one of "
+                f"{', '.join(RESIDENCY_MODES)}"
+            )
+        if lock and policy != "resident":
+            raise ValueError(
+                f"lock_weights=True keeps weights in memory, which residency {policy!r} gives "
+                "back; use residency='resident' or drop lock_weights"
+            )
+        return ParameterResidency(self._reader.mmap, self._parameter_ranges(), policy, lock=lock)
+
+    def _budget(self, override: int | str | None) -> AdmissionBudget | None:
+        limit = self.policies.get("memory_budget") if override is FROM_ARTIFACT else override
+        if limit is None:
+            return None
+        if isinstance(limit, str):
+            limit = _parse_size(limit)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(
+                f"memory_budget must be a byte count or a size like '2GiB', got {limit!r}"
+            )
+        return AdmissionBudget(
+            limit,
+            self.residency.parameter_bytes,
+            f"{self.path.name} variant '{self.variant_name}'",
+        )
 
     def _parameter_providers(self) -> list[rt.ParameterProvider]:
         scopes = list(self.variant.get("parameter_scopes", []))
@@ -163,7 +220,15 @@ class Model:
                 inputs=tuple(TensorSpec.from_json(t) for t in e["inputs"]),
                 outputs=tuple(TensorSpec.from_json(t) for t in e["outputs"]),
             )
-            entries[e["name"]] = Entrypoint(e["name"], e["module"], e["function"], sig)
+            device = e.get("device") or self.device_names[0]
+            entries[e["name"]] = Entrypoint(
+                e["name"],
+                e["module"],
+                e["function"],
+                sig,
+                device,
+                memory=MemoryPlan.from_json(e.get("memory")),
+            )
         # `module.function` always works, so two graphs with a `forward` stay reachable.
         for entry in list(entries.values()):
             entries.setdefault(f"{entry.module}.{entry.function}", entry)
@@ -182,12 +247,36 @@ class Model:
                 f"(it has: {', '.join(sorted(self.entrypoints))})"
             ) from None
 
-    def session(self):
+    def hal_device(self, name: str) -> rt.HalDevice:
+        """The HAL device of the variant device `name` (an entrypoint's `device`)."""
+        return self.devices[self.device_names.index(name)]
+
+    def call_need(self, entry: Entrypoint | str, inputs: list) -> CallNeed:
+        """Bytes a call of `entry` with these inputs needs besides the parameters: what we
+        upload, plus the transient and result allocations the build derived from the IR."""
+        if isinstance(entry, str):
+            entry = self.entrypoint(entry)
+        return entry.memory.need(entry.name, inputs)
+
+    def session(self, *, profile: bool = False):
+        """A new session: its own VM context over this model's modules and parameters.
+
+        `profile=True` is refused: IREE 3.13's Python runtime has no profile sink, so captures
+        run through IREE's tools (`plex profile`, `myelin.runtime.profiling.capture`).
+        """
         from myelin.runtime.session import Session
 
+        if profile:
+            from myelin.errors import ProfilingUnavailable
+
+            raise ProfilingUnavailable(
+                "in-process profiling is not available in IREE 3.13's Python runtime (it has no "
+                f"profile sink); capture with `plex profile {self.path.name} -f NAME -o DIR`"
+            )
         session = Session(self)
         with self._lock:
             self._sessions.add(session)
+        self.residency.after_upload()
         return session
 
     def _forget(self, session) -> None:
@@ -228,3 +317,24 @@ class Model:
 
     def __repr__(self) -> str:
         return f"<myelin.Model {self.name} variant={self.variant_name} path={self.path}>"
+
+
+def _parse_size(text: str) -> int:
+    import re
+
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KiB": 2**10,
+        "MiB": 2**20,
+        "GiB": 2**30,
+        "TiB": 2**40,
+    }
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2) not in units:
+        raise ValueError(f"invalid size {text!r}; expected e.g. '512MiB' or '2GiB'")
+    return int(float(m.group(1)) * units[m.group(2)])

@@ -1,13 +1,32 @@
 """Sessions and calls: one IREE VM context per session, holding every shard module of the variant.
 
-Contract: different sessions run concurrently from different threads (IREE releases the GIL while
-it invokes; no lock of ours is held across sessions). Calls on one session are serialized by the
-session's own lock, because IREE does not document a VM context as thread-safe.
+Concurrency contract:
+- Different sessions (of one model or of several) run calls concurrently from different threads.
+  IREE releases the GIL while it invokes and while we wait on its fences, and no lock of ours is
+  held across sessions while a call runs: the admission budget and the residency counter take
+  their locks only to count.
+- Calls on one session are serialized by the session's lock (IREE does not document a VM context
+  as thread-safe). A second thread calling a busy session waits its turn; its timeout and
+  `Session.cancel()` still apply while it waits.
+
+Cancellation contract (cooperative; nothing is interrupted inside IREE):
+- `Session.cancel()` cancels every call of the session that has started and not yet returned;
+  calls made afterwards run normally. `call(..., timeout=s)` gives one call a deadline.
+- A call checks at each boundary: before it waits for the session, while it waits for the
+  session or for memory budget, before it dispatches, and, for entrypoints compiled with the
+  async (coarse-fences) ABI, every 20 ms while the device runs. A synchronous entrypoint cannot
+  be interrupted once dispatched: a cancel or deadline that arrives meanwhile is raised when the
+  invocation returns, and its results are dropped.
+- A stopped call raises `Cancelled` (`DeadlineExceeded` for a timeout). Work already submitted
+  to the device finishes in the background (IREE cannot abort a submitted command buffer); the
+  session's next call is queue-ordered after it, and its memory reservation is released when it
+  completes. The session stays usable.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Literal
 
 import iree.runtime as rt
@@ -15,10 +34,14 @@ import numpy as np
 from iree.runtime._binding import ArgumentPacker, InvokeContext, _invoke_statics
 
 from myelin.dtypes import numpy_dtype
-from myelin.errors import MyelinError
+from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
+from myelin.runtime.admission import Reservation
 from myelin.runtime.tensors import as_host_array, check_inputs
 
 OutputKind = Literal["numpy", "device"]
+
+# How often a waiting call looks at its cancel flag and deadline: the cancellation latency.
+CHECK_INTERVAL_S = 0.02
 
 _HOST_VISIBLE = int(rt.MemoryType.HOST_VISIBLE)
 
@@ -27,10 +50,44 @@ class CallError(MyelinError):
     """IREE failed while running a call whose inputs passed validation."""
 
 
+class _Stop:
+    """One call's cancellation and deadline; `check()` raises when the call must stop."""
+
+    __slots__ = ("deadline", "generation", "name", "session", "timeout", "where")
+
+    def __init__(self, session: Session, name: str, timeout: float | None) -> None:
+        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+            raise ValueError(f"{name}: timeout must be a number of seconds >= 0, got {timeout!r}")
+        self.session = session
+        self.name = name
+        self.timeout = timeout
+        self.generation = session._generation
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.where = "before it started"
+
+    def check(self) -> None:
+        if self.session._generation != self.generation:
+            raise Cancelled(
+                f"{self.name}: cancelled by Session.cancel() {self.where}; "
+                "the session is still usable"
+            )
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise DeadlineExceeded(
+                f"{self.name}: its timeout of {self.timeout:g} s ran out {self.where}; "
+                "give it a longer timeout or smaller inputs"
+            )
+
+    def slice_s(self) -> float:
+        if self.deadline is None:
+            return CHECK_INTERVAL_S
+        return max(0.0, min(CHECK_INTERVAL_S, self.deadline - time.monotonic()))
+
+
 class Session:
     def __init__(self, model: Any) -> None:
         self.model = model
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # serializes this session's calls
+        self._generation = 0  # bumped by cancel(); a call remembers the value it started with
         devices, modules = model._context_modules()
         self._device = devices[0]
         try:
@@ -43,6 +100,9 @@ class Session:
         self._modules = modules
         self._resolved: dict[str, ResolvedCall] = {}
         self._closed = False
+        # Async (coarse-fences) calls chain on a timeline per device: call k waits for value k
+        # and signals k + 1, so a call abandoned by cancel still orders the next one after it.
+        self._timelines: dict[int, list[Any]] = {}  # id(device) -> [semaphore, value]
 
     def resolve(self, name: str) -> ResolvedCall:
         """A reusable handle for one entrypoint (looks the function up once)."""
@@ -52,9 +112,22 @@ class Session:
             self._resolved[name] = resolved
         return resolved
 
-    def call(self, name: str, *inputs: Any, output: OutputKind = "numpy") -> Any:
-        """Run entrypoint `name`. Returns one value, or a tuple for several results."""
-        return self.resolve(name)(*inputs, output=output)
+    def call(
+        self, name: str, *inputs: Any, output: OutputKind = "numpy", timeout: float | None = None
+    ) -> Any:
+        """Run entrypoint `name`. Returns one value, or a tuple for several results.
+
+        `timeout` (seconds) bounds the whole call, waiting for the session and for memory
+        included; when it runs out the call raises DeadlineExceeded (see the module docstring
+        for where a call can stop).
+        """
+        return self.resolve(name)(*inputs, output=output, timeout=timeout)
+
+    def cancel(self) -> None:
+        """Cancel the calls of this session that have started and not returned (any thread)."""
+        # Unlocked on purpose: a call only compares the value with the one it started with, and
+        # two racing cancels that lose an increment still change it.
+        self._generation += 1
 
     def close(self) -> None:
         with self._lock:
@@ -65,6 +138,19 @@ class Session:
             self._context = None
             self._modules = []
         self.model._forget(self)
+
+    def _fences(self, device: rt.HalDevice) -> tuple[rt.HalFence, rt.HalFence]:
+        timeline = self._timelines.get(id(device))
+        if timeline is None:
+            timeline = self._timelines[id(device)] = [device.create_semaphore(0), 0]
+        semaphore, value = timeline
+        timeline[1] = value + 1
+        return rt.HalFence.create_at(semaphore, value), rt.HalFence.create_at(semaphore, value + 1)
+
+    def _drop_timeline(self, device: rt.HalDevice) -> None:
+        """After a failed submission (its signal value will never come, or the semaphore has
+        failed for good), start the device's timeline afresh."""
+        self._timelines.pop(id(device), None)
 
     def __enter__(self) -> Session:
         return self
@@ -81,12 +167,19 @@ class ResolvedCall:
         module = next(m for m in session._modules if getattr(m, "name", None) == entry.module)
         self.name = entry.name
         self.signature = entry.signature
+        self._entry = entry
         self._session = session
         self._function = module.lookup_function(entry.function)
+        self._async = self._function.reflection.get("iree.abi.model") == "coarse-fences"
         self._packer = ArgumentPacker(_invoke_statics, None)
         self._out_dtypes = [
             numpy_dtype(t.dtype) if not t.is_scalar else None for t in self.signature.outputs
         ]
+        self._memory = entry.memory
+        self._parameters = entry.memory.parameters or None
+        # The device the entrypoint runs on: its arguments are uploaded there, results live there.
+        model = session.model
+        self._device = model.hal_device(entry.device) if entry.device else session._device
         # Per input: (dtype, rank, ((axis, size), ...) of static dims), for the fast check;
         # None for scalars. The slow path (check_inputs) only runs to word an error.
         self._expected = [
@@ -117,27 +210,116 @@ class ResolvedCall:
                     return False
         return True
 
-    def __call__(self, *inputs: Any, output: OutputKind = "numpy") -> Any:
-        if self._matches(inputs):
+    def __call__(
+        self, *inputs: Any, output: OutputKind = "numpy", timeout: float | None = None
+    ) -> Any:
+        session = self._session
+        stop = _Stop(session, self.name, timeout)
+        model = session.model
+        device = self._device
+        if self._matches(inputs):  # numpy arrays of the right dtype and static dims
             values: Any = inputs
         else:
             specs = self.signature.inputs
             values = [as_host_array(v, s, self.name) for v, s in zip(inputs, specs, strict=False)]
             values.extend(inputs[len(specs) :])
             check_inputs(self.name, specs, values)
-        session = self._session
-        device = session._device
-        with session._lock:
+            if hasattr(model, "registry"):  # device arrays of another device move HAL-side
+                values = model.registry.onto(values, device)
+        budget = model.budget
+        need = self._memory.need(self.name, values) if budget is not None else None
+        stop.check()
+        if not session._lock.acquire(blocking=False):
+            stop.where = "while waiting for the session"
+            while not session._lock.acquire(timeout=stop.slice_s() or CHECK_INTERVAL_S):
+                stop.check()
+        try:
             if session._closed:
                 raise MyelinError(f"{self.name}: the session is closed")
-            args = self._packer.pack(InvokeContext(device), values, {})
-            results = rt.VmVariantList(len(self._out_dtypes))
+            reservation = None
+            if need is not None:
+                stop.where = "while waiting for memory budget"
+                reservation = budget.reserve(
+                    need, self.name, stop=stop.check, deadline=stop.deadline
+                )
+            residency = model.residency if model.residency.policy != "resident" else None
+            if residency is not None:
+                residency.before_call(self._parameters)
             try:
-                session._context.invoke(self._function, args, results)
-            except Exception as e:
-                raise CallError(f"{self.name}: call failed in IREE: {_first_line(e)}") from e
-        outs = [self._convert(results, i, device, output) for i in range(len(results))]
+                outs = self._dispatch(values, device, output, stop, reservation)
+            except Cancelled as e:
+                # Its traceback's frames hold the abandoned call's buffers; freed after their
+                # device (in a later garbage collection), those crash IREE. Drop them here.
+                raise e.with_traceback(None) from None
+            finally:
+                if residency is not None:
+                    residency.after_call()
+                if reservation is not None and not reservation.held_by_device:
+                    reservation.release()
+        finally:
+            session._lock.release()
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _dispatch(
+        self,
+        values: Any,
+        device: rt.HalDevice,
+        output: OutputKind,
+        stop: _Stop,
+        reservation: Reservation | None,
+    ) -> list[Any]:
+        stop.where = "before it was dispatched"
+        stop.check()
+        args = self._packer.pack(InvokeContext(device), values, {})
+        results = rt.VmVariantList(len(self._out_dtypes))
+        if self._async:
+            self._invoke_async(args, results, stop, reservation)
+        else:
+            self._invoke(args, results)
+            stop.where = "while it ran (a synchronous entrypoint stops once it returns)"
+            stop.check()
+        return [self._convert(results, i, device, output) for i in range(len(results))]
+
+    def _invoke(self, args: rt.VmVariantList, results: rt.VmVariantList) -> None:
+        try:
+            self._session._context.invoke(self._function, args, results)
+        except Exception as e:
+            raise CallError(f"{self.name}: call failed in IREE: {_first_line(e)}") from e
+
+    def _invoke_async(
+        self,
+        args: rt.VmVariantList,
+        results: rt.VmVariantList,
+        stop: _Stop,
+        reservation: Reservation | None,
+    ) -> None:
+        """Submit, then wait for the signal fence in slices. A stopped call hands its memory
+        reservation to a background waiter: the device still uses that memory."""
+        session = self._session
+        wait, signal = session._fences(self._device)
+        args.push_ref(wait)
+        args.push_ref(signal)
+        try:
+            self._invoke(args, results)
+        except CallError:
+            session._drop_timeline(self._device)
+            raise
+        stop.where = "while the device ran it"
+        try:
+            while not signal.wait(timeout=int(stop.slice_s() * 1e9)):
+                stop.check()
+        except Cancelled:
+            if reservation is not None:
+                reservation.held_by_device = True
+            # The device still reads the arguments and parameters and writes the results:
+            # keep them, the context and the model's mapping alive until it is done.
+            keep = (args, results, session._context, session._modules, session.model)
+            _release_when_done(signal, reservation, keep)
+            del args, results, keep  # the waiter alone owns them now
+            raise
+        except Exception as e:  # a failed device submission fails the timeline for good
+            session._drop_timeline(self._device)
+            raise CallError(f"{self.name}: call failed on the device: {_first_line(e)}") from e
 
     def _convert(
         self, results: rt.VmVariantList, i: int, device: rt.HalDevice, output: OutputKind
@@ -159,6 +341,27 @@ class ResolvedCall:
             return np.array(mapped.asarray(view.shape, dtype), copy=True)
         finally:
             del mapped
+
+
+def _release_when_done(
+    signal: rt.HalFence, reservation: Reservation | None, keep: tuple[Any, ...]
+) -> None:
+    """An abandoned call's device work still holds its memory and reads its inputs: keep both
+    alive (and counted against the budget) until the signal fence says it is done."""
+
+    def wait() -> None:
+        try:
+            signal.wait()
+        except Exception:  # the call failed on the device; its memory is gone either way
+            pass
+        finally:
+            if reservation is not None:
+                reservation.release()
+            del keep_alive[:]
+
+    keep_alive = list(keep)
+
+    threading.Thread(target=wait, name="myelin-abandoned-call", daemon=True).start()
 
 
 def _first_line(e: BaseException) -> str:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
+from myelin.compiler.phases import RESUMABLE_PHASES, read_phase_file
+from myelin.errors import CompileError
 from plex.build.plan import BuildRequest, plan_build
 from plex.build.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
 from plex.manifest import AppSpec, load_app, write_lock
 from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult
 
-__all__ = ["BuildResult", "build", "default_cache_dir", "plan_for"]
+__all__ = ["BuildResult", "build", "check_phase", "default_cache_dir", "plan_for"]
 
 
 def default_cache_dir(app: AppSpec | None = None) -> Path:
@@ -51,9 +53,36 @@ class BuildResult:
         return sum(1 for r in self.results.values() if r.status == "built")
 
 
-def plan_for(app_path: Path, output: Path) -> tuple[AppSpec, Plan]:
+def check_phase(phase: str | None) -> None:
+    """Refuse a phase name `--compile-to` cannot stop at, listing the ones it can."""
+    if phase is not None and phase not in RESUMABLE_PHASES:
+        raise BuildError(f"unknown compile phase {phase!r}; phases: {', '.join(RESUMABLE_PHASES)}")
+
+
+def plan_for(
+    app_path: Path,
+    output: Path,
+    *,
+    dump_phases: Path | None = None,
+    compile_to: str | None = None,
+    resume_from: Sequence[Path] = (),
+    strict: bool = False,
+) -> tuple[AppSpec, Plan]:
+    """Load the app and plan its build (see `build` for the options); runs nothing."""
+    check_phase(compile_to)
+    try:
+        resume = tuple(read_phase_file(Path(path).resolve()) for path in resume_from)
+    except CompileError as e:
+        raise BuildError(str(e)) from None
     app = load_app(app_path)
-    return app, plan_build(app, BuildRequest(output=output.resolve()))
+    request = BuildRequest(
+        output=output.resolve(),
+        dump_phases=dump_phases.resolve() if dump_phases is not None else None,
+        compile_to=compile_to,
+        resume=resume,
+        strict=strict,
+    )
+    return app, plan_build(app, request)
 
 
 def build(
@@ -64,13 +93,35 @@ def build(
     cache_dir: Path | None = None,
     use_cache: bool = True,
     on_event: Callable[[Event], None] | None = None,
+    dump_phases: Path | None = None,
+    compile_to: str | None = None,
+    resume_from: Sequence[Path] = (),
+    strict: bool = False,
 ) -> BuildResult:
-    """Build `app_path` into `output`. Nothing is written at `output` unless the build succeeds."""
+    """Build `app_path` into `output`. Nothing is written at `output` unless the build succeeds.
+
+    dump_phases: also write every module's IR at every compile phase under this folder.
+    compile_to: stop compiling after this phase and write the IR to `output` (a folder, or one
+        `.mlir` file) instead of a .mln.
+    resume_from: phase files (from `dump_phases`/`compile_to`, maybe edited) to compile their
+        module from, instead of from the graph source; a file whose recorded phase, module,
+        flags or source do not match is refused.
+    strict: a weight decode that IREE did not fuse into its consumer (the codec check) fails the
+        build instead of warning.
+    Weights steps run in batches whose temporary memory fits `[build] temp_memory`.
+    """
     start = time.perf_counter()
-    app, plan = plan_for(app_path, output)
+    app, plan = plan_for(
+        app_path, output, dump_phases=dump_phases, compile_to=compile_to, resume_from=resume_from,
+        strict=strict,
+    )
     cache = Cache(cache_dir or default_cache_dir(app)) if use_cache else None
     executor = Executor(
-        cache, jobs=jobs or app.build.jobs, salt=fingerprint_salt(), on_event=on_event
+        cache,
+        jobs=jobs or app.build.jobs,
+        salt=fingerprint_salt(),
+        on_event=on_event,
+        memory_budget=app.build.temp_memory,
     )
     try:
         results = executor.run(plan)

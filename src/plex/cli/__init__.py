@@ -12,7 +12,16 @@ from typing import Any
 import typer
 
 from myelin.errors import MyelinError
-from plex.cli import bench_cmd, build_cmd, cache_cmd, init_cmd, inspect_cmd, run_cmd
+from plex.cli import (
+    accuracy_cmd,
+    bench_cmd,
+    build_cmd,
+    cache_cmd,
+    init_cmd,
+    inspect_cmd,
+    profile_cmd,
+    run_cmd,
+)
 from plex.errors import PlexError
 
 EXIT_ERROR = 1
@@ -76,6 +85,8 @@ for name, command in (
     ("inspect", inspect_cmd.inspect),
     ("run", run_cmd.run),
     ("bench", bench_cmd.bench),
+    ("accuracy", accuracy_cmd.accuracy),
+    ("profile", profile_cmd.profile),
 ):
     app.command(name)(one_line_errors(command))
 for name, command in cache_cmd.COMMANDS.items():

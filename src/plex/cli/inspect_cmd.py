@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from myelin.codecs import bytes_by_codec, parameter_rows
 from myelin.mln import MlnReader
 from myelin.signature import TensorSpec
 from plex.cli.build_cmd import _size
@@ -70,20 +71,28 @@ def inspect(
     console.print(entry)
     params = manifest["parameters"]
     if params:
+        # One row per logical parameter: a codec's scale/zero parts count in its stored bytes.
+        rows = parameter_rows(params)
+        by_codec = ", ".join(f"{c} {_size(b)}" for c, (b, _) in bytes_by_codec(params).items())
         table = Table(
-            title=f"parameters ({len(params)}, {_size(sum(p['length'] for p in params))})"
+            title=f"parameters ({len(rows)}, {_size(sum(p['length'] for p in params))}: "
+            f"{by_codec})"
         )
-        for col in ("scope", "key", "dtype", "shape", "codec", "stored bytes", "offset"):
+        show_rule = any(r.rule for r in rows)
+        columns = ["scope", "key", "dtype", "shape", "codec", "stored bytes", "offset"]
+        for col in columns + (["why this codec"] if show_rule else []):
             table.add_column(col)
-        for p in params:
+        sections_of = {(p["scope"], p["key"]): p["section"] for p in params}
+        for r in rows:
             table.add_row(
-                p["scope"],
-                p["key"],
-                p["dtype"],
-                "x".join(map(str, p["shape"])),
-                p["codec"],
-                str(p["length"]),
-                str(sections[p["section"]].offset + p["offset"]),
+                r.scope,
+                r.key,
+                r.dtype,
+                "x".join(map(str, r.shape)),
+                r.codec,
+                str(r.stored_bytes),
+                str(sections[sections_of[(r.scope, r.key)]].offset + r.offset),
+                *([escape(r.rule)] if show_rule else []),
             )
         console.print(table)
     prov = manifest.get("provenance", {})

@@ -28,6 +28,8 @@ from plex.manifest._specs import (
     GraphSpec,
     PackageManifest,
     PackageSpec,
+    PlacementRule,
+    ProfileOptions,
     VariantSpec,
     WeightsSpec,
 )
@@ -56,9 +58,24 @@ def load_app(app_toml: Path | str) -> AppSpec:
     graphs = [replace(g, weights=packages.weights_of(g)) for g in graphs]
     devices = _devices(doc, app)
     variants = _variants(doc, app, devices)
-    for glob, device in app.placement.items():
-        if device not in devices:
-            raise doc.error(("placement", glob), *unknown(device, devices, what="device"))
+    placement = tuple(PlacementRule(glob, device) for glob, device in app.placement.items())
+    modules = {
+        (g.name, f"{g.name}_{s.name}" if s else g.name)
+        for g in graphs
+        for s in (g.shards or (None,))
+    }
+    for rule in placement:
+        if rule.device not in devices:
+            raise doc.error(
+                ("placement", rule.pattern), *unknown(rule.device, devices, what="device")
+            )
+        if not any(rule.names_module(graph, module) for graph, module in modules):
+            names = sorted({n for pair in modules for n in pair})
+            raise doc.error(
+                ("placement", rule.pattern),
+                f"{rule.module_glob!r} matches no graph or shard module of this app",
+                f"it has: {', '.join(names)}",
+            )
     if app.myelin.tuning is not None:
         packages.resolve(doc, ("myelin", "tuning"), app.myelin.tuning, "tuning")
 
@@ -76,6 +93,14 @@ def load_app(app_toml: Path | str) -> AppSpec:
         variants=variants,
         favor=app.scheduling.favor,
         residency=app.weights.residency,
+        placement=placement,
+        memory=app.runtime.memory,
+        codecs=tuple(app.weights.codec.items()),
+        profile=(
+            ProfileOptions(app.runtime.profile.output, app.runtime.profile.device_timing)
+            if app.runtime.profile is not None
+            else None
+        ),
         build=BuildOptions(
             jobs=app.build.jobs or os.cpu_count() or 1,
             temp_memory=app.build.temp_memory,

@@ -11,6 +11,7 @@ from plex.errors import ManifestError
 from plex.manifest._document import TomlDocument, unknown
 from plex.manifest._schema import (
     FRONTEND_OF_SUFFIX,
+    FRONTENDS,
     GRAPH_NAME,
     NAME,
     PYTHON_FRONTENDS,
@@ -23,6 +24,7 @@ from plex.manifest._specs import (
     GraphSpec,
     PackageManifest,
     PackageSpec,
+    ShardSpec,
     TuningSpec,
     WeightsSpec,
 )
@@ -104,7 +106,8 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
     }
 
     files = [manifest]
-    files += [g.source for g in graphs.values()]
+    files += [g.source for g in graphs.values() if g.source is not None]
+    files += [s.source for g in graphs.values() for s in g.shards]
     files += [w.source for w in weights.values() if w.source is not None]
     files += [t.path for t in tuning.values()]
     ordered = tuple(sorted(set(files), key=lambda f: _relative(folder, f)))
@@ -146,7 +149,15 @@ def _graph(
 ) -> GraphSpec:
     at = ("graph", name)
     _check_name(doc, at, name, GRAPH_NAME)
-    source, symbol, frontend = _graph_source(doc, folder, name, g)
+    source = symbol = None
+    frontend = ""
+    if g.source is not None:
+        source, symbol, frontend = _source(doc, folder, at, g.source, g.frontend)
+    elif g.shards is None:
+        raise doc.error((*at, "source"), "missing required key")
+    shards = () if g.shards is None else _shards(doc, folder, at, g, source, symbol, frontend)
+    if source is None:
+        frontend = shards[0].frontend
 
     if g.entrypoints is not None:
         if not g.entrypoints:
@@ -158,6 +169,12 @@ def _graph(
                 (*at, "arg_names", entry), *unknown(entry, g.entrypoints, what="entrypoint")
             )
         _check_unique(doc, (*at, "arg_names", entry), args)
+    if g.dynamic and frontend in ("mlir", "stablehlo"):
+        raise doc.error(
+            (*at, "dynamic"),
+            f"a {frontend} source declares its dynamic dims in its own types ('?')",
+            "remove `dynamic`",
+        )
     for arg, dims in g.dynamic.items():
         for dim, symbol_name in dims.items():
             if not dim.isdigit():
@@ -166,8 +183,6 @@ def _graph(
                 raise doc.error(
                     (*at, "dynamic", arg, dim), f"invalid dimension name {symbol_name!r}"
                 )
-    if g.shards is not None and not isinstance(g.shards, dict | list):
-        raise doc.error((*at, "shards"), "expected a table or an array")
 
     weights_ref = None
     if g.weights is not None:
@@ -193,53 +208,144 @@ def _graph(
         entrypoints=tuple(g.entrypoints) if g.entrypoints is not None else None,
         arg_names=FrozenDict({k: tuple(v) for k, v in g.arg_names.items()}),
         weights_ref=weights_ref,
+        shards=shards,
+        dynamic=FrozenDict(
+            {a: FrozenDict({int(d): n for d, n in dims.items()}) for a, dims in g.dynamic.items()}
+        ),
     )
 
 
-def _graph_source(
-    doc: TomlDocument, folder: Path, name: str, g: GraphTable
+def _shards(
+    doc: TomlDocument,
+    folder: Path,
+    at: tuple[str, ...],
+    g: GraphTable,
+    source: Path | None,
+    symbol: str | None,
+    frontend: str,
+) -> tuple[ShardSpec, ...]:
+    """`shards = { name = ["entrypoint", ...] }` splits the graph's source by entrypoint;
+    `[graph.<g>.shards.<name>] source = ...` gives a shard its own file."""
+    at = (*at, "shards")
+    if not isinstance(g.shards, dict) or not g.shards:
+        raise doc.error(at, "expected a table of shards", 'e.g. shards = { encoder = ["encode"] }')
+    if g.entrypoints is not None:
+        raise doc.error(
+            (*at[:-1], "entrypoints"), "a sharded graph lists entrypoints per shard", "remove it"
+        )
+    owner: dict[str, str] = {}  # entrypoint -> shard, over the shards that split the source
+    shards = []
+    for shard_name, value in g.shards.items():
+        where = (*at, shard_name)
+        _check_name(doc, where, shard_name, GRAPH_NAME)
+        # the array form `one = ["f"]` is short for `one = { entrypoints = ["f"] }`
+        entries_at = where if isinstance(value, list) else (*where, "entrypoints")
+        if isinstance(value, list):
+            value = {"entrypoints": value}
+        if not isinstance(value, dict):
+            raise doc.error(
+                where, "expected an array of entrypoints or a table (source, frontend, entrypoints)"
+            )
+        for key in value:
+            if key not in ("source", "frontend", "entrypoints"):
+                raise doc.error(
+                    (*where, key), *unknown(key, ["source", "frontend", "entrypoints"], what="key")
+                )
+        entrypoints = value.get("entrypoints")
+        if entrypoints is not None:
+            if not isinstance(entrypoints, list) or not all(
+                isinstance(e, str) for e in entrypoints
+            ):
+                raise doc.error(entries_at, "expected an array of function names")
+            if not entrypoints:
+                raise doc.error(entries_at, "must list at least one function")
+            _check_unique(doc, entries_at, entrypoints)
+        own_frontend = value.get("frontend")
+        if own_frontend is not None and own_frontend not in FRONTENDS:
+            raise doc.error((*where, "frontend"), *unknown(own_frontend, FRONTENDS, what="value"))
+        if "source" in value:
+            if not isinstance(value["source"], str):
+                raise doc.error((*where, "source"), "expected a string")
+            path, sym, fe = _source(doc, folder, where, value["source"], own_frontend or g.frontend)
+            shards.append(
+                ShardSpec(shard_name, path, sym, fe, _tuple(entrypoints), own_source=True)
+            )
+            continue
+        if source is None:
+            raise doc.error(
+                (*where, "source"),
+                "missing required key",
+                "the graph has no source of its own, so every shard needs one",
+            )
+        if entrypoints is None:
+            raise doc.error(
+                where,
+                "a shard of the graph's source must list its entrypoints",
+                f'e.g. {shard_name} = ["forward"]',
+            )
+        if own_frontend is not None:
+            raise doc.error((*where, "frontend"), "only a shard with its own source takes one")
+        for i, entry in enumerate(entrypoints):
+            if entry in owner:
+                raise doc.error((*entries_at, i), f"{entry!r} is already in shard {owner[entry]!r}")
+            owner[entry] = shard_name
+        shards.append(ShardSpec(shard_name, source, symbol, frontend, tuple(entrypoints), False))
+    if source is not None and not owner:
+        raise doc.error(
+            (*at[:-1], "source"),
+            "no shard uses the graph's source: every shard has its own",
+            "remove it, or list entrypoints of it in a shard",
+        )
+    return tuple(shards)
+
+
+def _tuple(names: list[str] | None) -> tuple[str, ...] | None:
+    return tuple(names) if names is not None else None
+
+
+def _source(
+    doc: TomlDocument, folder: Path, at: tuple[str, ...], text: str, given_frontend: str | None
 ) -> tuple[Path, str | None, str]:
-    """(file, function or None, frontend) of a graph's `source`."""
-    at = ("graph", name)
-    module, sep, symbol = g.source.rpartition(":")
+    """(file, function or None, frontend) of a graph's or shard's `source` (`at` is its table)."""
+    module, sep, symbol = text.rpartition(":")
     if sep and module and _DOTTED.match(symbol):  # a Python source, "model.py:fn" or "pkg.mod:fn"
-        if g.frontend is None:
+        if given_frontend is None:
             raise doc.error(
                 (*at, "source"),
                 "a Python source needs an explicit frontend",
                 f"add frontend = {' or '.join(repr(f) for f in PYTHON_FRONTENDS)}",
             )
-        if g.frontend not in PYTHON_FRONTENDS:
+        if given_frontend not in PYTHON_FRONTENDS:
             raise doc.error(
                 (*at, "frontend"),
-                f"frontend {g.frontend!r} reads a file, not a Python 'module:function'",
+                f"frontend {given_frontend!r} reads a file, not a Python 'module:function'",
                 f"use {' or '.join(repr(f) for f in PYTHON_FRONTENDS)}",
             )
         if module.endswith(".py"):
-            return _existing(doc, (*at, "source"), folder, module), symbol, g.frontend
+            return _existing(doc, (*at, "source"), folder, module), symbol, given_frontend
         if not _DOTTED.match(module):
             raise doc.error(
                 (*at, "source"),
-                f"invalid Python source {g.source!r}",
+                f"invalid Python source {text!r}",
                 "expected 'file.py:function' or 'package.module:function'",
             )
         base = folder.joinpath(*module.split("."))
         for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
             if candidate.is_file():
-                return candidate, symbol, g.frontend
+                return candidate, symbol, given_frontend
         raise doc.error(
             (*at, "source"),
             f"module {module!r} not found: no {base}.py or {base / '__init__.py'}",
         )
 
-    path = _existing(doc, (*at, "source"), folder, g.source)
-    if g.frontend in PYTHON_FRONTENDS:
+    path = _existing(doc, (*at, "source"), folder, text)
+    if given_frontend in PYTHON_FRONTENDS:
         raise doc.error(
             (*at, "frontend"),
-            f"frontend {g.frontend!r} needs a Python source 'module:function'",
+            f"frontend {given_frontend!r} needs a Python source 'module:function'",
             'e.g. source = "model.py:build"',
         )
-    frontend = g.frontend or FRONTEND_OF_SUFFIX.get(path.suffix)
+    frontend = given_frontend or FRONTEND_OF_SUFFIX.get(path.suffix)
     if frontend is None:
         raise doc.error(
             (*at, "source"),

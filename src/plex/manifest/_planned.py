@@ -39,27 +39,13 @@ class Planned:
 
 # (manifest kind, key path...) -> Planned. "*" matches any name in a table.
 NOT_IMPLEMENTED: dict[KeyPath, Planned] = {
-    ("app.toml", "placement"): Planned("the placement work", "remove [placement]"),
-    ("app.toml", "weights", "residency"): Planned(
-        "the runtime-policies work", "remove it or use 'resident'", lambda v: v != "resident"
-    ),
-    ("app.toml", "weights", "codec"): Planned("the weight-codecs work", "remove [weights.codec]"),
     ("app.toml", "myelin", "tuning"): Planned("the tuning work", "remove it"),
-    ("app.toml", "runtime", "memory"): Planned("the runtime-policies work", "remove it"),
-    ("app.toml", "runtime", "profile"): Planned("the profiling work", "remove [runtime.profile]"),
     # plex.toml entries count only for the graphs an app selects and the weights those use.
-    ("plex.toml", "graph", "*", "dynamic"): Planned(
-        "the torch and jax frontends work", "remove it"
-    ),
-    ("plex.toml", "graph", "*", "shards"): Planned("the sharding work", "remove it"),
     ("plex.toml", "weights", "*", "source"): Planned(
         "the weight-formats work",
         "convert the file to .safetensors",
         used=lambda v: Path(v).suffix in (".irpa", ".gguf"),
         subject=lambda v: f"the {Path(v).suffix} weights format",
-    ),
-    ("plex.toml", "weights", "*", "codec"): Planned(
-        "the weight-codecs work", "remove it or use 'fp32'", lambda v: v != "fp32"
     ),
     ("plex.toml", "backend", "*"): Planned(
         "the external-backends work", "remove it", used=lambda v: True

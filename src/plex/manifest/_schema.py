@@ -8,17 +8,20 @@ manifest's folder. Nothing outside this package sees these models.
 from __future__ import annotations
 
 import re
+import typing
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from myelin.codecs import check_codec_name
 
 # -- accepted values: one definition each ---------------------------------------------------------
 
 Target = Literal["llvm-cpu", "cuda", "vulkan-spirv", "rocm", "metal-spirv", "vmvx"]
 Driver = Literal["local-task", "local-sync", "cuda", "vulkan", "hip", "metal"]
 Frontend = Literal["mlir", "stablehlo", "onnx", "torch", "jax"]
-Codec = Literal["fp32", "fp16", "bf16", "int8", "q4"]
+FRONTENDS: tuple[str, ...] = typing.get_args(Frontend)
 Residency = Literal["resident", "streamed", "prefetch"]
 Favor = Literal["min-memory", "max-concurrency", "debug"]
 
@@ -91,6 +94,8 @@ def parse_size(text: str | int) -> int:
 
 
 Size = Annotated[int, BeforeValidator(parse_size)]
+# A weight codec: fp32, fp16, bf16, int8, q4 or q4:g<group>; myelin.codecs is the one list.
+Codec = Annotated[str, AfterValidator(check_codec_name)]
 
 # -- models ---------------------------------------------------------------------------------------
 
@@ -110,12 +115,14 @@ class PackageTable(_Table):
 
 
 class GraphTable(_Table):
-    source: str
+    source: str | None = None  # required unless every shard has its own (checked in _package)
     frontend: Frontend | None = None
     weights: str | None = None
     entrypoints: list[str] | None = None
     arg_names: dict[str, list[str]] = {}
     dynamic: dict[str, dict[str, str]] = {}
+    # shard name -> [entrypoints] or {source, frontend, entrypoints}; checked in _package, where
+    # errors can point at the shard's own line
     shards: Any = None
 
 

@@ -6,7 +6,7 @@ value has been validated, so consumers need not check anything again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -76,19 +76,39 @@ class TuningSpec:
 
 
 @dataclass(frozen=True)
+class ShardSpec:
+    """One shard of a graph: compiled to its own VM module, `<graph>_<shard>`.
+
+    A shard either takes some entrypoints out of the graph's source (`own_source` False) or has
+    a source file of its own (then a change to that file recompiles only this shard).
+    """
+
+    name: str
+    source: Path
+    source_symbol: str | None  # Python sources: the function after ':'; else None
+    frontend: str
+    entrypoints: tuple[str, ...] | None  # None: every public function of its own source
+    own_source: bool
+
+
+@dataclass(frozen=True)
 class GraphSpec:
     """A package's `[graph.<name>]`: one model graph and the frontend that imports it."""
 
     ref: str  # "package:name"
     package: str
     name: str
-    source: Path  # the file; for a Python source, the module file
+    source: Path | None  # the file (for Python, the module file); None: every shard has its own
     source_symbol: str | None  # Python sources: the function after ':'; else None
-    frontend: str  # mlir | stablehlo | onnx | torch | jax
+    frontend: str  # mlir | stablehlo | onnx | torch | jax (no source: the first shard's)
     entrypoints: tuple[str, ...] | None  # None: every public function
     arg_names: FrozenDict[str, tuple[str, ...]]
     weights_ref: str | None = None  # "package:name", as written but always qualified
     weights: WeightsSpec | None = None  # resolved by load_app; load_package leaves it None
+    shards: tuple[ShardSpec, ...] = ()  # empty: one VM module named after the graph
+    # argument name (or "entrypoint.argument") -> {dimension index -> dimension name}: dims the
+    # frontend keeps dynamic; equal names are equal sizes
+    dynamic: FrozenDict[str, FrozenDict[int, str]] = field(default_factory=FrozenDict)
 
 
 @dataclass(frozen=True)
@@ -124,6 +144,44 @@ class BuildOptions:
 
 
 @dataclass(frozen=True)
+class PlacementRule:
+    """One `[placement]` entry: `"<glob>" = "<device>"` or `"<glob>.<function glob>" = ...`.
+
+    The part before the first `.` names graphs or shard modules (`<graph>_<shard>`); the part
+    after it, if any, names public functions of those. Function rules beat module rules, and
+    the first listed wins among rules of one kind (`myelin.compiler.placement`).
+    """
+
+    pattern: str
+    device: str
+
+    @property
+    def module_glob(self) -> str:
+        return self.pattern.partition(".")[0]
+
+    @property
+    def function_glob(self) -> str | None:
+        _, dot, tail = self.pattern.partition(".")
+        return tail if dot else None
+
+    def names_module(self, graph: str, module: str) -> bool:
+        """Whether the rule is about graph `graph` or its module `module`."""
+        import fnmatch
+
+        return fnmatch.fnmatchcase(graph, self.module_glob) or fnmatch.fnmatchcase(
+            module, self.module_glob
+        )
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """`[runtime.profile]`: how `plex profile` captures (see docs/runtime.md)."""
+
+    output: str | None  # capture file path; `{capture}` becomes a unique id per capture
+    device_timing: bool  # device timestamps per dispatch (GPU drivers; CPU drivers refuse)
+
+
+@dataclass(frozen=True)
 class AppSpec:
     """A resolved `app.toml`: everything a build needs, with package references resolved."""
 
@@ -135,5 +193,10 @@ class AppSpec:
     devices: tuple[DeviceSpec, ...]
     variants: tuple[VariantSpec, ...]
     favor: str  # min-memory | max-concurrency | debug
-    residency: str  # resident (the only one implemented)
+    residency: str  # resident | streamed | prefetch (myelin.runtime.residency)
     build: BuildOptions
+    placement: tuple[PlacementRule, ...] = ()  # `[placement]`, in file order
+    memory: int | None = None  # `[runtime] memory`: admission budget per variant, bytes
+    profile: ProfileOptions | None = None  # `[runtime.profile]`
+    # `[weights.codec]`: (parameter glob, codec) in file order; the last match wins
+    codecs: tuple[tuple[str, str], ...] = ()
