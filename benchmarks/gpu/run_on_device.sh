@@ -23,7 +23,7 @@ ARTIFACTS="$PWD/benchmarks/gpu/artifacts"
 SITE=/tmp/plex-gpu-site
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$SITE" .whl/iree_base_runtime-3.13.0-cp312-*.whl || { echo "wheel install failed"; exit 2; }
+  --target "$SITE" .whl/*.whl || { echo "wheel install failed"; exit 2; }
 export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1 PLEX_GPU_ARTIFACTS="$ARTIFACTS"
 export PATH="$SITE/iree/_runtime_libs:$PATH"
 

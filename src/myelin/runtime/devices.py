@@ -187,7 +187,11 @@ class DeviceRegistry:
             method = "device-to-host-visible"
             buffer = source.allocator.allocate_buffer(
                 memory_type=rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE,
-                allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+                # CPU dispatches bind their buffers through a persistent mapping (seen on the
+                # H200: without it the CPU graph's dispatch fails with PERMISSION_DENIED).
+                allowed_usage=int(rt.BufferUsage.DEFAULT)
+                | int(rt.BufferUsage.MAPPING)
+                | int(rt.BufferUsage.MAPPING_PERSISTENT),
                 allocation_size=nbytes,
             )
             _queue_copy(source, view.get_buffer(), buffer)
