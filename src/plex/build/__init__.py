@@ -112,7 +112,11 @@ def build(
     """
     start = time.perf_counter()
     app, plan = plan_for(
-        app_path, output, dump_phases=dump_phases, compile_to=compile_to, resume_from=resume_from,
+        app_path,
+        output,
+        dump_phases=dump_phases,
+        compile_to=compile_to,
+        resume_from=resume_from,
         strict=strict,
     )
     cache = Cache(cache_dir or default_cache_dir(app)) if use_cache else None

@@ -64,8 +64,10 @@ def _parameter_sources(
             encode_meta = steps.read_import_meta(encoded)
             parameters, codecs = encode_meta["parameters"], steps.codec_parts(encode_meta)
             exported.update(
-                {(e["scope"], e["key"]): encoded / steps.EXPORTED_DIR / e["file"]
-                 for e in encode_meta["exported"]}
+                {
+                    (e["scope"], e["key"]): encoded / steps.EXPORTED_DIR / e["file"]
+                    for e in encode_meta["exported"]
+                }
             )
         weights = _weights_tensors(graph, outputs)
         scopes: list[str] = []
@@ -82,8 +84,15 @@ def _parameter_sources(
                     f"graph {graph.ref}: parameter {scope}::{key} needs {expected} bytes "
                     f"({p['dtype']}{p['shape']}), its data has {size}"
                 )
-            params.setdefault((scope, key), {"dtype": p["dtype"], "shape": p["shape"],
-                                             "file": path, "codec": codecs.get((scope, key))})
+            params.setdefault(
+                (scope, key),
+                {
+                    "dtype": p["dtype"],
+                    "shape": p["shape"],
+                    "file": path,
+                    "codec": codecs.get((scope, key)),
+                },
+            )
             if scope not in scopes:
                 scopes.append(scope)
         scopes_by_graph[graph.ref] = scopes
@@ -112,7 +121,7 @@ def _bind_named_parameter(graph: GraphSpec, p: dict, weights: dict[str, dict] | 
     if weights is None or graph.weights is None:
         raise BuildError(
             f"graph {graph.ref} reads parameter {scope}::{key} but declares no weights with a "
-            f"source; add `weights = \"<package>:<name>\"` to [graph.{graph.name}]"
+            f'source; add `weights = "<package>:<name>"` to [graph.{graph.name}]'
         )
     if scope != graph.weights.scope:
         raise BuildError(
@@ -147,8 +156,9 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
     units = ordered_units(app, outputs)
     for variant in app.variants:
         modules, entrypoints, scopes = [], [], []
-        metas = {u.name: steps.read_compile_meta(outputs[compile_node_id(u, variant)])
-                 for u in units}
+        metas = {
+            u.name: steps.read_compile_meta(outputs[compile_node_id(u, variant)]) for u in units
+        }
         counts: dict[str, int] = {}
         for unit in units:
             for fn in metas[unit.name]["signatures"]:
@@ -163,8 +173,15 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
             for fn, sig in metas[unit.name]["signatures"].items():
                 # A name two modules export stays reachable as `module.function`.
                 name = fn if counts[fn] == 1 else f"{unit.name}.{fn}"
-                entrypoints.append({"name": name, "module": unit.name, "function": fn,
-                                    "inputs": sig["inputs"], "outputs": sig["outputs"]})
+                entrypoints.append(
+                    {
+                        "name": name,
+                        "module": unit.name,
+                        "function": fn,
+                        "inputs": sig["inputs"],
+                        "outputs": sig["outputs"],
+                    }
+                )
                 entrypoints[-1]["memory"] = plans.get(fn, {"unknown": "no memory plan"})
                 device = metas[unit.name].get("devices", {}).get(fn)
                 if device is not None:  # where it runs: the placement, else the first device
@@ -177,9 +194,18 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
                 "name": variant.name,
                 "devices": [
                     {
-                        "name": d.name, "target": d.target, "driver": d.driver,
-                        "options": {k: v for k, v in (("cpu", d.cpu), ("cpu_features",
-                                    d.cpu_features), ("arch", d.arch)) if v},
+                        "name": d.name,
+                        "target": d.target,
+                        "driver": d.driver,
+                        "options": {
+                            k: v
+                            for k, v in (
+                                ("cpu", d.cpu),
+                                ("cpu_features", d.cpu_features),
+                                ("arch", d.arch),
+                            )
+                            if v
+                        },
                         "requires": device_requirements(d),
                     }
                     for d in variant.devices
@@ -197,10 +223,18 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
         section = parameter_section_name(scope, key)
         parameter_sections.append((section, p["file"]))
         parameters.append(
-            {"scope": scope, "key": key, "section": section, "offset": 0,
-             "length": p["file"].stat().st_size, "codec": "none",
-             "dtype": p["dtype"], "shape": list(p["shape"]), "layout": "dense",
-             **_codec_fields(p["codec"])}
+            {
+                "scope": scope,
+                "key": key,
+                "section": section,
+                "offset": 0,
+                "length": p["file"].stat().st_size,
+                "codec": "none",
+                "dtype": p["dtype"],
+                "shape": list(p["shape"]),
+                "layout": "dense",
+                **_codec_fields(p["codec"]),
+            }
         )
     manifest = {
         "app": {"name": app.name, "version": app.version},
@@ -211,8 +245,9 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
         "provenance": {
             **{f"{k.replace('-', '_')}_version": v for k, v in versions().items()},
             "sources": {g.ref: file_digest(g.source) for g in import_units(app) if g.source},
-            "packages": {p.name: {"version": p.version, "fingerprint": p.fingerprint}
-                         for p in app.packages},
+            "packages": {
+                p.name: {"version": p.version, "fingerprint": p.fingerprint} for p in app.packages
+            },
             "favor": app.favor,
         },
     }
@@ -229,12 +264,18 @@ def _codec_fields(codec: dict | None) -> dict:
     if part is None:  # kept as it was; say why
         return {"rule": record["reason"]}
     fields = {
-        "codec": record["codec"], "layout": record["layout"], "role": part["role"],
+        "codec": record["codec"],
+        "layout": record["layout"],
+        "role": part["role"],
         "storage": {"dtype": part["dtype"], "shape": part["shape"]},
     }
     if part["role"] == "data":
-        fields.update(dtype=record["dtype"], shape=record["shape"], rule=record["reason"],
-                      reduce_axes=record["reduce_axes"])
+        fields.update(
+            dtype=record["dtype"],
+            shape=record["shape"],
+            rule=record["reason"],
+            reduce_axes=record["reduce_axes"],
+        )
     else:
         fields.update(dtype=part["dtype"], shape=part["shape"], of=record["key"])
     return fields

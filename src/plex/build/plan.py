@@ -57,8 +57,11 @@ class BuildRequest:
 
 def target_device(device: DeviceSpec) -> TargetDevice:
     return TargetDevice(
-        name=device.name, target=device.target, cpu=device.cpu,
-        cpu_features=device.cpu_features, arch=device.arch,
+        name=device.name,
+        target=device.target,
+        cpu=device.cpu,
+        cpu_features=device.cpu_features,
+        arch=device.arch,
     )
 
 
@@ -81,8 +84,12 @@ def graph_scope(graph: GraphSpec) -> str:
 
 def frontend_request(graph: GraphSpec, scope: str) -> FrontendRequest:
     return FrontendRequest(
-        source=graph.source, symbol=graph.source_symbol, module_name=graph.name, scope=scope,
-        entrypoints=graph.entrypoints, dynamic=graph.dynamic,
+        source=graph.source,
+        symbol=graph.source_symbol,
+        module_name=graph.name,
+        scope=scope,
+        entrypoints=graph.entrypoints,
+        dynamic=graph.dynamic,
     )
 
 
@@ -90,9 +97,12 @@ def python_sources_digest(folder: Path) -> str:
     """Digest of every .py file under a package folder: a Python graph source may import any of
     them, so editing one must re-run the import."""
     files = sorted(
-        p for p in folder.rglob("*.py")
-        if not any(part.startswith(".") or part == "__pycache__"
-                   for part in p.relative_to(folder).parts)
+        p
+        for p in folder.rglob("*.py")
+        if not any(
+            part.startswith(".") or part in ("__pycache__", "site-packages")
+            for part in p.relative_to(folder).parts
+        )
     )
     return json_digest({p.relative_to(folder).as_posix(): file_digest(p) for p in files})
 
@@ -160,9 +170,14 @@ def shard_graph(graph: GraphSpec, shard: ShardSpec) -> GraphSpec:
     """A shard with its own source, as a graph its import node can import like any other: it
     takes the module name `<graph>_<shard>` and its own parameter scope for inline constants."""
     return replace(
-        graph, ref=f"{graph.ref}.{shard.name}", name=f"{graph.name}_{shard.name}",
-        source=shard.source, source_symbol=shard.source_symbol, frontend=shard.frontend,
-        entrypoints=shard.entrypoints, shards=(),
+        graph,
+        ref=f"{graph.ref}.{shard.name}",
+        name=f"{graph.name}_{shard.name}",
+        source=shard.source,
+        source_symbol=shard.source_symbol,
+        frontend=shard.frontend,
+        entrypoints=shard.entrypoints,
+        shards=(),
     )
 
 
@@ -206,7 +221,9 @@ def phase_fields(unit: ModuleUnit, variant: VariantSpec, favor: str) -> dict[str
     source = unit.imported.source
     assert source is not None
     return {
-        "module": unit.name, "variant": variant.name, "flags": json_digest(flags),
+        "module": unit.name,
+        "variant": variant.name,
+        "flags": json_digest(flags),
         "source": file_digest(source),
     }
 
@@ -230,7 +247,9 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         assert source is not None
         nodes.append(
             Node(
-                id=node_id, kind="weights", label=f"weights {weights.ref}",
+                id=node_id,
+                kind="weights",
+                label=f"weights {weights.ref}",
                 action=lambda ctx, source=source, ref=weights.ref: steps.run_weights(
                     ctx.out_dir, source=source, what=ref
                 ),
@@ -245,21 +264,33 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         import_id = import_node_id(graph)
         nodes.append(
             Node(
-                id=import_id, kind="import", label=f"import {graph.ref}",
+                id=import_id,
+                kind="import",
+                label=f"import {graph.ref}",
                 action=lambda ctx, g=graph, scope=scope: steps.run_import(
-                    ctx.out_dir, request=frontend_request(g, scope), frontend_name=g.frontend,
-                    min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES, what=g.ref,
+                    ctx.out_dir,
+                    request=frontend_request(g, scope),
+                    frontend_name=g.frontend,
+                    min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES,
+                    what=g.ref,
                 ),
                 inputs={
                     "source": file_digest(graph.source),
                     "frontend": graph.frontend,
                     "options": json_digest(
-                        {"module": graph.name, "scope": scope,
-                         "min_parameter_bytes": DEFAULT_MIN_PARAMETER_BYTES,
-                         "entrypoints": graph.entrypoints, "dynamic": graph.dynamic}
+                        {
+                            "module": graph.name,
+                            "scope": scope,
+                            "min_parameter_bytes": DEFAULT_MIN_PARAMETER_BYTES,
+                            "entrypoints": graph.entrypoints,
+                            "dynamic": graph.dynamic,
+                        }
                     ),
-                    **({"python_sources": python_sources_digest(package_dirs[graph.package])}
-                       if graph.source_symbol is not None else {}),
+                    **(
+                        {"python_sources": python_sources_digest(package_dirs[graph.package])}
+                        if graph.source_symbol is not None
+                        else {}
+                    ),
                 },
                 heavy=True,
             )
@@ -276,19 +307,31 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         for variant in app.variants:
             node_id = compile_node_id(unit, variant)
             compile_ids.append(node_id)
-            nodes.append(_compile_node(app, request, unit, variant, node_id, import_id,
-                                       resume.get((unit.name, variant.name))))
+            nodes.append(
+                _compile_node(
+                    app,
+                    request,
+                    unit,
+                    variant,
+                    node_id,
+                    import_id,
+                    resume.get((unit.name, variant.name)),
+                )
+            )
             if request.compile_to is None:
                 # Memory plans replay the compile up to Stream: cached, apart from compose.
                 nodes.append(
                     Node(
-                        id=memory_node_id(unit, variant), kind="memory",
+                        id=memory_node_id(unit, variant),
+                        kind="memory",
                         label=f"memory plan of {unit.ref} for {variant.name}",
-                        deps=tuple(dict.fromkeys((import_node_id(unit.imported), import_id,
-                                                  node_id))),
+                        deps=tuple(
+                            dict.fromkeys((import_node_id(unit.imported), import_id, node_id))
+                        ),
                         action=lambda ctx, u=unit, v=variant: write_memory_plans(
                             ctx.out_dir, u, v, ctx.dep_outputs
                         ),
+                        heavy=True,
                     )
                 )
     from plex.build.compose import compose_artifact
@@ -301,7 +344,9 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         assert target is not None
         nodes.append(
             Node(
-                id="phases", kind="phases", label=f"write IR phases to {target.name}",
+                id="phases",
+                kind="phases",
+                label=f"write IR phases to {target.name}",
                 deps=tuple(compile_ids),
                 action=lambda ctx: write_phases(app, request, target, ctx.dep_outputs),
                 inputs={"output": json.dumps(str(target))},
@@ -311,7 +356,9 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
     if request.compile_to is None:
         nodes.append(
             Node(
-                id="compose", kind="compose", label=f"compose {request.output.name}",
+                id="compose",
+                kind="compose",
+                label=f"compose {request.output.name}",
                 deps=deps,
                 action=lambda ctx: compose_artifact(app, request, ctx.dep_outputs),
                 inputs={"output": json.dumps(str(request.output))},
@@ -328,13 +375,17 @@ def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
     weights = graph.weights if graph.weights is not None and graph.weights.source else None
     weights_id = weights_node_id(weights) if weights is not None else None
     return Node(
-        id=encode_node_id(graph), kind="encode", label=f"encode weights of {graph.ref}",
+        id=encode_node_id(graph),
+        kind="encode",
+        label=f"encode weights of {graph.ref}",
         deps=(import_id,) + ((weights_id,) if weights_id else ()),
         action=lambda ctx: steps.run_encode(
-            ctx.out_dir, imported_dir=ctx.dep_outputs[import_id],
+            ctx.out_dir,
+            imported_dir=ctx.dep_outputs[import_id],
             weights_dir=ctx.dep_outputs[weights_id] if weights_id else None,
             weights_scope=weights.scope if weights is not None else None,
-            policy=policy, what=graph.ref,
+            policy=policy,
+            what=graph.ref,
         ),
         inputs={"policy": json_digest(policy.to_json()), "codecs": str(CODECS_FORMAT)},
         heavy=True,
@@ -342,8 +393,13 @@ def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
 
 
 def _compile_node(
-    app: AppSpec, request: BuildRequest, unit: ModuleUnit, variant: VariantSpec, node_id: str,
-    import_id: str, resume: PhaseFile | None,
+    app: AppSpec,
+    request: BuildRequest,
+    unit: ModuleUnit,
+    variant: VariantSpec,
+    node_id: str,
+    import_id: str,
+    resume: PhaseFile | None,
 ) -> Node:
     flags = variant_flags(variant)
     attributes = FAVOR_ATTRIBUTES[app.favor]
@@ -372,14 +428,25 @@ def _compile_node(
     fields = phase_fields(unit, variant, app.favor)
     what = f"{unit.ref} ({variant.name})"
     return Node(
-        id=node_id, kind="compile", label=f"compile {unit.ref} for {variant.name}",
+        id=node_id,
+        kind="compile",
+        label=f"compile {unit.ref} for {variant.name}",
         deps=(import_id,),
         action=lambda ctx: steps.run_compile(
-            ctx.out_dir, imported_dir=ctx.dep_outputs[import_id], devices=devices,
-            module_attributes=attributes, entrypoints=entrypoints, arg_names=arg_names,
-            what=what, module_name=unit.name if unit.shard is not None else None,
-            export_only=unit.export_only, dump_phases=dump, stop_at=request.compile_to,
-            resume=resume, phase_fields=fields, placement=placement,
+            ctx.out_dir,
+            imported_dir=ctx.dep_outputs[import_id],
+            devices=devices,
+            module_attributes=attributes,
+            entrypoints=entrypoints,
+            arg_names=arg_names,
+            what=what,
+            module_name=unit.name if unit.shard is not None else None,
+            export_only=unit.export_only,
+            dump_phases=dump,
+            stop_at=request.compile_to,
+            resume=resume,
+            phase_fields=fields,
+            placement=placement,
         ),
         inputs=inputs,
         heavy=True,

@@ -43,8 +43,12 @@ class BuildWarning(UserWarning):
 
 
 def run_import(
-    out_dir: Path, *, request: FrontendRequest, frontend_name: str,
-    min_parameter_bytes: int, what: str,
+    out_dir: Path,
+    *,
+    request: FrontendRequest,
+    frontend_name: str,
+    min_parameter_bytes: int,
+    what: str,
 ) -> None:
     """Frontend (torch/onnx/jax) to MLIR if needed, then IREE's input phase and weight export.
 
@@ -66,8 +70,12 @@ def run_import(
             for message in frontend_warnings:  # a warned-about graph never builds silently
                 warnings.warn(f"graph {what}: {message}", BuildWarning, stacklevel=2)
         imported = import_graph(
-            source, input_type=input_type, module_name=request.module_name,
-            scope=request.scope, min_parameter_bytes=min_parameter_bytes, what=what,
+            source,
+            input_type=input_type,
+            module_name=request.module_name,
+            scope=request.scope,
+            min_parameter_bytes=min_parameter_bytes,
+            what=what,
             source_name=f"{request.module_name}/{request.source.name}",
         )
     except CompileError as e:
@@ -118,9 +126,19 @@ def _refuse_phase_file(source: Path, what: str) -> None:
 
 # safetensors dtype -> numpy dtype name (the names myelin.dtypes uses)
 SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 
 
@@ -142,14 +160,18 @@ def read_safetensors_header(source: Path, *, what: str) -> list[dict]:
     for key, entry in sorted(header.items()):
         if key == "__metadata__":
             continue
+        if isinstance(entry, dict) and entry.get("dtype") not in SAFETENSORS_DTYPES:
+            raise BuildError(
+                f"weights {what}: {source.name}: tensor '{key}' has dtype {entry.get('dtype')!r}, "
+                f"which PLeX does not read (accepted: {', '.join(SAFETENSORS_DTYPES)})"
+            )
         try:
             dtype = SAFETENSORS_DTYPES[entry["dtype"]]
             shape = [int(d) for d in entry["shape"]]
             begin, end = (8 + length + int(o) for o in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
             raise BuildError(
-                f"weights {what}: {source.name}: tensor '{key}' has an unreadable entry "
-                f"(dtype {entry.get('dtype') if isinstance(entry, dict) else '?'}): {e}"
+                f"weights {what}: {source.name}: tensor '{key}' has an unreadable entry: {e!r}"
             ) from e
         expected = itemsize(dtype) * int(np.prod(shape, dtype=np.int64))
         if end - begin != expected or begin < 8 + length or end > size:
@@ -189,8 +211,12 @@ def run_weights(out_dir: Path, *, source: Path, what: str) -> None:
                         raise OSError(f"tensor '{tensor['key']}' is cut short")
                     out.write(data)
                 index.append(
-                    {"key": tensor["key"], "dtype": tensor["dtype"], "shape": tensor["shape"],
-                     "file": name}
+                    {
+                        "key": tensor["key"],
+                        "dtype": tensor["dtype"],
+                        "shape": tensor["shape"],
+                        "file": name,
+                    }
                 )
     except OSError as e:
         raise BuildError(f"weights {what}: cannot read {source.name}: {e}") from e
@@ -202,8 +228,13 @@ def read_weights_index(out_dir: Path) -> list[dict]:
 
 
 def run_encode(
-    out_dir: Path, *, imported_dir: Path, weights_dir: Path | None, weights_scope: str | None,
-    policy: CodecPolicy, what: str,
+    out_dir: Path,
+    *,
+    imported_dir: Path,
+    weights_dir: Path | None,
+    weights_scope: str | None,
+    policy: CodecPolicy,
+    what: str,
 ) -> None:
     """Apply weight codecs to an imported graph (myelin.codecs). Writes what an import node
     writes (module, import.json, exported/) for the compile nodes, with `parameters` now the
@@ -235,7 +266,10 @@ def run_encode(
     ]
     try:
         encoded = encode_graph(
-            (imported_dir / IMPORTED_MODULE).read_bytes(), parameters, load_value, policy,
+            (imported_dir / IMPORTED_MODULE).read_bytes(),
+            parameters,
+            load_value,
+            policy,
             what=what,
         )
     except CompileError as e:
@@ -259,15 +293,26 @@ def run_encode(
             if dtype == "uint4":
                 dtype, shape = "uint8", [*shape[:-1], shape[-1] // 2]
             parameters_out.append(
-                {"scope": record.scope, "key": part["key"], "dtype": dtype, "shape": shape,
-                 "global_name": ""}
+                {
+                    "scope": record.scope,
+                    "key": part["key"],
+                    "dtype": dtype,
+                    "shape": shape,
+                    "global_name": "",
+                }
             )
     (out_dir / IMPORT_META).write_text(
         json.dumps(
-            {**meta, "parameters": parameters_out, "exported": stored,
-             "codecs": [r.to_json() for r in encoded.records], "codec_policy": policy.to_json(),
-             "codec_warnings": encoded.warnings},
-            indent=1, sort_keys=True,
+            {
+                **meta,
+                "parameters": parameters_out,
+                "exported": stored,
+                "codecs": [r.to_json() for r in encoded.records],
+                "codec_policy": policy.to_json(),
+                "codec_warnings": encoded.warnings,
+            },
+            indent=1,
+            sort_keys=True,
         )
     )
 
@@ -288,11 +333,15 @@ def codec_parts(meta: dict) -> dict[tuple[str, str], dict]:
 def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) -> list[str]:
     """The no-materialization check of an encoded graph for one variant's flags: one message
     per dispatch that writes a decoded weight on its own."""
-    parts = {key: f"{v['record']['scope']}::{v['record']['key']}"
-             for key, v in codec_parts(meta).items() if v["part"] is not None}
+    parts = {
+        key: f"{v['record']['scope']}::{v['record']['key']}"
+        for key, v in codec_parts(meta).items()
+        if v["part"] is not None
+    }
     sizes = {
         f"{r['scope']}::{r['key']}": int(np.prod(r["shape"], dtype=np.int64))
-        for r in meta.get("codecs", []) if r["codec"] != NO_CODEC
+        for r in meta.get("codecs", [])
+        if r["codec"] != NO_CODEC
     }
     if not parts:
         return []
@@ -303,11 +352,19 @@ def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) ->
 
 
 def run_compile(
-    out_dir: Path, *, imported_dir: Path, devices: list[TargetDevice],
-    module_attributes: dict[str, str], entrypoints: list[str] | None,
-    arg_names: dict[str, list[str]], what: str, module_name: str | None = None,
-    export_only: tuple[str, ...] | None = None, dump_phases: bool = False,
-    stop_at: str | None = None, resume: PhaseFile | None = None,
+    out_dir: Path,
+    *,
+    imported_dir: Path,
+    devices: list[TargetDevice],
+    module_attributes: dict[str, str],
+    entrypoints: list[str] | None,
+    arg_names: dict[str, list[str]],
+    what: str,
+    module_name: str | None = None,
+    export_only: tuple[str, ...] | None = None,
+    dump_phases: bool = False,
+    stop_at: str | None = None,
+    resume: PhaseFile | None = None,
     phase_fields: dict[str, str] | None = None,
     placement: list[tuple[str | None, str]] | None = None,
 ) -> None:
@@ -342,8 +399,14 @@ def run_compile(
         )
         if resume is not None:
             compiled = compile_module(
-                resume.text, phase=resume.phase, devices=devices, functions=functions,
-                arg_names=arg_names, stop_at=stop_at, on_phase=on_phase, placement=placed,
+                resume.text,
+                phase=resume.phase,
+                devices=devices,
+                functions=functions,
+                arg_names=arg_names,
+                stop_at=stop_at,
+                on_phase=on_phase,
+                placement=placed,
                 what=what,
             )
         else:
@@ -351,9 +414,16 @@ def run_compile(
                 raise CompileError(f"imported IR is at phase '{meta['phase']}', not 'input'")
             compiled = compile_module(
                 (imported_dir / IMPORTED_MODULE).read_bytes(),
-                phase=meta["phase"], devices=devices, module_attributes=module_attributes,
-                functions=functions, arg_names=arg_names, module_name=module_name,
-                export_only=export_only, stop_at=stop_at, on_phase=on_phase, placement=placed,
+                phase=meta["phase"],
+                devices=devices,
+                module_attributes=module_attributes,
+                functions=functions,
+                arg_names=arg_names,
+                module_name=module_name,
+                export_only=export_only,
+                stop_at=stop_at,
+                on_phase=on_phase,
+                placement=placed,
                 what=what,
             )
         codec_violations = (
@@ -374,13 +444,20 @@ def run_compile(
     }
     (out_dir / COMPILE_META).write_text(
         json.dumps(
-            {"flags": list(compiled.flags), "module_attributes": module_attributes,
-             "signatures": signatures, "module": module_name or "", "stopped_at": stop_at,
-             "devices": compiled.devices,
-             "resumed_from": resume.phase if resume is not None else None,
-             "functions": functions, "warnings": list(compiled.warnings),
-             "codec_violations": codec_violations},
-            indent=1, sort_keys=True,
+            {
+                "flags": list(compiled.flags),
+                "module_attributes": module_attributes,
+                "signatures": signatures,
+                "module": module_name or "",
+                "stopped_at": stop_at,
+                "devices": compiled.devices,
+                "resumed_from": resume.phase if resume is not None else None,
+                "functions": functions,
+                "warnings": list(compiled.warnings),
+                "codec_violations": codec_violations,
+            },
+            indent=1,
+            sort_keys=True,
         )
     )
 
@@ -391,6 +468,9 @@ def read_compile_meta(out_dir: Path) -> dict:
 
 def parameter_ref(data: dict) -> ParameterRef:
     return ParameterRef(
-        scope=data["scope"], key=data["key"], dtype=data["dtype"],
-        shape=tuple(data["shape"]), global_name=data["global_name"],
+        scope=data["scope"],
+        key=data["key"],
+        dtype=data["dtype"],
+        shape=tuple(data["shape"]),
+        global_name=data["global_name"],
     )

@@ -1,0 +1,80 @@
+"""The memory budget: nodes that declare temporary memory run in batches that fit it."""
+
+import threading
+import time
+
+import pytest
+
+from synapse import Executor, Node, Plan, PlanError
+
+MiB = 2**20
+
+
+class MemoryMeter:
+    """Adds up the declared memory of the actions running at each moment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.in_use = 0
+        self.peak = 0
+        self.max_running = 0
+        self.running = 0
+
+    def action(self, sleep_s: float = 0.05):
+        def run(ctx) -> None:
+            with self._lock:
+                self.in_use += ctx.node.memory
+                self.running += 1
+                self.peak = max(self.peak, self.in_use)
+                self.max_running = max(self.max_running, self.running)
+            time.sleep(sleep_s)
+            (ctx.out_dir / "out.txt").write_text(ctx.node.id)
+            with self._lock:
+                self.in_use -= ctx.node.memory
+                self.running -= 1
+
+        return run
+
+
+def weights_plan(meter: MemoryMeter, sizes_mib: list[int], *, extra_free: int = 0) -> Plan:
+    nodes = [
+        Node(f"weights:{i}", "weights", meter.action(), memory=size * MiB)
+        for i, size in enumerate(sizes_mib)
+    ]
+    nodes += [Node(f"compile:{i}", "compile", meter.action()) for i in range(extra_free)]
+    return Plan(nodes)
+
+
+def test_memory_nodes_run_in_batches_under_the_budget(tmp_path):
+    meter = MemoryMeter()
+    plan = weights_plan(meter, [30, 30, 30, 30, 20])
+    Executor(None, jobs=8, workdir=tmp_path, memory_budget=64 * MiB).run(plan)
+    assert meter.peak <= 64 * MiB
+    assert meter.max_running == 2  # 30 + 30 fit, a third 30 does not; 30 + 20 would too
+
+
+def test_without_a_budget_memory_is_only_bounded_by_jobs(tmp_path):
+    meter = MemoryMeter()
+    Executor(None, jobs=8, workdir=tmp_path).run(weights_plan(meter, [30, 30, 30, 30]))
+    assert meter.peak == 120 * MiB  # the test above could fail: all four overlap here
+
+
+def test_a_node_larger_than_the_budget_runs_alone_and_others_still_run(tmp_path):
+    meter = MemoryMeter()
+    plan = weights_plan(meter, [100, 10, 10], extra_free=2)
+    results = Executor(None, jobs=8, workdir=tmp_path, memory_budget=64 * MiB).run(plan)
+    assert all(r.status == "built" for r in results.values())
+    assert meter.peak == 100 * MiB  # the big one never shares the budget with the small ones
+
+
+def test_memory_is_a_hint_not_part_of_the_key():
+    plain = Node("w", "weights", lambda ctx: None)
+    hinted = Node("w", "weights", lambda ctx: None, memory=5 * MiB)
+    executor = Executor(None)
+    assert executor.keys(Plan([plain])) == executor.keys(Plan([hinted]))
+    assert "mem=5.0MiB" in Plan([hinted]).describe()
+
+
+def test_negative_memory_is_rejected():
+    with pytest.raises(PlanError, match="memory must be a byte count"):
+        Node("w", "weights", lambda ctx: None, memory=-1)
