@@ -275,6 +275,7 @@ def _codec_fields(codec: dict | None) -> dict:
             shape=record["shape"],
             rule=record["reason"],
             reduce_axes=record["reduce_axes"],
+            order=record.get("order", []),
         )
     else:
         fields.update(dtype=part["dtype"], shape=part["shape"], of=record["key"])

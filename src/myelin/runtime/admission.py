@@ -1,0 +1,248 @@
+"""Memory admission: know what a call will allocate before it runs, and refuse what cannot fit.
+
+The need of a call is derived from the compiled module, not measured: at build time PLeX reads
+each entrypoint's Stream IR (`myelin.compiler.stream_analysis`) and records its transient and
+result bytes as a formula of the input dims. Here the runtime evaluates the formula for the
+actual inputs, adds the bytes it uploads, and reserves the sum against the variant's budget.
+
+Python and numpy only: it runs on devices that have only `iree-base-runtime` and numpy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from myelin.errors import MemoryBudgetExceeded, MemoryNeedUnknown
+
+# A size formula: bytes as an integer, ["dim", input, axis], or [op, a, b].
+SizeExpr = int | list
+
+SIZE_OPS: dict[str, Callable[[int, int], int]] = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a // b if b else 0,
+    "ceildiv": lambda a, b: -(-a // b) if b else 0,
+    "rem": lambda a, b: a % b if b else 0,
+    "max": max,
+    "min": min,
+    "align": lambda a, b: -(-a // b) * b if b else a,
+}
+
+
+def evaluate_size(expr: SizeExpr, shapes: Sequence[Sequence[int] | None]) -> int:
+    """Bytes a formula gives for inputs of these shapes (None for a scalar input)."""
+    if isinstance(expr, bool):
+        raise ValueError(f"not a size formula: {expr!r}")
+    if isinstance(expr, int):
+        return expr
+    if not isinstance(expr, list) or not expr:
+        raise ValueError(f"not a size formula: {expr!r}")
+    op = expr[0]
+    if op == "dim":
+        _, arg, axis = expr
+        shape = shapes[arg]
+        if shape is None:
+            raise ValueError(f"size formula reads a dim of scalar input {arg}")
+        return int(shape[axis])
+    fn = SIZE_OPS.get(op)
+    if fn is None or len(expr) != 3:
+        raise ValueError(f"unknown size formula op {op!r}")
+    return int(fn(evaluate_size(expr[1], shapes), evaluate_size(expr[2], shapes)))
+
+
+def add_sizes(terms: Iterable[SizeExpr]) -> SizeExpr:
+    """One formula for a sum, with the constant parts folded together."""
+    constant = 0
+    symbolic: list[SizeExpr] = []
+    for t in terms:
+        if isinstance(t, int):
+            constant += t
+        else:
+            symbolic.append(t)
+    total: SizeExpr = constant
+    for t in symbolic:
+        total = t if total == 0 else ["add", total, t]
+    return total
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def compile_size(expr: SizeExpr) -> Callable[[Sequence[Sequence[int] | None]], int]:
+    """`expr` as a Python function of the input shapes (evaluated on every budgeted call)."""
+    if isinstance(expr, bool):
+        raise ValueError(f"not a size formula: {expr!r}")
+    if isinstance(expr, int):
+        return lambda shapes: expr
+    if not isinstance(expr, list) or not expr:
+        raise ValueError(f"not a size formula: {expr!r}")
+    if expr[0] == "dim":
+        _, arg, axis = expr
+        return lambda shapes: int(shapes[arg][axis])
+    fn = SIZE_OPS.get(expr[0])
+    if fn is None or len(expr) != 3:
+        raise ValueError(f"unknown size formula op {expr[0]!r}")
+    a, b = compile_size(expr[1]), compile_size(expr[2])
+    return lambda shapes: int(fn(a(shapes), b(shapes)))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """An entrypoint's memory formulas, as the build recorded them."""
+
+    transient: SizeExpr | None
+    results: SizeExpr | None
+    parameters: tuple[tuple[str, str], ...]
+    unknown: str | None
+
+    def __post_init__(self) -> None:
+        compiled = None
+        if self.unknown is None and self.transient is not None and self.results is not None:
+            compiled = (compile_size(self.transient), compile_size(self.results))
+        object.__setattr__(self, "_compiled", compiled)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> MemoryPlan:
+        if data is None:
+            return cls(
+                None,
+                None,
+                (),
+                "the artifact records no memory plan (built by an older PLeX); rebuild it",
+            )
+        return cls(
+            transient=data.get("transient"),
+            results=data.get("results"),
+            parameters=tuple((p[0], p[1]) for p in data.get("parameters", [])),
+            unknown=data.get("unknown"),
+        )
+
+    def need(self, entrypoint: str, values: Sequence[Any]) -> CallNeed:
+        """What a call with these inputs needs: the bytes we upload (numpy inputs; device
+        arrays are already there) plus its transient and result allocations."""
+        compiled = self._compiled  # type: ignore[attr-defined]
+        if compiled is None:
+            raise MemoryNeedUnknown(
+                f"{entrypoint}: its memory need is unknown ({self.unknown}); "
+                "remove [runtime] memory or load with memory_budget=None to run it unbudgeted"
+            )
+        shapes = [getattr(v, "shape", None) for v in values]
+        uploaded = sum(v.nbytes for v in values if type(v) is np.ndarray)
+        return CallNeed(uploaded, compiled[0](shapes), compiled[1](shapes))
+
+
+class CallNeed:
+    """What one call needs, in bytes, before it runs (parameters are the variant's, counted
+    once per loaded variant, not per call)."""
+
+    __slots__ = ("inputs", "results", "total", "transient")
+
+    def __init__(self, inputs: int, transient: int, results: int) -> None:
+        self.inputs = inputs
+        self.transient = transient
+        self.results = results
+        self.total = inputs + transient + results
+
+    def __repr__(self) -> str:
+        return f"CallNeed(inputs={self.inputs}, transient={self.transient}, results={self.results})"
+
+    def describe(self) -> str:
+        return (
+            f"inputs {format_bytes(self.inputs)} + transient {format_bytes(self.transient)}"
+            f" + results {format_bytes(self.results)}"
+        )
+
+
+class AdmissionBudget:
+    """The bytes one loaded variant may use: its parameters plus every call in flight.
+
+    A call whose need alone cannot fit is refused at once; one that fits once other calls finish
+    waits for them (its deadline and cancellation still apply). The lock is held only to count,
+    never while a call runs.
+    """
+
+    def __init__(self, limit: int, parameter_bytes: int, what: str) -> None:
+        self.limit = limit
+        self.parameter_bytes = parameter_bytes
+        self.available = limit - parameter_bytes  # what calls in flight may hold together
+        self._in_flight = 0
+        self._waiting = 0
+        self.peak_in_flight = 0  # the most bytes calls have held at once (for tests and tuning)
+        self._cond = threading.Condition(threading.Lock())
+        if parameter_bytes > limit:
+            raise MemoryBudgetExceeded(
+                f"{what}: its parameters need {format_bytes(parameter_bytes)} but the memory "
+                f"budget is {format_bytes(limit)}; raise [runtime] memory or load with a larger "
+                "memory_budget"
+            )
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    def reserve(
+        self, need: CallNeed, what: str, *, stop: Callable[[], None], deadline: float | None
+    ) -> Reservation:
+        """Take `need.total` bytes; `stop()` raises when the caller is cancelled or out of
+        time while it waits."""
+        total = need.total
+        if total > self.available:
+            raise MemoryBudgetExceeded(
+                f"{what}: needs {format_bytes(total)} ({need.describe()}) but the memory budget "
+                f"leaves {format_bytes(self.available)} after "
+                f"{format_bytes(self.parameter_bytes)} of parameters (budget "
+                f"{format_bytes(self.limit)}); use smaller inputs or raise [runtime] memory"
+            )
+        with self._cond:
+            if self._in_flight + total > self.available:
+                self._waiting += 1
+                try:
+                    while self._in_flight + total > self.available:
+                        stop()
+                        wait = 0.05
+                        if deadline is not None:
+                            wait = min(wait, max(deadline - time.monotonic(), 0))
+                        self._cond.wait(wait)
+                finally:
+                    self._waiting -= 1
+            self._in_flight += total
+            if self._in_flight > self.peak_in_flight:
+                self.peak_in_flight = self._in_flight
+        return Reservation(self, total)
+
+    def _release(self, reservation: Reservation) -> None:
+        with self._cond:
+            if reservation.released:
+                return
+            reservation.released = True
+            self._in_flight -= reservation.need
+            if self._waiting:
+                self._cond.notify_all()
+
+
+class Reservation:
+    """Bytes one call holds. `held_by_device` marks a call abandoned by cancel whose device
+    work still runs: whoever waits for that work releases it."""
+
+    __slots__ = ("budget", "held_by_device", "need", "released")
+
+    def __init__(self, budget: AdmissionBudget, need: int) -> None:
+        self.budget = budget
+        self.need = need
+        self.held_by_device = False
+        self.released = False
+
+    def release(self) -> None:
+        self.budget._release(self)
