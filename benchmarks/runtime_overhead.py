@@ -5,7 +5,9 @@ same compiled module with the same parameters, interleaved in one run.
 
 The raw path is what a user of iree.runtime writes by hand: a VmContext with the HAL and
 io_parameters modules, a FunctionInvoker, and `.to_host()` on the result. Both paths read the
-module and the parameters from the same .mln mapping, so only the Python-side work differs.
+module and the parameters from the same .mln mapping (built with `cancellable = false`, the
+synchronous ABI FunctionInvoker calls), so only the Python-side work differs. The last row is
+the default, cancellable build (async-external ABI: each call also creates and waits on fences).
 Within a round the paths take turns call by call (A B C A B C ...), so drift in this shared
 machine's speed hits all paths alike; the table reports the median over rounds of each round's
 per-call median, and the spread (min-max) of the per-round ratios.
@@ -29,11 +31,18 @@ from myelin.mln import MlnReader
 REPO = Path(__file__).resolve().parents[1]
 
 
-def build_example(folder: Path) -> Path:
+def build_example(folder: Path, cancellable: bool) -> Path:
+    """examples/mlp; `cancellable = false` gives the synchronous ABI that a plain
+    FunctionInvoker can call, so raw and MyeLiN run the very same module."""
     from plex.build import build
 
-    out = folder / "mlp.mln"
-    build(REPO / "examples" / "mlp" / "app.toml", out)
+    app = folder / f"app-{cancellable}.toml"
+    app.write_text(
+        f'[app]\nname = "mlp"\npackages = ["{REPO / "examples" / "mlp"}"]\n\n'
+        f"[runtime]\ncancellable = {str(cancellable).lower()}\n"
+    )
+    out = folder / f"mlp-{cancellable}.mln"
+    build(app, out)
     return out
 
 
@@ -81,15 +90,19 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_example(Path(tmp))
+        path = build_example(Path(tmp), cancellable=False)
         model = myelin.Instance().load(path)
         session = model.session()
         resolved = session.resolve("forward")
+        cancellable = myelin.Instance().load(build_example(Path(tmp), cancellable=True))
+        cancellable_session = cancellable.session()
+        fenced = cancellable_session.resolve("forward")
         raw = raw_invoker(path, "forward")
         paths = {
             "raw iree.runtime": raw,
             "myelin resolved call": lambda x: resolved(x),
             "myelin session.call": lambda x: session.call("forward", x),
+            "myelin resolved call, cancellable build (fences)": lambda x: fenced(x),
         }
         print(
             f"# runtime overhead, {platform.node()} {platform.machine()}, "
@@ -115,6 +128,7 @@ def main() -> None:
                     f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}-{max(ratios):.3f} |"
                 )
         session.close()
+        cancellable_session.close()
 
 
 if __name__ == "__main__":

@@ -141,32 +141,6 @@ def build_chain(folder: Path, app_extra: str = "") -> Path:
     return build_app(write_chain_app(folder, app_extra), folder / "chain.mln")
 
 
-def with_async_entrypoints(mln: Path, out: Path) -> Path:
-    """A copy of the chain artifact whose module is compiled with IREE's async-external ABI
-    (entrypoints take a wait and a signal fence: `iree.abi.model = "coarse-fences"`)."""
-    from myelin.compiler.pipeline import compile_imported, import_graph
-    from myelin.compiler.targets import TargetDevice
-    from myelin.mln import MlnReader, MlnWriter
-
-    imported = import_graph(
-        chain_mlir().encode(), input_type="auto", module_name="chain", scope="chain.chain"
-    )
-    compiled = compile_imported(
-        imported.module_bytecode,
-        phase=imported.phase,
-        devices=[TargetDevice("cpu")],
-        extra_flags=["--iree-execution-model=async-external"],
-    )
-    with MlnReader(mln) as reader:
-        manifest = {k: v for k, v in reader.manifest.items() if k not in ("format", "sections")}
-        writer = MlnWriter(manifest)
-        for name, section in reader.sections.items():
-            data = compiled.vmfb if section.kind == "module" else bytes(reader.section_view(name))
-            writer.add_section(name, section.kind, np.frombuffer(data, np.uint8))
-        writer.write(out)
-    return out
-
-
 # -- gather: a 64 MiB table of which one call reads a few rows ------------------------------------
 
 TABLE_ROWS = 16384

@@ -11,11 +11,7 @@ import pytest
 
 import myelin
 from myelin.errors import Cancelled, DeadlineExceeded, MemoryBudgetExceeded
-from tests.myelin.runtime_policies_models import (
-    build_chain,
-    chain_reference,
-    with_async_entrypoints,
-)
+from tests.myelin.runtime_policies_models import build_chain, chain_reference
 
 BIG = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
 SMALL = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
@@ -27,13 +23,16 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def sync_mln(tmp_path_factory):
-    return build_chain(tmp_path_factory.mktemp("chain-sync"))
+    """Built with `[runtime] cancellable = false`: synchronous entrypoints (no fences)."""
+    return build_chain(
+        tmp_path_factory.mktemp("chain-sync"), "\n[runtime]\ncancellable = false\n"
+    )
 
 
 @pytest.fixture(scope="module")
-def async_mln(sync_mln, tmp_path_factory):
-    """The same model with entrypoints compiled for IREE's async-external (fences) ABI."""
-    return with_async_entrypoints(sync_mln, tmp_path_factory.mktemp("chain-async") / "a.mln")
+def async_mln(tmp_path_factory):
+    """The default build: entrypoints use IREE's async-external (fences) ABI."""
+    return build_chain(tmp_path_factory.mktemp("chain-async"))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,11 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def chain_mln(tmp_path_factory):
-    return build_chain(tmp_path_factory.mktemp("chain-concurrency"))
+    """Synchronous entrypoints (`cancellable = false`): a call then stays inside IREE's invoke
+    for its whole run, which is what the lock test below observes."""
+    return build_chain(
+        tmp_path_factory.mktemp("chain-concurrency"), "\n[runtime]\ncancellable = false\n"
+    )
 
 
 def test_soak_16_threads_200_calls_random_shapes_on_8_sessions(mlp_mln, mlp_weights):

@@ -534,7 +534,6 @@ def test_not_implemented_values_are_still_validated(tmp_path):
 
 
 PACKAGE_NOT_IMPLEMENTED = {
-    "dynamic": ("[graph.mlp]", 'dynamic = { x = { 0 = "batch" } }'),
     "[backend.npu]": ("", '[backend.npu]\nlibrary = "npu.so"'),
 }
 
@@ -566,8 +565,13 @@ def test_weights_formats(tmp_path):
 
 
 def test_unused_package_features_do_not_block_an_app(tmp_path):
-    toml = MLP_TOML + '\n[graph.dyn]\nsource = "mlp.mlir"\ndynamic = { x = { 0 = "batch" } }\n'
-    app = load_app(make_app(tmp_path, APP_TOML + 'graphs = ["mlp:mlp"]\n', toml))
+    toml = MLP_TOML + (
+        '\n[graph.other]\nsource = "mlp.mlir"\nweights = "gg"\n\n[weights.gg]\n'
+        'source = "params.gguf"\n'
+    )
+    app_toml = make_app(tmp_path, APP_TOML + 'graphs = ["mlp:mlp"]\n', toml)
+    (tmp_path / "mlp" / "params.gguf").write_text("")
+    app = load_app(app_toml)
     assert [g.ref for g in app.graphs] == ["mlp:mlp"]
 
 

@@ -20,13 +20,15 @@ class MemoryMeter:
         self.max_running = 0
         self.running = 0
 
-    def action(self, sleep_s: float = 0.05):
+    def action(self, sleep_s: float = 0.05, barrier: threading.Barrier | None = None):
         def run(ctx) -> None:
             with self._lock:
                 self.in_use += ctx.node.memory
                 self.running += 1
                 self.peak = max(self.peak, self.in_use)
                 self.max_running = max(self.max_running, self.running)
+            if barrier is not None:
+                barrier.wait(timeout=30)  # all must be running at once, however slow the machine
             time.sleep(sleep_s)
             (ctx.out_dir / "out.txt").write_text(ctx.node.id)
             with self._lock:
@@ -36,9 +38,15 @@ class MemoryMeter:
         return run
 
 
-def weights_plan(meter: MemoryMeter, sizes_mib: list[int], *, extra_free: int = 0) -> Plan:
+def weights_plan(
+    meter: MemoryMeter,
+    sizes_mib: list[int],
+    *,
+    extra_free: int = 0,
+    barrier: threading.Barrier | None = None,
+) -> Plan:
     nodes = [
-        Node(f"weights:{i}", "weights", meter.action(), memory=size * MiB)
+        Node(f"weights:{i}", "weights", meter.action(barrier=barrier), memory=size * MiB)
         for i, size in enumerate(sizes_mib)
     ]
     nodes += [Node(f"compile:{i}", "compile", meter.action()) for i in range(extra_free)]
@@ -55,7 +63,8 @@ def test_memory_nodes_run_in_batches_under_the_budget(tmp_path):
 
 def test_without_a_budget_memory_is_only_bounded_by_jobs(tmp_path):
     meter = MemoryMeter()
-    Executor(None, jobs=8, workdir=tmp_path).run(weights_plan(meter, [30, 30, 30, 30]))
+    plan = weights_plan(meter, [30, 30, 30, 30], barrier=threading.Barrier(4))
+    Executor(None, jobs=8, workdir=tmp_path).run(plan)
     assert meter.peak == 120 * MiB  # the test above could fail: all four overlap here
 
 

@@ -213,7 +213,7 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
                 "modules": modules,
                 "entrypoints": entrypoints,
                 "parameter_scopes": scopes,
-                "flags": variant_flags(variant),
+                "flags": variant_flags(app, variant),
                 "module_attributes": FAVOR_ATTRIBUTES[app.favor],
             }
         )
@@ -357,7 +357,9 @@ def _memory_plans(
         plans, _ = plan_module(
             (imported / steps.IMPORTED_MODULE).read_bytes(),
             phase=import_meta["phase"],
-            flags=meta["flags"],
+            # The execution model (fences or not) changes the calling convention, not what a
+            # call allocates; the analysis reads the synchronous form's Stream IR.
+            flags=[f for f in meta["flags"] if not f.startswith("--iree-execution-model")],
             module_attributes=meta["module_attributes"],
             functions=functions,
             what=f"{unit.ref} ({variant.name})",

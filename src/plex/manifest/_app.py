@@ -95,6 +95,7 @@ def load_app(app_toml: Path | str) -> AppSpec:
         residency=app.weights.residency,
         placement=placement,
         memory=app.runtime.memory,
+        cancellable=app.runtime.cancellable,
         codecs=tuple(app.weights.codec.items()),
         profile=(
             ProfileOptions(app.runtime.profile.output, app.runtime.profile.device_timing)

@@ -188,6 +188,7 @@ class ProfileTable(_Table):
 
 class RuntimeTable(_Table):
     memory: Size | None = None
+    cancellable: bool = True
     profile: ProfileTable | None = None
 
 

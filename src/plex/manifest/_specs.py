@@ -197,6 +197,7 @@ class AppSpec:
     build: BuildOptions
     placement: tuple[PlacementRule, ...] = ()  # `[placement]`, in file order
     memory: int | None = None  # `[runtime] memory`: admission budget per variant, bytes
+    cancellable: bool = True  # `[runtime] cancellable`: async-external ABI (fences)
     profile: ProfileOptions | None = None  # `[runtime.profile]`
     # `[weights.codec]`: (parameter glob, codec) in file order; the last match wins
     codecs: tuple[tuple[str, str], ...] = ()
