@@ -1,0 +1,264 @@
+"""Weight codecs: how a parameter is stored in the .mln and how the compiled graph decodes it.
+
+A codec is one module here, registered in CODECS by name. It provides:
+
+- `layout(shape, dtype, reduce_axes, options) -> Layout | str`: the stored tensors ("parts") for
+  one parameter and the scalar decode in MLIR, or a reason it does not apply;
+- `encode(array, layout) -> list[np.ndarray]`: the parts' bytes, one array per part;
+- `decode(parts, layout) -> np.ndarray`: the numpy reference of the IR decode (tests and
+  accuracy reports compare against it);
+- `parse_options(text) -> dict` for the part after ':' in a codec name (`q4:g64`).
+
+Everything else is generic and lives in private modules: `_policy` (which codec each parameter
+gets), `_ir` (rewriting the imported IR so each consumer decodes next to itself), `_check`
+(the no-materialization check on dispatch-creation IR). This module imports only numpy, so a
+manifest can validate codec names without the compiler installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+# codec name -> module implementing it
+CODECS: dict[str, str] = {
+    "fp32": "myelin.codecs.fp32",
+    "fp16": "myelin.codecs.fp16",
+    "bf16": "myelin.codecs.bf16",
+    "int8": "myelin.codecs.int8",
+    "q4": "myelin.codecs.q4",
+}
+NO_CODEC = "fp32"
+# Bump when a codec's stored bytes or its IR decode change: build caches key on it.
+FORMAT_VERSION = 3
+# How codec names read in messages: the options each codec takes, after ':'.
+CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    """One tensor a codec stores for a parameter: its IR global and its bytes in the .mln.
+
+    `index` says, per dim of the IR global, which element of the part the logical element
+    (d0, d1, ...) reads: an affine expression over the logical dims, e.g. "d1 floordiv 32".
+    """
+
+    role: str  # "data" | "scale" | "zero"
+    suffix: str  # appended to the parameter's key; "" for the data part
+    element: str  # MLIR element type of the IR global: f32, f16, bf16, i8, i4
+    shape: tuple[int, ...]  # shape of the IR global
+    index: tuple[str, ...]
+    storage_dtype: str  # as the .mln records it: float16, int8, uint4, ...
+    storage_shape: tuple[int, ...]  # as the .mln records it: q4 data is [output, group, block]
+
+    @property
+    def nbytes(self) -> int:
+        bits = {"i4": 4, "i8": 8, "f16": 16, "bf16": 16, "f32": 32}[self.element]
+        return int(np.prod(self.shape, dtype=np.int64)) * bits // 8
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one parameter is stored (its parts) and decoded (`decode`: MLIR lines that compute
+    `%r : f32` from `%p0`, `%p1`, ... the parts' scalars, in part order)."""
+
+    codec: str  # the full codec name, options included: "q4:g32"
+    logical_dtype: str  # numpy dtype name of the parameter the graph sees
+    logical_shape: tuple[int, ...]
+    reduce_axes: tuple[int, ...]  # the logical axes a consumer contracts (scales are per the rest)
+    parts: tuple[StoredPart, ...]
+    decode: tuple[str, ...]
+    description: str  # one line for people: what is stored
+    options: dict[str, Any] = field(default_factory=dict)
+    # The logical axes in the order the data part stores them: the order its consumer reads
+    # (a torch Linear's [out, in] weight is read as [in, out]), so the decode inside the
+    # consumer's dispatch streams the stored bytes contiguously. () means the logical order.
+    order: tuple[int, ...] = ()
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def logical_bytes(self) -> int:
+        from myelin.dtypes import itemsize
+
+        return int(np.prod(self.logical_shape, dtype=np.int64)) * itemsize(self.logical_dtype)
+
+
+def codec_module(name: str) -> ModuleType:
+    base = name.partition(":")[0]
+    if base not in CODECS:
+        raise ValueError(_unknown(name))
+    return importlib.import_module(CODECS[base])
+
+
+def _unknown(text: str) -> str:
+    return f"unknown codec {text!r}; accepted: {', '.join(CODEC_FORMS)} (e.g. 'q4:g64')"
+
+
+def parse_codec(text: str) -> tuple[str, dict[str, Any]]:
+    """("q4", {"group": 64}) for "q4:g64"; raises ValueError naming the accepted forms."""
+    if not isinstance(text, str):
+        raise ValueError(_unknown(str(text)))
+    base, sep, rest = text.partition(":")
+    module = codec_module(base)
+    try:
+        options = module.parse_options(rest if sep else None)
+    except ValueError as e:
+        raise ValueError(f"invalid codec {text!r}: {e}") from None
+    return base, options
+
+
+def check_codec_name(text: str) -> str:
+    """`text` if it names a codec (with valid options), else ValueError; for manifest checks."""
+    parse_codec(text)
+    return text
+
+
+def plan_layout(
+    codec: str,
+    shape: tuple[int, ...],
+    dtype: str,
+    reduce_axes: tuple[int, ...],
+    order: tuple[int, ...] | None = None,
+) -> Layout | str:
+    """The layout `codec` gives a parameter of this shape and dtype, or why it cannot.
+    `order` asks for the data stored with its axes permuted (codecs with a fixed storage
+    order, q4, ignore it)."""
+    base, options = parse_codec(codec)
+    identity = tuple(range(len(shape)))
+    options = {**options, "order": tuple(order) if order else identity}
+    return codec_module(base).layout(tuple(shape), dtype, tuple(reduce_axes), options)
+
+
+def permuted(
+    shape: tuple[int, ...], order: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(the IR shape, the index expressions) of data stored with its axes in `order`."""
+    return tuple(shape[a] for a in order), tuple(f"d{a}" for a in order)
+
+
+def to_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
+    """The data in its stored axis order."""
+    return np.ascontiguousarray(np.transpose(array, layout.order) if layout.order else array)
+
+
+def from_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
+    """Stored data back in the logical axis order."""
+    return np.transpose(array, np.argsort(layout.order)) if layout.order else array
+
+
+def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    return codec_module(layout.codec).encode(np.asarray(array), layout)
+
+
+def decode(parts: list[np.ndarray], layout: Layout) -> np.ndarray:
+    return codec_module(layout.codec).decode(parts, layout)
+
+
+@dataclass(frozen=True)
+class ParameterRow:
+    """One logical parameter of a .mln, its stored parts summed (for reports)."""
+
+    scope: str
+    key: str
+    codec: str
+    dtype: str  # logical
+    shape: tuple[int, ...]  # logical
+    stored_bytes: int
+    rule: str  # why it has this codec ("" when the build applied no codec policy)
+    offset: int  # of its data part, relative to its section
+
+
+def parameter_rows(parameters: list[dict]) -> list[ParameterRow]:
+    """The `parameters` of a .mln manifest grouped by logical parameter: a scale or zero part
+    (`of`) adds its bytes to the parameter it belongs to."""
+    rows: dict[tuple[str, str], dict] = {}
+    extra: dict[tuple[str, str], int] = {}
+    for p in parameters:
+        if "of" in p:
+            key = (p["scope"], p["of"])
+            extra[key] = extra.get(key, 0) + p["length"]
+        else:
+            rows[(p["scope"], p["key"])] = p
+    return [
+        ParameterRow(
+            p["scope"],
+            p["key"],
+            p["codec"],
+            p["dtype"],
+            tuple(p["shape"]),
+            p["length"] + extra.get(k, 0),
+            p.get("rule", ""),
+            p["offset"],
+        )
+        for k, p in rows.items()
+    ]
+
+
+def bytes_by_codec(parameters: list[dict]) -> dict[str, tuple[int, int]]:
+    """codec -> (stored bytes, number of parameters), largest first."""
+    totals: dict[str, list[int]] = {}
+    for row in parameter_rows(parameters):
+        t = totals.setdefault(row.codec, [0, 0])
+        t[0] += row.stored_bytes
+        t[1] += 1
+    return {c: (b, n) for c, (b, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])}
+
+
+def identity_index(rank: int) -> tuple[str, ...]:
+    return tuple(f"d{i}" for i in range(rank))
+
+
+def no_options(text: str | None) -> dict[str, Any]:
+    if text is not None:
+        raise ValueError("this codec takes no options")
+    return {}
+
+
+__all__ = [
+    "CODECS",
+    "CODEC_FORMS",
+    "FORMAT_VERSION",
+    "NO_CODEC",
+    "Layout",
+    "ParameterRow",
+    "StoredPart",
+    "bytes_by_codec",
+    "check_codec_name",
+    "codec_module",
+    "decode",
+    "encode",
+    "parameter_rows",
+    "parse_codec",
+    "plan_layout",
+]
+
+# The pipeline entry points (they import the compiler only when called).
+from myelin.codecs._apply import (  # noqa: E402
+    EncodedGraph,
+    ParameterInput,
+    ParameterRecord,
+    StoredTensor,
+    encode_graph,
+)
+from myelin.codecs._check import Materialization, check_encoded_module  # noqa: E402
+from myelin.codecs._policy import CodecPolicy, CodecRule, choose  # noqa: E402
+
+__all__ += [
+    "CodecPolicy",
+    "CodecRule",
+    "EncodedGraph",
+    "Materialization",
+    "ParameterInput",
+    "ParameterRecord",
+    "StoredTensor",
+    "check_encoded_module",
+    "choose",
+    "encode_graph",
+]

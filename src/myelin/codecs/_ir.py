@@ -1,0 +1,538 @@
+"""Codecs on the imported (input-phase) IR, through the compiler's Python bindings.
+
+For an encoded parameter, its `util.global` is replaced by one global per stored part, and every
+use of a `util.global.load` of it gets its own decode, emitted right next to the consumer:
+
+- the use is followed through pure layout ops (linalg.transpose, linalg.broadcast, copy-only
+  linalg.generic, each with one use) to the op that really consumes the weight; the decode
+  produces that op's operand directly, with the layout folded into its indexing maps, so no
+  transposed or broadcast copy of the weight exists either;
+- a contraction consumer (matmul, batch_matmul, conv, a linalg.generic with reductions) gets the
+  decode as a bit-extend `linalg.generic` placed before it, and the two are wrapped in one
+  `flow.dispatch.region`: IREE 3.13 blocks producer fusion into matmuls on CPU
+  (`--iree-dispatch-creation-block-matmul-producer-fusion`, a process-global flag the compiler
+  C API cannot set per session), and would otherwise hoist small decodes into initializers;
+- a `tensor.extract` of the weight (an embedding gather inside a linalg.generic body) becomes
+  extracts of the stored parts at the same element plus the scalar decode, so only the rows
+  read are decoded;
+- any other consumer gets the decode before it and IREE decides (the no-materialization check
+  reports the parameter if the decoded weight ends up in a dispatch of its own).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from iree.compiler import ir
+from iree.compiler.dialects import linalg
+
+from myelin.codecs import Layout
+from myelin.errors import CompileError
+
+DECODE_ATTRIBUTE = "plex.decode"  # on decode generics: "scope::key" (for people reading IR)
+
+_ELEMENT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_DIM = re.compile(r"d([0-9]+)")
+
+
+@dataclass
+class Use:
+    """Where one use of a parameter's value ends up after its layout ops."""
+
+    kind: str  # "contraction" | "gather" | "other"
+    consumer: str  # op name, for reports
+    reduce_axes: tuple[int, ...] | None  # logical axes the consumer contracts (None: unknown)
+    order: tuple[int, ...] = ()  # logical axes in the order the consumer's operand has them
+
+
+@dataclass
+class UseReport:
+    """What the rewrite did with one parameter, for the build record."""
+
+    uses: list[str] = field(default_factory=list)  # one entry per use: "contraction linalg.matmul"
+
+
+# -- finding things -------------------------------------------------------------------------------
+
+
+def module_globals(module: ir.Operation) -> dict[str, ir.Operation]:
+    found = {}
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "util.global":
+            found[ir.StringAttr(op.operation.attributes["sym_name"]).value] = op.operation
+    return found
+
+
+def _walk(module: ir.Operation, name: str) -> list[ir.Operation]:
+    ops: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == name:
+            ops.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return ops
+
+
+def symbol_users(module: ir.Operation) -> dict[str, list[ir.Operation]]:
+    """global name -> ops that name it in a `global` attribute (loads, stores, addresses)."""
+    users: dict[str, list[ir.Operation]] = {}
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name != "util.global" and "global" in op.attributes:
+            attr = op.attributes["global"]
+            if isinstance(attr, ir.FlatSymbolRefAttr):
+                users.setdefault(attr.value, []).append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return users
+
+
+# -- layout chains --------------------------------------------------------------------------------
+
+
+def _dense_i64(attr: ir.Attribute) -> list[int]:
+    return [int(v) for v in ir.DenseI64ArrayAttr(attr)]
+
+
+def _map_dims(m: ir.AffineMap) -> list[int] | None:
+    """The loop dim of each result, if every result is a plain dim."""
+    dims = []
+    for e in m.results:
+        match = _DIM.fullmatch(str(e))
+        if match is None:
+            return None
+        dims.append(int(match.group(1)))
+    return dims
+
+
+def _segments(op: ir.Operation) -> tuple[int, int]:
+    sizes = [int(v) for v in ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])]
+    return sizes[0], sizes[1]
+
+
+def _is_copy_generic(op: ir.Operation) -> bool:
+    if op.name != "linalg.generic" or _segments(op) != (1, 1):
+        return False
+    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if any("parallel" not in it for it in iterators):
+        return False
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    if len(body) != 1 or body[0].operation.name != "linalg.yield":
+        return False
+    if body[0].operation.operands[0] != block.arguments[0]:
+        return False
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    out = _map_dims(maps[1])
+    return out == list(range(maps[1].n_dims)) and _map_dims(maps[0]) is not None
+
+
+def _layout_step(op: ir.Operation, operand: int, src: list[int]) -> list[int] | None:
+    """`src` (logical dim -> dim of the op's input) carried to the op's result, if `op` only
+    moves data (a transpose, a broadcast, a copy); None otherwise."""
+    if operand != 0 or len(op.results) != 1:
+        return None
+    if op.name == "linalg.transpose":
+        perm = _dense_i64(op.attributes["permutation"])
+        inverse = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inverse[p] = i
+        return [inverse[s] for s in src]
+    if op.name == "linalg.broadcast":
+        added = set(_dense_i64(op.attributes["dimensions"]))
+        rank = ir.RankedTensorType(op.results[0].type).rank
+        kept = [d for d in range(rank) if d not in added]
+        return [kept[s] for s in src]
+    if _is_copy_generic(op):
+        maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        loops = _map_dims(maps[0])
+        assert loops is not None
+        return [loops[s] for s in src]
+    return None
+
+
+@dataclass
+class _Chain:
+    value: ir.Value  # what the consumer reads
+    consumer: ir.Operation
+    operand: int  # which operand of the consumer
+    src: list[int]  # logical dim l is dim src[l] of `value`
+    ops: list[ir.Operation]  # layout ops between the load and the consumer, in order
+
+
+def _only_use(value: ir.Value) -> tuple[ir.Operation, int] | None:
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    return uses[0].owner, uses[0].operand_number
+
+
+def _follow(value: ir.Value, owner: ir.Operation, operand: int, rank: int) -> _Chain:
+    src = list(range(rank))
+    ops: list[ir.Operation] = []
+    while True:
+        step = _layout_step(owner, operand, src)
+        if step is None:
+            break
+        nxt = _only_use(owner.results[0])
+        if nxt is None:
+            break
+        ops.append(owner)
+        value, src = owner.results[0], step
+        owner, operand = nxt
+    return _Chain(value, owner, operand, src, ops)
+
+
+def _opview(op: ir.Operation):
+    return op.opview
+
+
+def _reduction_loops(op: ir.Operation) -> set[int] | None:
+    """Reduction loop dims of a linalg op, or None if it is not a contraction-like op."""
+    if op.name == "linalg.generic":
+        iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+        loops = {i for i, it in enumerate(iterators) if "reduction" in it}
+        return loops or None
+    if not op.name.startswith("linalg."):
+        return None
+    try:
+        view = _opview(op)
+        if linalg.isa_contraction_op(view):
+            dims = linalg.infer_contraction_dimensions(view)
+            return set(dims.k) or None
+        if linalg.isa_convolution_op(view):
+            dims = linalg.infer_convolution_dimensions(view)
+            return set(dims.filter_loop) | set(dims.input_channel) or None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return None
+
+
+def _dps_inputs(op: ir.Operation) -> int:
+    if "operandSegmentSizes" in op.attributes:
+        return _segments(op)[0]
+    return len(op.operands) - len(op.results)
+
+
+def classify(chain: _Chain) -> Use:
+    consumer = chain.consumer
+    name = consumer.name
+    if name == "tensor.extract" and chain.operand == 0:
+        rank = len(chain.src)
+        return Use("gather", name, (rank - 1,) if rank else ())
+    loops = _reduction_loops(consumer) if name.startswith("linalg.") else None
+    if loops is not None and chain.operand < _dps_inputs(consumer):
+        try:
+            maps = linalg.get_indexing_maps(_opview(consumer))
+        except (TypeError, ValueError, RuntimeError):
+            maps = None
+        if maps is not None:
+            dims = _map_dims(ir.AffineMapAttr(maps[chain.operand]).value)
+            axes = None
+            if dims is not None:
+                axes = tuple(d for d, s in enumerate(chain.src) if dims[s] in loops)
+            order = tuple(sorted(range(len(chain.src)), key=lambda d: chain.src[d]))
+            return Use("contraction", name, axes, order)
+    return Use("other", name, None)
+
+
+def analyze(module: ir.Operation, names: list[str]) -> dict[str, list[Use] | str]:
+    """Per global: how each use of it is consumed, or why it cannot be encoded."""
+    users = symbol_users(module)
+    globals_ = module_globals(module)
+    result: dict[str, list[Use] | str] = {}
+    for name in names:
+        rank = ir.RankedTensorType(ir.TypeAttr(globals_[name].attributes["type"]).value).rank
+        ops = users.get(name, [])
+        other = sorted({op.name for op in ops if op.name != "util.global.load"})
+        if other:
+            result[name] = f"the graph uses it through {', '.join(other)}, not only loads"
+            continue
+        uses: list[Use] = []
+        for load in ops:
+            for use in list(load.results[0].uses):
+                uses.append(classify(_follow(load.results[0], use.owner, use.operand_number, rank)))
+        result[name] = uses
+    return result
+
+
+def storage_order_of(uses: list[Use], rank: int) -> tuple[int, ...]:
+    """The axis order to store a parameter's data in: the one its (first) contraction reads,
+    so its decode streams the bytes in order; the logical order for a table that is gathered
+    (rows stay contiguous) or a parameter no contraction reads."""
+    if any(u.kind == "gather" for u in uses):
+        return tuple(range(rank))
+    for u in uses:
+        if u.kind == "contraction" and u.order:
+            return u.order
+    return tuple(range(rank))
+
+
+def reduce_axes_of(uses: list[Use], rank: int) -> tuple[int, ...]:
+    """The axes a codec should share scales along: those the consumers contract (the first
+    contraction's if they differ), else the last axis (rows stay addressable)."""
+    for u in uses:
+        if u.kind == "contraction" and u.reduce_axes:
+            return u.reduce_axes
+    return (rank - 1,) if rank else ()
+
+
+# -- rewriting ------------------------------------------------------------------------------------
+
+
+def _tensor_type(shape: tuple[int, ...], element: str) -> str:
+    return "tensor<" + "".join(f"{d}x" for d in shape) + f"{element}>"
+
+
+def _substitute(expr: str, src: list[int]) -> str:
+    """`expr` over logical dims, rewritten over the dims of the consumer's operand."""
+    return _DIM.sub(lambda m: f"d{src[int(m.group(1))]}", expr)
+
+
+def _parse_template(context: ir.Context, text: str) -> ir.Module:
+    try:
+        return ir.Module.parse(text, context=context)
+    except ir.MLIRError as e:  # a bug here, not the user's: say what we built
+        raise CompileError(f"internal error building decode IR: {e}\n{text}") from e
+
+
+def _template_body(template: ir.Module) -> tuple[ir.Block, list[ir.Operation]]:
+    func = template.body.operations[0]
+    block = func.regions[0].blocks[0]
+    return block, [op.operation for op in block.operations]
+
+
+def _remap(ops: list[ir.Operation], mapping: list[tuple[ir.Value, ir.Value]]) -> None:
+    for op in ops:
+        for i, v in enumerate(list(op.operands)):
+            for old, new in mapping:
+                if v == old:
+                    op.operands[i] = new
+                    break
+
+
+def _decode_lines(layout: Layout, result_element: str) -> list[str]:
+    lines = list(layout.decode)
+    if result_element != "f32":
+        lines.append(f"%r_cast = arith.truncf %r : f32 to {result_element}")
+    return lines
+
+
+def _result_name(result_element: str) -> str:
+    return "%r" if result_element == "f32" else "%r_cast"
+
+
+def _load(part_global: str, part_type: ir.Type, before: ir.Operation) -> ir.Value:
+    with ir.InsertionPoint(before), before.location:
+        op = ir.Operation.create(
+            "util.global.load",
+            results=[part_type],
+            attributes={
+                "global": ir.FlatSymbolRefAttr.get(part_global),
+                "is_immutable": ir.UnitAttr.get(),
+            },
+        )
+    return op.results[0]
+
+
+def _emit_tensor_decode(
+    chain: _Chain, layout: Layout, parts: list[ir.Value], what: str, context: ir.Context
+) -> ir.Operation:
+    """A bit-extend linalg.generic producing `chain.value`'s type from the parts, placed right
+    before the consumer; the consumer reads it instead of the layout chain."""
+    target = ir.RankedTensorType(chain.value.type)
+    rank = target.rank
+    element = str(target.element_type)
+    dims = ", ".join(f"d{i}" for i in range(rank))
+    maps = [
+        f"affine_map<({dims}) -> ({', '.join(_substitute(e, chain.src) for e in p.index)})>"
+        for p in layout.parts
+    ]
+    maps.append(f"affine_map<({dims}) -> ({dims})>")
+    part_types = [str(v.type) for v in parts]
+    args = ", ".join(f"%a{i}: {t}" for i, t in enumerate(part_types))
+    block_args = ", ".join(f"%p{i}: {p.element}" for i, p in enumerate(layout.parts))
+    body = "\n".join(f"      {line}" for line in _decode_lines(layout, element))
+    text = f"""
+func.func private @decode({args}, %init: {target}) -> {target} {{
+  %out = linalg.generic {{indexing_maps = [{", ".join(maps)}],
+      iterator_types = [{", ".join(['"parallel"'] * rank)}]}}
+      ins({", ".join(f"%a{i}" for i in range(len(parts)))} : {", ".join(part_types)})
+      outs(%init : {target}) {{
+    ^bb0({block_args}, %o: {element}):
+{body}
+      linalg.yield {_result_name(element)} : {element}
+  }} -> {target}
+  return %out : {target}
+}}"""
+    template = _parse_template(context, text)
+    block, ops = _template_body(template)
+    decode = ops[0]
+    consumer = chain.consumer
+    if chain.ops:
+        last = chain.ops[-1]
+        init = last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
+    else:
+        with ir.InsertionPoint(consumer), ir.Location.unknown(context):
+            init = ir.Operation.create("tensor.empty", results=[target]).results[0]
+    decode.move_before(consumer)
+    _remap([decode], [*zip(block.arguments, [*parts, init], strict=True)])
+    decode.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
+    consumer.operands[chain.operand] = decode.results[0]
+    for op in reversed(chain.ops):
+        op.erase()
+    return decode
+
+
+def _emit_scalar_decode(
+    chain: _Chain, layout: Layout, parts: list[ir.Value], context: ir.Context
+) -> None:
+    """Replace `tensor.extract %weight[...]` by extracts of the parts at the same logical
+    element and the scalar decode: only the elements read are ever decoded."""
+    extract = chain.consumer
+    indices = list(extract.operands)[1:]
+    rank = len(chain.src)
+    logical = [indices[s] for s in chain.src]
+    element = str(ir.RankedTensorType(chain.value.type).element_type)
+    dims = ", ".join(f"d{i}" for i in range(rank))
+    args = [f"%t{i}: {v.type}" for i, v in enumerate(parts)]
+    args += [f"%i{d}: index" for d in range(rank)]
+    lines = []
+    for i, part in enumerate(layout.parts):
+        names = []
+        for j, expr in enumerate(part.index):
+            plain = _DIM.fullmatch(expr)
+            if plain is not None:
+                names.append(f"%i{plain.group(1)}")
+                continue
+            name = f"%x{i}_{j}"
+            lines.append(
+                f"{name} = affine.apply affine_map<({dims}) -> ({expr})>"
+                f"({', '.join(f'%i{d}' for d in range(rank))})"
+            )
+            names.append(name)
+        lines.append(f"%p{i} = tensor.extract %t{i}[{', '.join(names)}] : {parts[i].type}")
+    lines += _decode_lines(layout, element)
+    body = "\n".join(f"  {line}" for line in lines)
+    text = (
+        f"func.func private @decode({', '.join(args)}) -> {element} {{\n{body}\n"
+        f"  return {_result_name(element)} : {element}\n}}"
+    )
+    template = _parse_template(context, text)
+    block, ops = _template_body(template)
+    ret = ops[-1]
+    result = ret.operands[0]
+    moved = ops[:-1]
+    for op in moved:
+        op.move_before(extract)
+    _remap(moved, [*zip(block.arguments, [*parts, *logical], strict=True)])
+    extract.results[0].replace_all_uses_with(result)
+    extract.erase()
+    for op in reversed(chain.ops):
+        op.erase()
+
+
+def _wrap_in_dispatch_region(ops: list[ir.Operation], context: ir.Context) -> None:
+    """Put `ops` (the decode, then its consumer) into one flow.dispatch.region, so IREE's
+    dispatch formation keeps them in one dispatch on every target."""
+    consumer = ops[-1]
+    parent = consumer.parent
+    if parent is not None and parent.operation.name == "flow.dispatch.region":
+        return
+    results = list(consumer.results)
+    inits = list(consumer.operands)[len(consumer.operands) - len(results) :]
+    with ir.InsertionPoint(consumer), ir.Location.unknown(context):
+        dims: list[ir.Value] = []
+        index = ir.IndexType.get()
+        for result, init in zip(results, inits, strict=True):
+            t = ir.RankedTensorType(result.type)
+            for d in range(t.rank):
+                if t.is_dynamic_dim(d):
+                    c = ir.Operation.create(
+                        "arith.constant",
+                        results=[index],
+                        attributes={"value": ir.IntegerAttr.get(index, d)},
+                    )
+                    dim = ir.Operation.create(
+                        "tensor.dim", results=[index], operands=[init, c.results[0]]
+                    )
+                    dims.append(dim.results[0])
+        region = ir.Operation.create(
+            "flow.dispatch.region",
+            results=[r.type for r in results],
+            operands=dims,
+            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(dims), 0])},
+            regions=2,  # the body, and the workgroup count (empty: IREE's default)
+        )
+    for old, new in zip(results, region.results, strict=True):
+        old.replace_all_uses_with(new)
+    block = region.regions[0].blocks.append()
+    with ir.InsertionPoint(block), ir.Location.unknown(context):
+        ret = ir.Operation.create("flow.return", operands=results)
+    for op in ops:
+        op.move_before(ret)
+
+
+def _part_global_name(name: str, role: str) -> str:
+    return name if role == "data" else f"{name}.{role}"
+
+
+def _replace_global(
+    old: ir.Operation, scope: str, key: str, layout: Layout, context: ir.Context
+) -> list[tuple[str, ir.Type]]:
+    """New globals for the parts, bound to `scope::key<suffix>`; returns (name, type) each."""
+    name = ir.StringAttr(old.attributes["sym_name"]).value
+    created = []
+    for part in layout.parts:
+        part_type = ir.Type.parse(_tensor_type(part.shape, part.element), context)
+        value = ir.Attribute.parse(
+            f'#flow.parameter.named<"{scope}"::"{key}{part.suffix}"> : {part_type}', context
+        )
+        new = old.clone(ip=ir.InsertionPoint(old))
+        new.attributes["sym_name"] = ir.StringAttr.get(
+            _part_global_name(name, part.role) + ".encoded", context
+        )
+        new.attributes["type"] = ir.TypeAttr.get(part_type, context)
+        new.attributes["initial_value"] = value
+        created.append((ir.StringAttr(new.attributes["sym_name"]).value, part_type))
+    return created
+
+
+def rewrite(
+    module: ir.Operation, name: str, scope: str, key: str, layout: Layout, context: ir.Context
+) -> list[str]:
+    """Encode the parameter held by global `name`; returns one line per use ("contraction
+    linalg.batch_matmul", ...). The old global and every load of it are gone afterwards."""
+    globals_ = module_globals(module)
+    old = globals_[name]
+    rank = len(layout.logical_shape)
+    part_globals = _replace_global(old, scope, key, layout, context)
+    loads = symbol_users(module).get(name, [])
+    report: list[str] = []
+    for load in loads:
+        for use in list(load.results[0].uses):
+            chain = _follow(load.results[0], use.owner, use.operand_number, rank)
+            kind = classify(chain)
+            report.append(f"{kind.kind} {kind.consumer}")
+            anchor = chain.consumer if chain.consumer.parent == load.parent else load
+            if anchor is load:
+                parts = [_load(g, t, load) for g, t in part_globals]
+                # keep them after the original load, which dominates every use
+                for v in parts:
+                    v.owner.move_after(load)
+            else:
+                parts = [_load(g, t, chain.consumer) for g, t in part_globals]
+            what = f"{scope}::{key}"
+            if kind.kind == "gather":
+                _emit_scalar_decode(chain, layout, parts, context)
+            else:
+                decode = _emit_tensor_decode(chain, layout, parts, what, context)
+                if kind.kind == "contraction":
+                    _wrap_in_dispatch_region([decode, chain.consumer], context)
+        load.erase()
+    old.erase()
+    return report

@@ -1,0 +1,94 @@
+"""Which codec each parameter gets: a package default, ordered glob rules, and the rule that keeps
+precise parameters (norms, biases, small tensors) in fp32.
+
+Resolution, for a parameter `scope::key`:
+1. a rule whose pattern has no wildcard and names it exactly (`scope::key` or `key`) wins;
+2. otherwise precise parameters stay fp32: rank < 2, fewer than PRECISE_MAX_ELEMENTS elements,
+   or a norm/bias by name (their error shows up in every activation, their bytes are few);
+3. otherwise the last rule whose glob matches `scope::key` or `key` wins (like .gitattributes);
+4. otherwise the default (the package's `[weights.<name>] codec`, fp32 without a package).
+Every choice carries the reason, so `plex inspect` can say why a parameter has its codec.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from myelin.codecs import NO_CODEC
+
+PRECISE_MAX_ELEMENTS = 4096
+_PRECISE_NAME = re.compile(r"norm|bias|(^|[._])ln(f|_?[0-9]*)?([._]|$)", re.IGNORECASE)
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class CodecRule:
+    pattern: str  # a glob over "scope::key" and "key"
+    codec: str
+
+
+@dataclass(frozen=True)
+class CodecPolicy:
+    """The codec intent for one graph's parameters."""
+
+    default: str = NO_CODEC
+    default_from: str = ""  # where the default comes from, for reasons ("weights mlp:params")
+    rules: tuple[CodecRule, ...] = ()
+
+    @property
+    def trivial(self) -> bool:
+        """True when nothing can be encoded: the build needs no encode step."""
+        return self.default == NO_CODEC and all(r.codec == NO_CODEC for r in self.rules)
+
+    def to_json(self) -> dict:
+        return {
+            "default": self.default,
+            "default_from": self.default_from,
+            "rules": [[r.pattern, r.codec] for r in self.rules],
+        }
+
+
+@dataclass(frozen=True)
+class Choice:
+    codec: str
+    reason: str
+
+
+def _has_wildcard(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def precise_reason(key: str, dtype: str, shape: tuple[int, ...]) -> str | None:
+    """Why a parameter stays fp32 by default, or None if a codec may shrink it."""
+    if dtype not in _FLOATS:
+        return f"{dtype}, not floating point"
+    if len(shape) < 2:
+        return f"rank {len(shape)} (norms, biases)"
+    count = 1
+    for d in shape:
+        count *= d
+    if count < PRECISE_MAX_ELEMENTS:
+        return f"small ({count} elements < {PRECISE_MAX_ELEMENTS})"
+    if _PRECISE_NAME.search(key):
+        return "a norm or bias by name"
+    return None
+
+
+def choose(scope: str, key: str, dtype: str, shape: tuple[int, ...], policy: CodecPolicy) -> Choice:
+    names = (f"{scope}::{key}", key)
+    matches = [r for r in policy.rules if any(fnmatchcase(n, r.pattern) for n in names)]
+    exact = [r for r in matches if not _has_wildcard(r.pattern)]
+    if exact:
+        rule = exact[-1]
+        return Choice(rule.codec, f'[weights.codec] "{rule.pattern}" (exact name)')
+    why = precise_reason(key, dtype, shape)
+    if why is not None:
+        return Choice(NO_CODEC, f"kept fp32: {why}; name it exactly in [weights.codec] to override")
+    if matches:
+        rule = matches[-1]
+        return Choice(rule.codec, f'[weights.codec] "{rule.pattern}"')
+    if policy.default != NO_CODEC:
+        return Choice(policy.default, f"default of {policy.default_from or 'the package'}")
+    return Choice(NO_CODEC, "default")

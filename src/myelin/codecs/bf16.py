@@ -1,0 +1,24 @@
+"""bf16: bfloat16 storage (half the bytes of fp32; fp32's range, 8-bit mantissa)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from myelin.codecs import Layout, _float, no_options
+
+NAME = "bf16"
+parse_options = no_options
+
+
+def layout(
+    shape: tuple[int, ...], dtype: str, reduce_axes: tuple[int, ...], options: dict
+) -> Layout | str:
+    return _float.layout(NAME, "bf16", "bfloat16", shape, dtype, reduce_axes, options["order"])
+
+
+def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    return _float.encode(array, "bfloat16", layout)
+
+
+def decode(parts: list[np.ndarray], layout: Layout) -> np.ndarray:
+    return _float.decode(parts, layout)

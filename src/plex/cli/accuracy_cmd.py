@@ -1,0 +1,198 @@
+"""`plex accuracy`: what a weight codec costs in accuracy and buys in size.
+
+Builds the app twice, with its codecs and with every codec off (both through the normal cache,
+so the fp32 build is the same artifact `plex build` makes), runs both on the same inputs and
+prints, per output, the error of the codec build against the fp32 one.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import typer
+
+from plex.cli.build_cmd import _size
+from plex.cli.tensor_args import parse_tensor_arg
+from plex.errors import PlexError
+
+
+def accuracy(
+    app_toml: Path = typer.Argument(..., help="The application manifest (app.toml)."),
+    codec: str = typer.Option(
+        None,
+        "--codec",
+        help="Encode every parameter the rules allow with this codec (fp16, bf16, int8, q4, "
+        'q4:g<group>), as if [weights.codec] ended with "*" = CODEC. Default: the app\'s codecs.',
+    ),
+    function: str = typer.Option(
+        None, "-f", "--function", help="Entrypoint to compare (default: every entrypoint)."
+    ),
+    inputs: list[str] = typer.Option(
+        [],
+        "--input",
+        "-i",
+        help="An argument: @file.npy or SHAPExTYPE=VALUES, repeated in argument order. Default: "
+        "random floats (seed 0), with every dynamic dim 2; integer arguments must be given.",
+    ),
+    jobs: int = typer.Option(None, "-j", "--jobs", min=1, help="Most build steps at once."),
+    keep: Path = typer.Option(
+        None, "--keep", help="Keep the two .mln files in this folder (codec.mln, fp32.mln)."
+    ),
+) -> None:
+    """Build the codec and fp32 variants of an app and compare their outputs on the same inputs:
+    max and mean relative error and cosine similarity, plus the parameter bytes of each."""
+    from myelin.codecs import check_codec_name
+    from plex.build.plan import codec_policy
+    from plex.manifest import load_app
+
+    app = load_app(app_toml)
+    if codec is not None:
+        try:
+            check_codec_name(codec)
+        except ValueError as e:
+            raise PlexError(f"--codec: {e}") from None
+        coded = replace(app, codecs=(*app.codecs, ("*", codec)))
+    else:
+        coded = app
+    if all(codec_policy(coded, g).trivial for g in coded.graphs):
+        raise PlexError(
+            f"{app_toml.name} applies no weight codec; give --codec (e.g. --codec int8) or add "
+            "[weights.codec] to the app"
+        )
+    reference = replace(
+        app,
+        codecs=(),
+        graphs=tuple(
+            replace(g, weights=replace(g.weights, codec="fp32")) if g.weights else g
+            for g in app.graphs
+        ),
+    )
+    folder = keep or Path(tempfile.mkdtemp(prefix="plex-accuracy-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    built = {}
+    for name, variant in (("codec", coded), ("fp32", reference)):
+        built[name] = _build(variant, folder / f"{name}.mln", jobs)
+    args = [parse_tensor_arg(text) for text in inputs]
+    _compare(built["codec"], built["fp32"], function, args)
+    if keep is None:
+        for path in built.values():
+            path.unlink(missing_ok=True)
+
+
+def _build(app, output: Path, jobs: int | None) -> Path:
+    from plex.build import default_cache_dir
+    from plex.build.plan import BuildRequest, plan_build
+    from plex.build.versions import fingerprint_salt
+    from synapse import BuildFailed, Cache, Executor, make_progress
+
+    plan = plan_build(app, BuildRequest(output=output.resolve()))
+    with make_progress("plain", sys.stderr) as sink:
+        executor = Executor(
+            Cache(default_cache_dir(app)),
+            jobs=jobs or app.build.jobs,
+            salt=fingerprint_salt(),
+            on_event=sink,
+            memory_budget=app.build.temp_memory,
+        )
+        try:
+            executor.run(plan)
+        except BuildFailed as e:
+            if isinstance(e.__cause__, PlexError):
+                raise e.__cause__ from None
+            raise PlexError(str(e)) from e
+    return output
+
+
+def _inputs_for(entry, given: list[np.ndarray]) -> list[np.ndarray]:
+    if given:
+        return given
+    rng = np.random.default_rng(0)
+    args = []
+    for spec in entry.signature.inputs:
+        if not spec.dtype.startswith(("float", "bfloat")):
+            raise PlexError(
+                f"entrypoint {entry.name} takes {spec.describe()}, an integer input; give its "
+                "values with --input (e.g. --input @ids.npy), one per argument"
+            )
+        shape = () if spec.shape is None else tuple(2 if d is None else d for d in spec.shape)
+        args.append(rng.standard_normal(shape).astype(np.float32).astype(spec.dtype))
+    return args
+
+
+def _compare(coded: Path, reference: Path, function: str | None, given: list) -> None:
+    import myelin
+    from myelin.codecs import bytes_by_codec
+
+    instance = myelin.Instance()
+    models = {"codec": instance.load(coded), "fp32": instance.load(reference)}
+    try:
+        if function:
+            names = [function]
+        else:  # each function once (a module-qualified alias names the same one)
+            seen = {}
+            for name, e in models["codec"].entrypoints.items():
+                seen.setdefault((e.module, e.function), name)
+            names = list(seen.values())
+        for label, path in (("codec", coded), ("fp32", reference)):
+            totals = bytes_by_codec(models[label].manifest["parameters"])
+            parts = ", ".join(f"{c} {_size(b)}" for c, (b, _) in totals.items())
+            typer.echo(f"{label} build: {_size(path.stat().st_size)} ({parts})")
+        typer.echo(
+            f"{'entrypoint':<16} {'output':<8} {'max rel err':>12} {'mean rel err':>13} "
+            f"{'cosine':>10} {'row cosine (mean / min)':>24}"
+        )
+        for name in names:
+            entry = models["codec"].entrypoint(name)
+            args = _inputs_for(entry, given)
+            outputs = {}
+            for label, model in models.items():
+                with model.session() as session:
+                    result = session.call(name, *args)
+                outputs[label] = list(result) if isinstance(result, tuple) else [result]
+            for i, (a, b) in enumerate(zip(outputs["codec"], outputs["fp32"], strict=True)):
+                typer.echo(_row(name, i, np.asarray(a), np.asarray(b)))
+    finally:
+        for model in models.values():
+            model.close()
+
+
+def error_stats(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """Errors of `a` (codec) against `b` (fp32): max |a-b| / max |b|, mean |a-b| / mean |b|,
+    cosine of the flattened tensors, and mean and min cosine over rows (last axis)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    diff = np.abs(a64 - b64)
+    stats = {
+        "max_rel": float(diff.max() / max(np.abs(b64).max(), 1e-30)) if b.size else 0.0,
+        "mean_rel": float(diff.mean() / max(np.abs(b64).mean(), 1e-30)) if b.size else 0.0,
+        "cosine": _cosine(a64.reshape(-1), b64.reshape(-1)),
+    }
+    if a.ndim >= 2:
+        rows_a, rows_b = a64.reshape(-1, a.shape[-1]), b64.reshape(-1, b.shape[-1])
+        cos = [_cosine(x, y) for x, y in zip(rows_a, rows_b, strict=True)]
+        stats["row_cosine_mean"], stats["row_cosine_min"] = float(np.mean(cos)), float(min(cos))
+    return stats
+
+
+def _cosine(x: np.ndarray, y: np.ndarray) -> float:
+    nx, ny = np.linalg.norm(x), np.linalg.norm(y)
+    if nx == 0 or ny == 0:
+        return 1.0 if nx == ny else 0.0
+    return float(np.dot(x, y) / (nx * ny))
+
+
+def _row(name: str, index: int, a: np.ndarray, b: np.ndarray) -> str:
+    if not np.issubdtype(b.dtype, np.floating):
+        same = "identical" if np.array_equal(a, b) else f"{int((a != b).sum())} values differ"
+        return f"{name:<16} {index:<8} {same}"
+    s = error_stats(a, b)
+    rows = (
+        f"{s['row_cosine_mean']:.6f} / {s['row_cosine_min']:.6f}" if "row_cosine_mean" in s else "-"
+    )
+    return (
+        f"{name:<16} {index:<8} {s['max_rel']:>12.3e} {s['mean_rel']:>13.3e} "
+        f"{s['cosine']:>10.6f} {rows:>24}"
+    )

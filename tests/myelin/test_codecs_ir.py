@@ -1,0 +1,262 @@
+"""Codecs on real IR through real IREE: every codec on three consumers (a torch-style
+transposed + broadcast linear into batch_matmul, a plain matmul, an embedding gather), compiled
+once for the host CPU and checked against the numpy decode of the same stored bytes; then the
+no-materialization check, on these graphs and on one built not to fuse."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from myelin.codecs import (
+    CodecPolicy,
+    CodecRule,
+    ParameterInput,
+    check_encoded_module,
+    decode,
+    encode_graph,
+    plan_layout,
+)
+from myelin.compiler.pipeline import compile_imported, import_graph
+from myelin.compiler.targets import TargetDevice, target_flags
+
+CODECS = ["fp16", "bf16", "int8", "q4", "q4:g16"]
+N, K, V, D = 96, 128, 200, 64
+FLAGS = target_flags([TargetDevice("cpu")])
+
+
+def _name(codec: str) -> str:
+    return codec.replace(":", "_")
+
+
+def _functions(c: str) -> str:
+    return f"""
+  util.global private @w_lin_{c} = #flow.parameter.named<"g"::"lin_{c}"> : tensor<{N}x{K}xf32>
+  util.global private @w_mm_{c} = #flow.parameter.named<"g"::"mm_{c}"> : tensor<{K}x{N}xf32>
+  util.global private @w_emb_{c} = #flow.parameter.named<"g"::"emb_{c}"> : tensor<{V}x{D}xf32>
+  func.func @lin_{c}(%x: tensor<?x?x{K}xf32>) -> tensor<?x?x{N}xf32> {{
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %b = tensor.dim %x, %c0 : tensor<?x?x{K}xf32>
+    %s = tensor.dim %x, %c1 : tensor<?x?x{K}xf32>
+    %w = util.global.load @w_lin_{c} : tensor<{N}x{K}xf32>
+    %e0 = tensor.empty() : tensor<{K}x{N}xf32>
+    %t = linalg.transpose ins(%w : tensor<{N}x{K}xf32>) outs(%e0 : tensor<{K}x{N}xf32>) permutation = [1, 0]
+    %e1 = tensor.empty(%b) : tensor<?x{K}x{N}xf32>
+    %bc = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>], iterator_types = ["parallel", "parallel", "parallel"]}} ins(%t : tensor<{K}x{N}xf32>) outs(%e1 : tensor<?x{K}x{N}xf32>) {{
+    ^bb0(%in: f32, %out: f32):
+      linalg.yield %in : f32
+    }} -> tensor<?x{K}x{N}xf32>
+    %z = arith.constant 0.0 : f32
+    %e2 = tensor.empty(%b, %s) : tensor<?x?x{N}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e2 : tensor<?x?x{N}xf32>) -> tensor<?x?x{N}xf32>
+    %y = linalg.batch_matmul ins(%x, %bc : tensor<?x?x{K}xf32>, tensor<?x{K}x{N}xf32>) outs(%acc : tensor<?x?x{N}xf32>) -> tensor<?x?x{N}xf32>
+    return %y : tensor<?x?x{N}xf32>
+  }}
+  func.func @mm_{c}(%x: tensor<?x{K}xf32>) -> tensor<?x{N}xf32> {{
+    %c0 = arith.constant 0 : index
+    %m = tensor.dim %x, %c0 : tensor<?x{K}xf32>
+    %w = util.global.load @w_mm_{c} : tensor<{K}x{N}xf32>
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty(%m) : tensor<?x{N}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<?x{N}xf32>) -> tensor<?x{N}xf32>
+    %y = linalg.matmul ins(%x, %w : tensor<?x{K}xf32>, tensor<{K}x{N}xf32>) outs(%acc : tensor<?x{N}xf32>) -> tensor<?x{N}xf32>
+    return %y : tensor<?x{N}xf32>
+  }}
+  func.func @emb_{c}(%ids: tensor<?xi64>) -> tensor<?x{D}xf32> {{
+    %c0 = arith.constant 0 : index
+    %n = tensor.dim %ids, %c0 : tensor<?xi64>
+    %table = util.global.load @w_emb_{c} : tensor<{V}x{D}xf32>
+    %e = tensor.empty(%n) : tensor<?x{D}xf32>
+    %r = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}} ins(%ids : tensor<?xi64>) outs(%e : tensor<?x{D}xf32>) {{
+    ^bb0(%in: i64, %out: f32):
+      %row = arith.index_cast %in : i64 to index
+      %col = linalg.index 1 : index
+      %v = tensor.extract %table[%row, %col] : tensor<{V}x{D}xf32>
+      linalg.yield %v : f32
+    }} -> tensor<?x{D}xf32>
+    return %r : tensor<?x{D}xf32>
+  }}"""
+
+
+MODEL = "module @codecs {" + "".join(_functions(_name(c)) for c in CODECS) + "\n}\n"
+
+UNFUSED = f"""module @unfused {{
+  util.global private @w = #flow.parameter.named<"g"::"w"> : tensor<{K}x{N}xf32>
+  func.func @f(%x: tensor<4x{K}xf32>) -> tensor<4x{N}xf32> {{
+    %w = util.global.load @w : tensor<{K}x{N}xf32>
+    %wb = util.optimization_barrier %w : tensor<{K}x{N}xf32>
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty() : tensor<4x{N}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<4x{N}xf32>) -> tensor<4x{N}xf32>
+    %y = linalg.matmul ins(%x, %wb : tensor<4x{K}xf32>, tensor<{K}x{N}xf32>) outs(%acc : tensor<4x{N}xf32>) -> tensor<4x{N}xf32>
+    return %y : tensor<4x{N}xf32>
+  }}
+}}
+"""
+
+
+class Encoded:
+    """A graph imported, encoded and compiled, with its parameters and their numpy decodes."""
+
+    def __init__(self, source: str, rules: list[tuple[str, str]]) -> None:
+        imported = import_graph(
+            source.encode(),
+            input_type="auto",
+            module_name="m",
+            scope="g",
+            min_parameter_bytes=1 << 40,
+        )
+        rng = np.random.default_rng(3)
+        self.values = {
+            p.key: (rng.standard_normal(p.shape) * 0.05).astype(np.float32)
+            for p in imported.parameters
+        }
+        inputs = [
+            ParameterInput(p.scope, p.key, p.dtype, p.shape, p.global_name)
+            for p in imported.parameters
+        ]
+        policy = CodecPolicy(rules=tuple(CodecRule(*r) for r in rules))
+        self.graph = encode_graph(
+            imported.module_bytecode, inputs, lambda p: self.values[p.key], policy
+        )
+        self.records = {r.key: r for r in self.graph.records}
+        self.parts = {
+            (r.scope, part["key"]): f"{r.scope}::{r.key}"
+            for r in self.graph.records
+            if r.codec != "fp32"
+            for part in r.parts
+        }
+        self.sizes = {f"{r.scope}::{r.key}": int(np.prod(r.shape)) for r in self.graph.records}
+
+    def decoded(self, key: str) -> np.ndarray:
+        """The weight as the IR decodes it, from the stored bytes, in numpy."""
+        r = self.records[key]
+        layout = plan_layout(r.codec, tuple(r.shape), r.dtype, tuple(r.reduce_axes), tuple(r.order))
+        stored = {(s.scope, s.key): s.data for s in self.graph.stored}
+        return decode([stored[(r.scope, p["key"])] for p in r.parts], layout)
+
+    def check(self) -> tuple[list, str]:
+        text: list[str] = []
+        found = check_encoded_module(
+            self.graph.module_bytecode, FLAGS, self.parts, self.sizes, text=text
+        )
+        return found, text[0]
+
+    def session(self):
+        import iree.runtime as rt
+
+        vmfb = compile_imported(
+            self.graph.module_bytecode, phase="input", devices=[TargetDevice("cpu")]
+        ).vmfb
+        index = rt.ParameterIndex()
+        for s in self.graph.stored:
+            index.add_buffer(s.key, s.data.tobytes())
+        instance, device = rt.VmInstance(), rt.get_device("local-task")
+        module = rt.VmModule.copy_buffer(instance, vmfb)
+        context = rt.VmContext(
+            instance,
+            [
+                rt.create_hal_module(instance, device),
+                rt.create_io_parameters_module(instance, index.create_provider(scope="g")),
+                module,
+            ],
+        )
+        return lambda name, *args: rt.FunctionInvoker(
+            context, device, module.lookup_function(name)
+        )(*args).to_host()
+
+
+@pytest.fixture(scope="module")
+def encoded() -> Encoded:
+    rules = [(f"{kind}_{_name(c)}", c) for c in CODECS for kind in ("lin", "mm", "emb")]
+    return Encoded(MODEL, rules)
+
+
+@pytest.fixture(scope="module")
+def call(encoded):
+    return encoded.session()
+
+
+@pytest.fixture(scope="module")
+def dispatch_creation(encoded) -> tuple[list, str]:
+    return encoded.check()
+
+
+def test_each_parameter_got_its_codec_and_consumer(encoded):
+    for c in CODECS:
+        c_ = _name(c)
+        lin, mm, emb = (encoded.records[f"{k}_{c_}"] for k in ("lin", "mm", "emb"))
+        assert {lin.codec, mm.codec, emb.codec} == {"q4:g32" if c == "q4" else c}
+        assert lin.uses == ["contraction linalg.batch_matmul"] and lin.reduce_axes == [1]
+        assert mm.uses == ["contraction linalg.matmul"] and mm.reduce_axes == [0]
+        assert emb.uses == ["gather tensor.extract"] and emb.reduce_axes == [1]
+        # data is stored in the order the consumer reads it (q4 is always [output, group, block])
+        assert (lin.order, mm.order, emb.order) == (
+            ([], [], []) if c.startswith("q4") else ([1, 0], [0, 1], [0, 1])
+        )
+    assert encoded.graph.warnings == []
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_compiled_decode_matches_the_numpy_decode(encoded, call, codec):
+    c, rng = _name(codec), np.random.default_rng(11)
+    x3 = rng.standard_normal((2, 3, K)).astype(np.float32)
+    np.testing.assert_allclose(
+        call(f"lin_{c}", x3), x3 @ encoded.decoded(f"lin_{c}").T, rtol=1e-5, atol=1e-5
+    )
+    x2 = rng.standard_normal((5, K)).astype(np.float32)
+    np.testing.assert_allclose(
+        call(f"mm_{c}", x2), x2 @ encoded.decoded(f"mm_{c}"), rtol=1e-5, atol=1e-5
+    )
+    ids = np.array([7, 199, 0, 7, 123], dtype=np.int64)
+    np.testing.assert_array_equal(call(f"emb_{c}", ids), encoded.decoded(f"emb_{c}")[ids])
+    # and the codec's own error against the original weight stays small
+    w = encoded.values[f"mm_{c}"]
+    error = np.linalg.norm(encoded.decoded(f"mm_{c}") - w) / np.linalg.norm(w)
+    assert error < {"fp16": 1e-3, "bf16": 5e-3, "int8": 2e-2}.get(codec, 0.15)
+
+
+def test_no_dispatch_materializes_a_decoded_weight(dispatch_creation):
+    found, _ = dispatch_creation
+    assert found == []
+
+
+def test_each_decode_sits_in_its_consumers_dispatch(dispatch_creation):
+    _, text = dispatch_creation
+    for c in CODECS:
+        body = _function(text, f"lin_{_name(c)}")
+        assert body.count("flow.dispatch.workgroups") == 1  # decode + batch_matmul, together
+        assert "linalg.batch_matmul" in body and ("arith.extf" in body or "itofp" in body)
+
+
+def test_quantized_gather_reads_only_selected_rows(dispatch_creation):
+    _, text = dispatch_creation
+    for c in ("int8", "q4", "q4:g16"):
+        body = _function(text, f"emb_{_name(c)}")
+        # no decoded table, whole or transposed, exists anywhere
+        assert f"tensor<{V}x{D}xf32>" not in body and f"tensor<{D}x{V}xf32>" not in body
+        # the gather's dispatch reads the stored integers and extracts single elements of them
+        element = "i8" if c == "int8" else "i4"
+        assert re.search(rf"tensor<{V}x{D}x{element}>", body)
+        assert re.search(rf"tensor\.extract %\w+\[[^\]]+\] : tensor<{V}x{D}x{element}>", body)
+    assert f"tensor<{V}x{D}xf32>" not in text
+
+
+def test_unfused_decode_is_reported_with_the_parameter_name():
+    unfused = Encoded(UNFUSED, [("w", "int8")])
+    found, _ = unfused.check()
+    assert [m.parameters for m in found] == [("g::w",)]
+    message = found[0].message()
+    assert message.startswith("parameter g::w: its decode is not fused into the consumer")
+    assert f"tensor<{K}x{N}xf32>" in message
+    assert unfused.records["w"].uses == ["other util.optimization_barrier"]
+
+
+def _function(text: str, name: str) -> str:
+    """The body of util.func @name in dispatch-creation IR."""
+    start = text.index(f"util.func public @{name}(")
+    end = text.find("util.func public @", start + 1)
+    return text[start : end if end > 0 else len(text)]

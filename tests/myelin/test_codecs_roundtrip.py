@@ -1,0 +1,126 @@
+"""Codecs on data alone: encode then decode (the numpy reference of the IR decode) per codec,
+with the error each codec promises, the stored bytes and layouts it records, and its names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from myelin.codecs import CODECS, decode, encode, parse_codec, plan_layout
+from myelin.codecs.q4 import unpack
+
+RNG = np.random.default_rng(7)
+W = (RNG.standard_normal((96, 128)) * 0.05).astype(np.float32)  # [out, in], contracted axis 1
+W[3, 5] = 0.9  # an outlier: int8 and q4 must keep it within their step
+
+
+def roundtrip(codec: str, w: np.ndarray = W, axes: tuple[int, ...] = (1,)):
+    layout = plan_layout(codec, w.shape, "float32", axes)
+    assert not isinstance(layout, str), layout
+    parts = encode(w, layout)
+    for part, array in zip(layout.parts, parts, strict=True):
+        assert array.nbytes == part.nbytes, part.role
+    return layout, parts, decode(parts, layout)
+
+
+def test_registry_lists_every_codec_module():
+    assert set(CODECS) == {"fp32", "fp16", "bf16", "int8", "q4"}
+
+
+@pytest.mark.parametrize(("codec", "bound"), [("fp16", 2**-11), ("bf16", 2**-8)])
+def test_float_codecs_round_to_nearest(codec, bound):
+    layout, _parts, back = roundtrip(codec)
+    assert back.dtype == np.float32
+    # half an ulp, relative; fp16 subnormals (below 2^-14) have a fixed ulp
+    assert np.all(np.abs(back - W) <= bound * np.maximum(np.abs(W), 2**-14))
+    assert layout.stored_bytes == W.size * 2
+
+
+def test_fp16_saturates_instead_of_overflowing():
+    w = np.array([[1e6, -1e6], [1.0, 2.0]], dtype=np.float32)
+    _, _, back = roundtrip("fp16", w, (1,))
+    assert np.isfinite(back).all() and back[0, 0] == 65504.0
+
+
+def test_int8_is_symmetric_per_output_channel():
+    layout, (q, scale), back = roundtrip("int8")
+    assert q.dtype == np.int8 and scale.shape == (96,)
+    np.testing.assert_allclose(scale, np.abs(W).max(axis=1) / 127, rtol=1e-6)
+    assert np.all(np.abs(back - W) <= scale[:, None] / 2 + 1e-7)
+    assert layout.stored_bytes == W.size + 96 * 4
+    assert q.max() <= 127 and q.min() >= -127
+
+
+def test_int8_scales_follow_the_contracted_axes():
+    _layout, (_, scale), back = roundtrip("int8", W, (0,))  # a [K, N] weight: K is axis 0
+    assert scale.shape == (128,)
+    assert np.all(np.abs(back - W) <= scale[None, :] / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("group", [16, 32, 64])
+def test_q4_group_error_is_within_half_a_step(group):
+    layout, (_data, scale8, _zero, row), back = roundtrip(f"q4:g{group}")
+    groups = 128 // group
+    assert layout.codec == f"q4:g{group}"
+    assert layout.parts[0].storage_shape == (96, groups, group)  # [output, group, block]
+    step = (scale8.astype(np.float32) * row[:, None]).repeat(group, axis=1)
+    assert np.all(np.abs(back - W) <= step / 2 + 1e-7)
+    assert layout.stored_bytes == W.size // 2 + 96 * groups * 3 // 2 + 96 * 4
+
+
+def test_q4_storage_is_output_group_block_low_nibble_first():
+    w = np.zeros((2, 64), dtype=np.float32)
+    w[1, 33] = 1.0  # output 1, group 1, element 1 of its block (odd: a high nibble)
+    _layout, (data, _scale8, _zero, _row), back = roundtrip("q4", w)
+    codes = unpack(data, 2 * 64).reshape(2, 2, 32)
+    assert codes[1, 1, 1] == 15 and (codes[1, 1, 0], codes[0].max()) == (0, 0)
+    assert data[(1 * 64 + 33) // 2] >> 4 == 15
+    np.testing.assert_array_equal(back, w)  # zero stays exact, one level hits 1.0
+
+
+def test_q4_transposed_weight_is_stored_output_major():
+    w = W.T.copy()  # [K=128, N=96] read by x @ w: contracted axis 0
+    layout, _parts, back = roundtrip("q4", w, (0,))
+    assert layout.parts[0].storage_shape == (96, 4, 32)
+    _, _, direct = roundtrip("q4", W, (1,))
+    np.testing.assert_array_equal(back, direct.T)
+
+
+def test_q4_size_at_default_group_is_under_a_seventh_of_fp32():
+    layout = plan_layout("q4", (1536, 384), "float32", (1,))
+    assert layout.stored_bytes / (1536 * 384 * 4) < 0.14
+
+
+@pytest.mark.parametrize(
+    ("codec", "shape", "axes", "reason"),
+    [
+        ("q4", (100, 48), (1,), "multiple of 32"),
+        ("q4", (8, 8, 64), (2,), "rank-2"),
+        ("q4", (64, 64), (0, 1), "exactly one contracted axis"),
+        ("fp16", (64, 64), (1,), None),
+    ],
+)
+def test_layout_says_why_it_does_not_apply(codec, shape, axes, reason):
+    layout = plan_layout(codec, shape, "float32", axes)
+    if reason is None:
+        assert not isinstance(layout, str)
+    else:
+        assert isinstance(layout, str) and reason in layout
+    assert "already" in plan_layout("bf16", (64, 64), "float16", (1,))
+    assert "int64" in plan_layout("int8", (64, 64), "int64", (1,))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("int4", "unknown codec 'int4'; accepted: fp32, fp16, bf16, int8, q4, q4:g<group size>"),
+        ("q4:64", "q4 takes a group size, written q4:g<n>"),
+        ("q4:g3", "even number"),
+        ("int8:g32", "takes no options"),
+    ],
+)
+def test_codec_names_are_checked(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_codec(text)
+    assert parse_codec("q4:g128") == ("q4", {"group": 128})
+    assert parse_codec("q4") == ("q4", {"group": 32})
