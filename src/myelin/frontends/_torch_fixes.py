@@ -1,0 +1,140 @@
+"""Workarounds for known defects between torch 2.13, iree-turbine 3.9 and IREE 3.13's torch
+input, applied to every exported program (see ../shared/notes/frontends-probe.md, section 1).
+
+1. Undecomposed CompositeImplicitAutograd ops. Since torch 2.6, `run_decompositions(table)` only
+   decomposes the CIA ops that are in `table`; turbine's table lacks `aten.__and__.Tensor`,
+   `aten.__or__.Tensor` and `aten.diff`, which Hugging Face masking code uses and torch-mlir
+   cannot lower. We copy their entries from torch's default table.
+2. A silent miscompile: IREE folds "float constant compared with an *integer* Python scalar"
+   (`t > 1`) to the wrong boolean. Comparing with the same value as a float scalar is exact and
+   folds correctly, so every such comparison is rewritten to a float scalar.
+3. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
+   node and the user's source line, and say so in one line.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from pathlib import Path
+
+import torch
+from iree.turbine.aot.decompositions import current_aot_decompositions
+
+aten = torch.ops.aten
+
+# CIA ops that turbine leaves in the graph and IREE 3.13 cannot lower.
+EXTRA_DECOMPOSITIONS = (
+    aten.__and__.Tensor,
+    aten.__or__.Tensor,
+    aten.__xor__.Tensor,
+    aten.diff.default,
+)
+
+# Tensor-vs-Python-scalar comparisons that the miscompile (2.) affects.
+_SCALAR_COMPARISONS = {
+    aten.gt.Scalar,
+    aten.ge.Scalar,
+    aten.lt.Scalar,
+    aten.le.Scalar,
+    aten.eq.Scalar,
+    aten.ne.Scalar,
+}
+
+
+def decomposition_table() -> dict:
+    """Turbine's AOT table plus the CIA decompositions it lacks."""
+    table = dict(current_aot_decompositions())
+    defaults = torch.export.default_decompositions()
+    for op in EXTRA_DECOMPOSITIONS:
+        if op in defaults:
+            table[op] = defaults[op]
+    return table
+
+
+def float_scalar_comparisons(program: torch.export.ExportedProgram) -> int:
+    """Rewrite `float_tensor <cmp> int_scalar` to compare with a float scalar, in place.
+
+    Exact: torch compares a float tensor with an int scalar in the tensor's float type anyway.
+    Returns the number of nodes rewritten.
+    """
+    count = 0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target not in _SCALAR_COMPARISONS:
+            continue
+        tensor, scalar = node.args[0], node.args[1]
+        value = getattr(tensor, "meta", {}).get("val")
+        if (
+            isinstance(scalar, int)
+            and not isinstance(scalar, bool)
+            and isinstance(value, torch.Tensor)
+            and value.dtype.is_floating_point
+        ):
+            node.args = (tensor, float(scalar), *node.args[2:])
+            count += 1
+    if count:
+        program.graph_module.recompile()
+    return count
+
+
+# What the torch lowering says when it cannot lower an op (see _torch_lowering._render).
+_UNREGISTERED_OP = re.compile(r'torch\.operator"?\(.*?name = "torch\.(?P<op>[\w.]+)"')
+_ILLEGAL_OP = re.compile(r"failed to legalize operation '(?:torch\.)?(?P<op>[\w.]+)'")
+_ERROR = re.compile(r"error: (?P<msg>.*?) @ (?P<loc>.*)")
+_FILE_LOC = re.compile(r'"(?P<file>[^"]+)":(?P<line>\d+):\d+')
+
+
+def lowering_failure(
+    diagnostics: str, programs: list[torch.export.ExportedProgram], folder: Path
+) -> str:
+    """One line naming the op IREE could not lower and the user's source line that made it."""
+    m = _UNREGISTERED_OP.search(diagnostics) or _ILLEGAL_OP.search(diagnostics)
+    if m is not None:
+        op = m["op"]
+        return (
+            f"op {op} ({_source_line(op, programs, folder)}) has no lowering in IREE's torch "
+            "input; compute it outside the graph or rewrite it with supported ops"
+        )
+    err = _ERROR.search(diagnostics)
+    if err is None:
+        first = next((x for x in diagnostics.splitlines() if x.strip()), "unknown error")
+        return f"IREE cannot lower the exported graph: {first.strip()}"
+    locs = [(f["file"], f["line"]) for f in _FILE_LOC.finditer(err["loc"])]
+    inside = [loc for loc in locs if _inside(loc[0], folder)]
+    loc = (inside or locs or [None])[0]
+    at = f" ({Path(loc[0]).name}:{loc[1]})" if loc else ""
+    return f"IREE cannot lower the exported graph{at}: {err['msg'].strip()}"
+
+
+def _source_line(op: str, programs: list[torch.export.ExportedProgram], folder: Path) -> str:
+    """`file.py:LINE` of the first FX node calling `op`, preferring frames inside `folder`."""
+    for program in programs:
+        for node in program.graph.nodes:
+            if node.op != "call_function":
+                continue
+            target = str(node.target)
+            if target != op and target.rsplit(".", 1)[0] != op:
+                continue
+            frames = _frames(node.meta.get("stack_trace") or "")
+            if not frames:
+                continue
+            inside = [f for f in frames if _inside(f.filename, folder)]
+            frame = (inside or frames)[-1]
+            return f"{Path(frame.filename).name}:{frame.lineno}"
+    return "source line unknown"
+
+
+def _frames(stack_trace: str) -> list[traceback.FrameSummary]:
+    frames = []
+    for m in re.finditer(
+        r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)', stack_trace
+    ):
+        frames.append(traceback.FrameSummary(m["file"], int(m["line"]), m["fn"]))
+    return frames
+
+
+def _inside(filename: str, folder: Path) -> bool:
+    try:
+        return Path(filename).resolve().is_relative_to(folder.resolve())
+    except OSError:
+        return False

@@ -1,0 +1,104 @@
+"""The ONNX frontend: an .onnx file -> linalg MLIR (lowered through torch-mlir the way IREE's
+`--iree-input-type=onnx` does) with its initializers as named parameters.
+
+Steps (each one fixes a failure class measured on onnx's backend node tests, see
+docs/onnx-coverage.md): load without external data (weights are memory-mapped later), refuse
+element types and op domains IREE cannot handle, upgrade old opsets, expand ops IREE lacks into
+their ONNX function bodies, fold build-time-computable values into constants, infer shapes, warn
+about ops known to compute wrong values in IREE 3.13, import with IREE's ONNX importer,
+refuse ops the ONNX->torch conversion cannot lower (naming them and their nodes), and lower the
+rest to linalg.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from myelin.compiler.pipeline import DEFAULT_MIN_PARAMETER_BYTES
+from myelin.errors import CompileError
+from myelin.frontends import FrontendRequest, FrontendResult
+from myelin.frontends import _onnx_checks as checks
+from myelin.frontends import _onnx_preprocess as prep
+from myelin.frontends._onnx_import import import_model
+
+DEFAULT_ENTRYPOINT = "forward"
+
+
+def to_mlir(request: FrontendRequest) -> FrontendResult:
+    model, warnings = prepare(request.source, entrypoint=_entrypoint(request))
+    imported = import_model(
+        model,
+        scope=request.scope,
+        min_bytes=DEFAULT_MIN_PARAMETER_BYTES,
+        base_dir=request.source.parent,
+    )
+    if imported.unlowered:
+        raise CompileError(
+            f"{request.source.name}: IREE 3.13 cannot lower ONNX op(s) "
+            f"{checks.describe_ops(imported.unlowered)}; replace them in the exporter, or "
+            "check docs/onnx-coverage.md for supported variants"
+        )
+    return FrontendResult(
+        mlir=imported.mlir, input_type="none", parameters=imported.parameters, warnings=warnings
+    )
+
+
+def prepare(
+    path: Path, *, entrypoint: str = DEFAULT_ENTRYPOINT
+) -> tuple[onnx.ModelProto, list[str]]:
+    """Load and preprocess a model for import; returns it with the build warnings."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError, OSError
+        raise CompileError(f"{path.name}: not a readable ONNX model ({e})") from e
+    if not prep.default_opset(model):
+        raise CompileError(
+            f"{path.name}: the model imports no default-domain (ai.onnx) opset; models made only "
+            "of ai.onnx.ml or training ops are not supported by IREE"
+        )
+    prep.name_nodes(model)
+    warnings: list[str] = []
+    model, note = prep.upgrade_opset(model)
+    if note:
+        warnings.append(note)
+    model = prep.infer_shapes(model)
+    model, _ = prep.expand_functions(model)
+    prep.name_nodes(model)  # inlined function bodies come with unnamed nodes
+    foreign = checks.foreign_ops(model)
+    if foreign:
+        raise CompileError(
+            f"{path.name}: ops outside the ai.onnx domain are not supported by IREE 3.13: "
+            f"{checks.describe_ops(foreign)}"
+        )
+    model, _ = prep.fold_constants(model)
+    if prep.decompose_vector_matmuls(model):
+        prep.name_nodes(model)
+        model = prep.infer_shapes(model)
+    problems = checks.unsupported_types(model)
+    if problems:
+        raise CompileError(
+            f"{path.name}: IREE 3.13 cannot compile {'; '.join(problems)}; cast them to a "
+            "supported type (float32/float16/bfloat16/int8/...) in the exporter"
+        )
+    warnings += checks.silently_wrong(model)
+    for name, user in prep.static_operand_inputs(model).items():
+        warnings.append(
+            f"graph input {name!r} feeds {user}, which IREE needs as a build-time constant; "
+            "if the build fails, make it an initializer"
+        )
+    prep.prepare_cumprod(model)  # last: it adds an attribute ONNX's schema does not know
+    model.graph.name = entrypoint
+    return model, warnings
+
+
+def _entrypoint(request: FrontendRequest) -> str:
+    if not request.entrypoints:
+        return DEFAULT_ENTRYPOINT
+    if len(request.entrypoints) > 1:
+        raise CompileError(
+            f"{request.source.name}: an ONNX model has one graph, so one entrypoint; "
+            f"got {', '.join(request.entrypoints)} (list one name in entrypoints)"
+        )
+    return request.entrypoints[0]

@@ -1,0 +1,384 @@
+"""PyTorch frontend: a Python function that returns a model becomes torch-dialect MLIR whose
+weights are named parameters, through iree-turbine's AOT export.
+
+Steps, per entrypoint: torch.export (non-strict, with the manifest's dynamic dims) -> our
+decomposition table -> the float-scalar comparison rewrite; then one turbine import of all
+entrypoints together, so that a tensor two entrypoints share (prefill and decode reading the same
+weights) becomes one `util.global` and one parameter. Weights are bound to
+`#flow.parameter.named<request.scope::fqn>`, never inlined. Finally the torch dialect is lowered
+to linalg here (see _torch_lowering for why not by IREE's torch input type), so that an op IREE
+cannot lower is reported in one line naming the op and the user's source line.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from iree.compiler import ir
+from iree.turbine import aot
+from iree.turbine.aot.compiled_module import ExportTargetDef
+from iree.turbine.aot.decompositions import extend_aot_decompositions
+from iree.turbine.aot.fx_programs import FxPrograms, FxProgramsBuilder
+from iree.turbine.aot.tensor_traits import ExternalTensorTrait
+
+from myelin.compiler.parameters import named_parameters
+from myelin.compiler.session import CompilerSession
+from myelin.errors import CompileError
+from myelin.frontends import FrontendRequest, FrontendResult
+from myelin.frontends._torch_fixes import (
+    decomposition_table,
+    float_scalar_comparisons,
+    lowering_failure,
+)
+from myelin.frontends._torch_lowering import LOWERED_INPUT_TYPE, lower_torch
+from myelin.frontends._torch_source import (
+    Entry,
+    call_source,
+    entries,
+    imported_source,
+    one_line,
+    user_line,
+    where,
+)
+
+# torch.export, sys.path and sys.modules are process-global: one torch export at a time, even
+# when the build runs several import nodes in threads.
+_EXPORT_LOCK = threading.Lock()
+
+# How many times torch's suggested ranges for a dynamic dim are applied before giving up.
+_MAX_REFINEMENTS = 4
+
+# A compiler session only hosts the passes here; the target is never used.
+_SESSION_FLAGS = (
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+)
+
+
+def to_mlir(request: FrontendRequest) -> FrontendResult:
+    if request.symbol is None:
+        raise CompileError(
+            f"the torch frontend needs a Python source 'file.py:function', got {request.source}"
+        )
+    what = where(request.source, request.symbol)
+    with _EXPORT_LOCK, _quiet_export_warnings(), imported_source(request.source) as module:
+        value = call_source(module, request.source, request.symbol)
+        found = entries(value, what=what, entrypoints=request.entrypoints)
+        _check_dynamic_args(found, request.dynamic, what)
+        programs = {e.name: _export(e, request, what) for e in found}
+        wrapped = {
+            e.name
+            for e in found
+            if not isinstance(e.target, torch.nn.Module | torch.export.ExportedProgram)
+        }
+        tensors = _externalize(programs, wrapped, request.scope, what)
+        torch_mlir = _import(programs)
+        arg_names = {
+            name: [_abi_name(n) for n in p.graph_signature.user_inputs]
+            for name, p in programs.items()
+        }
+    mlir, keys = _lower(torch_mlir, programs, arg_names, request, what)
+    return FrontendResult(
+        mlir=mlir,
+        input_type=LOWERED_INPUT_TYPE,
+        parameters=_values(keys, tensors, request, what),
+    )
+
+
+class _quiet_export_warnings(warnings.catch_warnings):
+    """Silence the two warnings every export prints (see the frontends notes, 1.5)."""
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        warnings.filterwarnings("ignore", message="When strict_export == False")
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+# -- dynamic dims ---------------------------------------------------------------------------------
+
+
+def _check_dynamic_args(
+    found: list[Entry], dynamic: Mapping[str, Mapping[int, str]], what: str
+) -> None:
+    """Every `dynamic` key must name an argument: `arg` (any entrypoint) or `entry.arg`."""
+    known = set()
+    for e in found:
+        for name in e.arg_names() or ():
+            known.update((name, f"{e.name}.{name}"))
+    for key in dynamic:
+        if key not in known:
+            raise CompileError(
+                f"{what}: dynamic names argument {key!r}, which no entrypoint has; arguments: "
+                f"{', '.join(sorted(k for k in known if '.' not in k)) or 'none'}"
+            )
+
+
+def _dims_for(entry: Entry, dynamic: Mapping[str, Mapping[int, str]]) -> dict[str, dict[int, str]]:
+    """arg name -> {dim index -> dim name} for one entrypoint (`entry.arg` overrides `arg`)."""
+    out: dict[str, dict[int, str]] = {}
+    for arg in entry.arg_names() or ():
+        dims = {**dynamic.get(arg, {}), **dynamic.get(f"{entry.name}.{arg}", {})}
+        if dims:
+            out[arg] = {int(i): n for i, n in dims.items()}
+    return out
+
+
+def _dynamic_shapes(entry: Entry, dims: dict[str, dict[int, str]], what: str) -> dict | None:
+    """torch.export `dynamic_shapes`: one `Dim` per name, so equal names are equal sizes."""
+    if not dims:
+        return None
+    names = entry.arg_names() or []
+    symbols: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+    for arg in names:
+        arg_dims = dims.get(arg)
+        if not arg_dims:
+            spec[arg] = None
+            continue
+        example = entry.args[names.index(arg)] if names.index(arg) < len(entry.args) else None
+        if not isinstance(example, torch.Tensor):
+            raise CompileError(f"{what}: dynamic argument {arg!r} of {entry.name} is not a tensor")
+        for index, name in arg_dims.items():
+            if index >= example.dim():
+                raise CompileError(
+                    f"{what}: dynamic dim {index} ({name!r}) of {entry.name}({arg}) is out of "
+                    f"range: the example has rank {example.dim()}"
+                )
+            if example.shape[index] < 2:
+                raise CompileError(
+                    f"{what}: the example for {entry.name}({arg}) has size "
+                    f"{example.shape[index]} in dynamic dim {index} ({name!r}); torch.export "
+                    "specializes sizes 0 and 1, so give an example of size >= 2"
+                )
+        spec[arg] = {i: symbols.setdefault(n, torch.export.Dim(n)) for i, n in arg_dims.items()}
+    return spec
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def _export(entry: Entry, request: FrontendRequest, what: str) -> torch.export.ExportedProgram:
+    dims = _dims_for(entry, request.dynamic)
+    if isinstance(entry.target, torch.export.ExportedProgram):
+        program = entry.target
+        _check_exported_dims(program, dims, entry, what)
+    else:
+        program = _trace(entry, _dynamic_shapes(entry, dims, what), request.source.parent, what)
+    program = program.run_decompositions(decomposition_table())
+    float_scalar_comparisons(program)
+    return program
+
+
+def _trace(
+    entry: Entry, dynamic_shapes: dict | None, folder: Path, what: str
+) -> torch.export.ExportedProgram:
+    """torch.export one entrypoint, widening dynamic dims to the ranges the model implies.
+
+    A model often bounds a dim (BERT: seq <= 512 positions). torch.export then refuses an
+    unbounded `Dim` and suggests a range; we accept its suggestion but refuse one that turns a
+    declared dynamic dim into a constant.
+    """
+    from torch._dynamo.exc import UserError
+    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+    for _ in range(_MAX_REFINEMENTS):
+        try:
+            return _trace_once(entry, dynamic_shapes)
+        except UserError as e:
+            if dynamic_shapes is None or "Suggested fixes" not in str(e):
+                raise _export_error(e, entry, folder, what) from e
+            refined = refine_dynamic_shapes_from_suggested_fixes(
+                _suggested_fixes(str(e)), dynamic_shapes
+            )
+            _check_still_dynamic(dynamic_shapes, refined, entry, what)
+            dynamic_shapes = refined
+        except Exception as e:
+            raise _export_error(e, entry, folder, what) from e
+    raise CompileError(f"{what}: torch.export of {entry.name} kept refining its dynamic dims")
+
+
+def _suggested_fixes(message: str) -> str:
+    """The "Suggested fixes:" block of a torch.export error, without the text torch appends
+    after it (which its own parser would choke on)."""
+    fixes = []
+    for line in message.split("Suggested fixes:", 1)[1].strip().splitlines():
+        if not line.strip():
+            break
+        fixes.append(line)
+    return "Suggested fixes:\n" + "\n".join(fixes)
+
+
+def _trace_once(entry: Entry, dynamic_shapes: dict | None) -> torch.export.ExportedProgram:
+    if isinstance(entry.target, torch.nn.Module):
+        return torch.export.export(
+            entry.target, entry.args, dynamic_shapes=dynamic_shapes, strict=False
+        )
+    # A method of a module: turbine's builder wraps it in a module whose forward keeps the
+    # method's signature (dynamic_shapes refer to arguments by name). The empty decomposition
+    # table stops the builder from decomposing; _export applies ours to every program.
+    builder = FxProgramsBuilder(entry.root)
+    with extend_aot_decompositions(from_current=False):
+        return builder.export_program(
+            entry.target.__func__,
+            args=entry.args,
+            dynamic_shapes=dynamic_shapes,
+            strict=False,
+            name=entry.name,
+        )
+
+
+def _check_still_dynamic(before: dict, after: dict, entry: Entry, what: str) -> None:
+    for arg, dims in before.items():
+        for index, dim in (dims or {}).items():
+            if not isinstance(after[arg][index], torch.export.Dim):
+                raise CompileError(
+                    f"{what}: dim {index} of {entry.name}({arg}) is declared dynamic "
+                    f"({dim.__name__!r}) but the model fixes it to {after[arg][index]}; remove it "
+                    "from `dynamic` or make the model shape-generic"
+                )
+
+
+def _check_exported_dims(
+    program: torch.export.ExportedProgram, dims: dict[str, dict[int, str]], entry: Entry, what: str
+) -> None:
+    """An ExportedProgram's shapes were fixed by its export; `dynamic` can only confirm them."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for arg, arg_dims in dims.items():
+        value = placeholders[arg].meta.get("val") if arg in placeholders else None
+        for index, name in arg_dims.items():
+            if value is None or isinstance(value.shape[index], int):
+                raise CompileError(
+                    f"{what}: dim {index} ({name!r}) of {entry.name}({arg}) is static in the "
+                    "returned ExportedProgram; pass dynamic_shapes to torch.export.export"
+                )
+
+
+def _export_error(e: Exception, entry: Entry, folder: Path, what: str) -> CompileError:
+    return CompileError(
+        f"{what}: torch.export of {entry.name} failed: {one_line(e)}{user_line(e, folder)}"
+    )
+
+
+# -- parameters -----------------------------------------------------------------------------------
+
+
+def _externalize(
+    programs: dict[str, torch.export.ExportedProgram], wrapped: set[str], scope: str, what: str
+) -> dict[str, torch.Tensor]:
+    """Bind every parameter, buffer and lifted constant to a named parameter in `scope`.
+
+    The name is the tensor's path in the user's module (`layers.0.attn.wq.weight`), minus the
+    `root.` prefix that turbine's method wrapper adds to the programs named in `wrapped`. Tensors
+    are matched by identity, so a weight two entrypoints share gets one name.
+    """
+    by_key: dict[str, torch.Tensor] = {}
+    for entry, program in programs.items():
+        prefix = "root." if entry in wrapped else ""
+        for key, tensor in [*program.state_dict.items(), *program.constants.items()]:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            trait = ExternalTensorTrait.get(tensor)
+            if trait is not None and trait.external_scope == scope:
+                continue  # seen in an earlier entrypoint
+            name = key.removeprefix(prefix)
+            other = by_key.get(name)
+            if other is not None and other is not tensor and not torch.equal(other, tensor):
+                raise CompileError(
+                    f"{what}: two different tensors are both named {name!r}; entrypoints "
+                    "that share weights must use the same module"
+                )
+            ExternalTensorTrait(external_scope=scope, external_name=name).set(tensor)
+            by_key.setdefault(name, tensor)
+    return by_key
+
+
+def _import(programs: dict[str, torch.export.ExportedProgram]) -> bytes:
+    fx = FxPrograms()
+    for name, program in programs.items():
+        fx.programs[name] = ExportTargetDef(program)
+    output = aot.export(fx)
+    buffer = io.BytesIO()
+    output.mlir_module.write_bytecode(buffer)
+    return buffer.getvalue()
+
+
+def _values(
+    keys: list[tuple[str, str]],
+    tensors: dict[str, torch.Tensor],
+    request: FrontendRequest,
+    what: str,
+) -> dict[str, np.ndarray]:
+    """The values of exactly the parameters the IR reads."""
+    values = {}
+    for scope, key in keys:
+        if scope != request.scope or key not in tensors:
+            raise CompileError(
+                f"{what}: the exported graph reads parameter {scope}::{key}, which the "
+                "model does not hold"
+            )
+        values[key] = _numpy(tensors[key])
+    return values
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+# -- lowering -------------------------------------------------------------------------------------
+
+
+def _abi_name(name: str) -> str:
+    # PLeX parses names back from IREE's declaration string: keep them to [\w.$-].
+    return re.sub(r"[^\w.$-]", "_", name) or "_"
+
+
+def _lower(
+    torch_mlir: bytes,
+    programs: dict[str, torch.export.ExportedProgram],
+    arg_names: dict[str, list[str]],
+    request: FrontendRequest,
+    what: str,
+) -> tuple[bytes, list[tuple[str, str]]]:
+    """torch dialect -> linalg (see _torch_lowering), naming the op IREE cannot lower and its
+    source line in one line. Returns the lowered bytecode and the (scope, key) of every named
+    parameter it reads."""
+    with CompilerSession(_SESSION_FLAGS) as session:
+        module = session.parse(torch_mlir, what=what)
+        _name_arguments(module, arg_names)
+        try:
+            lower_torch(module)
+        except CompileError as e:
+            failure = lowering_failure(str(e), list(programs.values()), request.source.parent)
+            raise CompileError(f"{what}: {failure}") from None
+        with session.context:
+            keys = [(ref.scope, ref.key) for ref in named_parameters(module)]
+        buffer = io.BytesIO()
+        module.write_bytecode(buffer)
+    return buffer.getvalue(), keys
+
+
+def _name_arguments(module: ir.Operation, arg_names: dict[str, list[str]]) -> None:
+    """`iree.abi.name` on each argument, so the signature says `input_ids`, not `input0`."""
+    with module.context:
+        for op in module.regions[0].blocks[0].operations:
+            if op.operation.name != "func.func":
+                continue
+            names = arg_names.get(ir.StringAttr(op.operation.attributes["sym_name"]).value)
+            if names is None or len(names) != len(op.regions[0].blocks[0].arguments):
+                continue
+            op.operation.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                [ir.DictAttr.get({"iree.abi.name": ir.StringAttr.get(n)}) for n in names]
+            )
