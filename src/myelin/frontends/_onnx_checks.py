@@ -174,10 +174,28 @@ def unsupported_types(model: onnx.ModelProto) -> list[str]:
             if all(d is not None for d in dims) and int(np.prod(dims, dtype=np.int64)) % 2:
                 found.setdefault("int4/uint4 with an odd element count", []).append(name)
     io = [*model.graph.input, *model.graph.output]
-    fp8_io = [vi.name for vi in io if vi.type.tensor_type.elem_type in _FP8_TYPES]
-    if fp8_io:  # myelin signatures (and numpy without ml_dtypes) have no float8 dtype
+    fp8_io = [
+        vi.name
+        for vi in io
+        if vi.type.tensor_type.elem_type in _FP8_TYPES and not _signature_has(vi.type)
+    ]
+    if fp8_io:  # myelin's signature dtype table has no float8 entry (yet)
         found.setdefault("float8 graph input/output", []).extend(fp8_io)
     return [f"{what} tensors ({_names(names)})" for what, names in found.items()]
+
+
+_FP8_MLIR = {
+    TP.FLOAT8E4M3FN: "f8E4M3FN",
+    TP.FLOAT8E4M3FNUZ: "f8E4M3FNUZ",
+    TP.FLOAT8E5M2: "f8E5M2",
+    TP.FLOAT8E5M2FNUZ: "f8E5M2FNUZ",
+}
+
+
+def _signature_has(t: onnx.TypeProto) -> bool:
+    from myelin.dtypes import MLIR_TO_NUMPY
+
+    return _FP8_MLIR.get(t.tensor_type.elem_type, "") in MLIR_TO_NUMPY
 
 
 def foreign_ops(model: onnx.ModelProto) -> dict[str, str]:

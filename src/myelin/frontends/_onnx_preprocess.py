@@ -9,7 +9,11 @@ Each step fixes a measured failure class of the raw importer (notes: frontends-p
 - values computable at build time (Shape of a static tensor, arithmetic on constants) are folded
   into constants, because the lowering needs axes, pads, starts or shapes as constants, and an
   If on such a value is replaced by the branch it takes (IREE cannot lower If);
+- a few ops get rewritten into forms IREE has (MatMul on vectors; CumProd, prepared for the
+  rewrite to torch.aten.cumprod in _onnx_torch_ops);
 - shape inference runs last, so every value has the type the importer needs.
+The graph-input helpers at the end (static_operand_inputs, freeze_inputs) serve the build warning
+and tools/onnx_coverage.py.
 """
 
 from __future__ import annotations

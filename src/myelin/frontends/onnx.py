@@ -1,14 +1,13 @@
 """The ONNX frontend: an .onnx file -> linalg MLIR (lowered through torch-mlir the way IREE's
 `--iree-input-type=onnx` does) with its initializers as named parameters.
 
-Steps (each one fixes a failure class measured on onnx's backend node tests, see
-docs/onnx-coverage.md): load without external data (weights are memory-mapped later), refuse
-element types and op domains IREE cannot handle, upgrade old opsets, expand ops IREE lacks into
-their ONNX function bodies, fold build-time-computable values into constants, infer shapes, warn
-about ops known to compute wrong values in IREE 3.13, import with IREE's ONNX importer,
+Steps (each fixes a failure class measured on onnx's backend node tests, docs/onnx-coverage.md):
+load without external data (weights are memory-mapped at import), upgrade old opsets, expand ops
+IREE lacks into their ONNX function bodies, refuse op domains and element types IREE cannot
+handle, fold build-time-computable values into constants, rewrite a few ops into forms IREE has,
+warn about ops known to compute wrong values in IREE 3.13, import with IREE's ONNX importer,
 refuse ops the ONNX->torch conversion cannot lower (naming them and their nodes), and lower the
-rest to linalg.
-"""
+rest to linalg. docs/frontends.md lists every step for users."""
 
 from __future__ import annotations
 
