@@ -16,6 +16,7 @@ from myelin.runtime.admission import AdmissionBudget, CallNeed, MemoryPlan
 from myelin.runtime.devices import DeviceRegistry, DeviceRequirement
 from myelin.runtime.residency import RESIDENCY_MODES, ParameterResidency
 from myelin.signature import Signature, TensorSpec
+from myelin.sizes import parse_size
 
 # `memory_budget=FROM_ARTIFACT` (the default) takes the budget the .mln records ([runtime] memory).
 FROM_ARTIFACT: Any = object()
@@ -178,7 +179,7 @@ class Model:
         if limit is None:
             return None
         if isinstance(limit, str):
-            limit = _parse_size(limit)
+            limit = parse_size(limit)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(
                 f"memory_budget must be a byte count or a size like '2GiB', got {limit!r}"
@@ -317,24 +318,3 @@ class Model:
 
     def __repr__(self) -> str:
         return f"<myelin.Model {self.name} variant={self.variant_name} path={self.path}>"
-
-
-def _parse_size(text: str) -> int:
-    import re
-
-    units = {
-        "": 1,
-        "B": 1,
-        "KB": 10**3,
-        "MB": 10**6,
-        "GB": 10**9,
-        "TB": 10**12,
-        "KiB": 2**10,
-        "MiB": 2**20,
-        "GiB": 2**30,
-        "TiB": 2**40,
-    }
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2) not in units:
-        raise ValueError(f"invalid size {text!r}; expected e.g. '512MiB' or '2GiB'")
-    return int(float(m.group(1)) * units[m.group(2)])
