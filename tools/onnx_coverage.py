@@ -141,8 +141,13 @@ def compare(expected: list[np.ndarray], actual: list[np.ndarray]) -> tuple[bool,
 def _fit_input(value: np.ndarray, dtype: str) -> tuple[np.ndarray, bool]:
     """Feed a test value to an input of signature dtype `dtype` (IREE integers are signless,
     IREE 3.13 demotes f64 to f32). Returns (array, converted-lossily)."""
-    target = np.dtype(dtype) if dtype != "bfloat16" else None
-    if target is None or value.dtype == target:
+    from myelin.dtypes import numpy_dtype
+
+    try:
+        target = numpy_dtype(dtype)
+    except (TypeError, AttributeError):
+        return value, False
+    if value.dtype == target:
         return value, False
     if value.dtype.itemsize == target.itemsize and value.dtype.kind in "iub":
         return value.view(target), False
@@ -356,6 +361,7 @@ _CATEGORIES: list[tuple[str, str]] = [
     (r"cannot lower ONNX op\(s\) (\w+)", r"ONNX op has no lowering (\1)"),
     (r"ops outside the ai.onnx domain", "op outside the ai.onnx domain"),
     (r"no default-domain", "model without a default-domain opset"),
+    (r"float8 graph input/output", "float8 graph input/output (no float8 dtype in signatures)"),
     (
         r"cannot compile .*(float4e2m1|float8e8m0|int2|uint2|int4/uint4 with an odd|complex)",
         r"unsupported element type (\1)",
@@ -376,15 +382,23 @@ _CATEGORIES: list[tuple[str, str]] = [
 def category(result: dict) -> str:
     stage, message = result.get("stage", ""), result.get("message", "")
     if stage == "compare":
+        if "is float32, expected float64" in message:
+            return "dtype: float64 computed as float32 (IREE's input phase demotes f64)"
         kind = message.split(":", 1)[0]
         detail = re.sub(r" in output \d+| output \d+.*", "", message.split(":", 1)[-1]).strip()
         return f"{kind}: {detail}" if kind == "numeric" else kind
     if stage in ("timeout", "crash", "harness"):
         return stage
+    if "\nerror: " in message:  # compiler diagnostics: the first error says what failed
+        message = message.split("\nerror: ", 1)[1]
+    message = " ".join(message.split())
     for pattern, label in _CATEGORIES:
         m = re.search(pattern, message)
         if m:
             return f"{stage}: {m.expand(label)}"
+    message = re.sub(
+        r"^import of graph \S+ failed: (lowering the ONNX model failed: )?", "", message
+    )
     text = re.sub(r"'[^']*'|\"[^\"]*\"|\d+", "…", message)
     return f"{stage}: {text[:90]}"
 

@@ -12,6 +12,10 @@ MLIR_TO_NUMPY: dict[str, str] = {
     "f32": "float32",
     "f64": "float64",
     "bf16": "bfloat16",
+    "f8E4M3FN": "float8_e4m3fn",
+    "f8E4M3FNUZ": "float8_e4m3fnuz",
+    "f8E5M2": "float8_e5m2",
+    "f8E5M2FNUZ": "float8_e5m2fnuz",
     "i1": "bool",
     "i8": "int8",
     "i16": "int16",
@@ -33,6 +37,10 @@ NUMPY_TO_MLIR: dict[str, str] = {
     "float32": "f32",
     "float64": "f64",
     "bfloat16": "bf16",
+    "float8_e4m3fn": "f8E4M3FN",
+    "float8_e4m3fnuz": "f8E4M3FNUZ",
+    "float8_e5m2": "f8E5M2",
+    "float8_e5m2fnuz": "f8E5M2FNUZ",
     "bool": "i1",
     "int8": "i8",
     "int16": "i16",
@@ -45,16 +53,21 @@ NUMPY_TO_MLIR: dict[str, str] = {
 }
 
 
+# dtypes numpy lacks; ml_dtypes (a dependency of iree-base-runtime) provides them
+ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a dtype name recorded in a .mln (bfloat16 needs ml_dtypes)."""
-    if name == "bfloat16":
+    """The numpy dtype for a dtype name recorded in a .mln (bfloat16 and float8 need
+    ml_dtypes)."""
+    if name in ML_DTYPES:
         try:
             import ml_dtypes  # type: ignore[import-not-found]
         except ImportError as e:  # pragma: no cover - depends on the environment
-            raise TypeError("bfloat16 tensors need the 'ml_dtypes' package") from e
-        return np.dtype(ml_dtypes.bfloat16)
+            raise TypeError(f"{name} tensors need the 'ml_dtypes' package") from e
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
 def itemsize(name: str) -> int:
-    return 2 if name == "bfloat16" else np.dtype(name).itemsize
+    return numpy_dtype(name).itemsize

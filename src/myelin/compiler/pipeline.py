@@ -43,6 +43,9 @@ DEFAULT_MIN_PARAMETER_BYTES = 256
 _IMPORT_FLAGS = (
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
+    # IREE demotes every f64 tensor to f32 by default: a float64 model would silently compute
+    # in float32. Keep the precision the model asked for.
+    "--iree-input-demote-f64-to-f32=false",
 )
 
 

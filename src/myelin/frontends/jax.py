@@ -55,6 +55,12 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         exported = jax.export.export(jax.jit(flat_fn, keep_unused=True))(*specs)
     except Exception as e:  # tracing errors are the user's code: show them in one line
         raise CompileError(f"{where}: jax.export failed: {_first_line(e)}") from e
+    # jax traces with its own dtypes (float64 becomes float32 unless jax_enable_x64): store each
+    # weight in the dtype the exported function actually reads.
+    arrays = [
+        a if a.dtype == aval.dtype else a.astype(aval.dtype)
+        for a, aval in zip(arrays, exported.in_avals[:count], strict=True)
+    ]
     mlir = _bind_parameters(
         exported.mlir_module(),
         keys=keys,
