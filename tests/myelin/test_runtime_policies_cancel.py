@@ -13,7 +13,9 @@ import myelin
 from myelin.errors import Cancelled, DeadlineExceeded, MemoryBudgetExceeded
 from tests.myelin.runtime_policies_models import build_chain, chain_reference
 
-BIG = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
+# Big enough that one call runs for about a second on an idle 2-vCPU VM (2048 rows took 77 ms
+# there, too short for the timings below): the tests cancel 50 ms into it.
+BIG = np.random.default_rng(0).standard_normal((32768, 256)).astype(np.float32)
 SMALL = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
 
 

@@ -89,14 +89,14 @@ def test_no_global_lock_while_a_call_runs(chain_mln):
     """While one session is inside IREE with a long call, calls of other sessions of the same
     model (under a memory budget, so admission runs too) enter IREE as well. The device queue
     may still order their work; what matters is that no lock of ours keeps them out."""
-    model = myelin.Instance().load(chain_mln, memory_budget="64MiB")
+    model = myelin.Instance().load(chain_mln, memory_budget="1GiB")
     slow = model.session()
     fast = [model.session() for _ in range(3)]
     log: list[tuple[str, float, float]] = []
     slow._context = RecordingContext(slow._context, log, "slow")
     for i, s in enumerate(fast):
         s._context = RecordingContext(s._context, log, f"fast{i}")
-    big = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
+    big = np.random.default_rng(0).standard_normal((32768, 256)).astype(np.float32)
     small = np.random.default_rng(1).standard_normal((2, 256)).astype(np.float32)
     started = threading.Event()
 

@@ -253,7 +253,13 @@ def test_ctrl_c_while_waiting_cancels_running_actions(tmp_path):
             saw_cancel.set()
 
     plan = Plan([Node("compile", "compile", long_compile)])
-    with pytest.raises(KeyboardInterrupt):
-        Executor(cache, jobs=1).run(plan)
+    # Native libraries loaded by earlier tests (LLVM in the IREE compiler) may have taken over
+    # SIGINT at the C level; put Python's own handler back for this test, as the CLI process has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Executor(cache, jobs=1).run(plan)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert saw_cancel.is_set()
     assert cache.ls() == [] and list((cache.root / "tmp").iterdir()) == []
