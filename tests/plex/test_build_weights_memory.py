@@ -59,11 +59,10 @@ def test_a_budget_below_one_tensor_runs_the_steps_one_at_a_time(weights_app, tmp
     assert 0.9 * TENSOR <= peak <= TENSOR + 8 * MiB
 
 
-def test_without_a_budget_the_steps_overlap_and_use_more(weights_app, tmp_path):
-    """The control: the bound above is the budget's doing, not an accident of timing."""
-    peak, _ = weights_peak(weights_app, tmp_path, budget=None)
-    print(f"weights plan, no budget: peak RSS growth {peak / MiB:.1f} MiB")
-    assert peak > 40 * MiB + 8 * MiB
+# The control (without a budget the steps do overlap) is
+# tests/synapse/test_synapse_memory.py::test_without_a_budget_memory_is_only_bounded_by_jobs:
+# there a barrier makes the overlap certain; measured here with real weights steps it depended
+# on timing (on an idle machine the four steps finished before they could overlap).
 
 
 def test_the_budget_comes_from_build_temp_memory(weights_app):
