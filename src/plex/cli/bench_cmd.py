@@ -10,30 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from myelin.dtypes import numpy_dtype
-from myelin.signature import Signature
-from plex.cli.tensor_args import parse_tensor_arg
-from plex.errors import PlexError
-
-
-def synthetic_inputs(signature: Signature, dims: dict[str, int], seed: int = 0) -> list:
-    """Random inputs matching a signature; dynamic dims take --dim values (default 1)."""
-    rng = np.random.default_rng(seed)
-    values = []
-    for spec in signature.inputs:
-        if spec.shape is None:
-            values.append(numpy_dtype(spec.dtype).type(1))
-            continue
-        shape = [
-            d if d is not None else dims.get(str(n), dims.get("*", 1))
-            for d, n in zip(spec.shape, spec.dims, strict=True)
-        ]
-        dtype = numpy_dtype(spec.dtype)
-        if dtype.kind == "f":
-            values.append(rng.standard_normal(shape).astype(dtype))
-        else:
-            values.append(rng.integers(0, 2, size=shape).astype(dtype))
-    return values
+from plex.cli.tensor_args import parse_dims, parse_tensor_arg, synthetic_inputs
 
 
 def _rss_peak_mib() -> float:
@@ -73,13 +50,7 @@ def bench(
     if inputs:
         args = [parse_tensor_arg(t) for t in inputs]
     else:
-        sizes = {}
-        for d in dims:
-            name, _, value = d.partition("=")
-            if not value.isdigit():
-                raise PlexError(f"--dim {d!r}: expected NAME=N, e.g. x.0=8 or *=8")
-            sizes[name] = int(value)
-        args = synthetic_inputs(entry.signature, sizes)
+        args = synthetic_inputs(entry.signature, parse_dims(dims))
     with model.session() as session:
         call = session.resolve(function)
         for _ in range(warmup):

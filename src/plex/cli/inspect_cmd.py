@@ -75,8 +75,7 @@ def inspect(
         rows = parameter_rows(params)
         by_codec = ", ".join(f"{c} {_size(b)}" for c, (b, _) in bytes_by_codec(params).items())
         table = Table(
-            title=f"parameters ({len(rows)}, {_size(sum(p['length'] for p in params))}: "
-            f"{by_codec})"
+            title=f"parameters ({len(rows)}, {_size(sum(p['length'] for p in params))}: {by_codec})"
         )
         show_rule = any(r.rule for r in rows)
         columns = ["scope", "key", "dtype", "shape", "codec", "stored bytes", "offset"]

@@ -8,9 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from plex.cli.bench_cmd import synthetic_inputs
-from plex.cli.tensor_args import parse_tensor_arg
-from plex.errors import PlexError
+from plex.cli.tensor_args import parse_dims, parse_tensor_arg, synthetic_inputs
 
 
 def profile(
@@ -60,13 +58,7 @@ def profile(
     else:
         model = myelin.Instance().load(artifact, variant=variant)
         try:
-            sizes = {}
-            for d in dims:
-                name, _, value = d.partition("=")
-                if not value.isdigit():
-                    raise PlexError(f"--dim {d!r}: expected NAME=N, e.g. x.0=8 or *=8")
-                sizes[name] = int(value)
-            args = synthetic_inputs(model.entrypoint(function).signature, sizes)
+            args = synthetic_inputs(model.entrypoint(function).signature, parse_dims(dims))
         finally:
             model.close()
     result = capture(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from myelin.dtypes import MLIR_TO_NUMPY, NUMPY_TO_MLIR
+from myelin.dtypes import MLIR_TO_NUMPY, NUMPY_TO_MLIR, numpy_dtype
+from myelin.signature import Signature
 from plex.errors import PlexError
 
 _SPEC = re.compile(r"^(?P<shape>(?:\d+x)*)(?P<dtype>[a-z]+\d*)=(?P<values>.*)$", re.S)
@@ -54,6 +55,37 @@ def parse_tensor_arg(text: str) -> np.ndarray:
             f"values, got {len(values)}"
         )
     return values.astype(dtype_name).reshape(shape)
+
+
+def synthetic_inputs(signature: Signature, dims: dict[str, int], seed: int = 0) -> list:
+    """Random inputs matching a signature; dynamic dims take --dim values (default 1)."""
+    rng = np.random.default_rng(seed)
+    values = []
+    for spec in signature.inputs:
+        if spec.shape is None:
+            values.append(numpy_dtype(spec.dtype).type(1))
+            continue
+        shape = [
+            d if d is not None else dims.get(str(n), dims.get("*", 1))
+            for d, n in zip(spec.shape, spec.dims, strict=True)
+        ]
+        dtype = numpy_dtype(spec.dtype)
+        if dtype.kind == "f":
+            values.append(rng.standard_normal(shape).astype(dtype))
+        else:
+            values.append(rng.integers(0, 2, size=shape).astype(dtype))
+    return values
+
+
+def parse_dims(texts: list[str]) -> dict[str, int]:
+    """`--dim NAME=N` values (names as `plex inspect` shows them, or `*` for every dim)."""
+    sizes = {}
+    for text in texts:
+        name, _, value = text.partition("=")
+        if not value.isdigit():
+            raise TensorArgError(f"--dim {text!r}: expected NAME=N, e.g. x.0=8 or *=8")
+        sizes[name] = int(value)
+    return sizes
 
 
 def format_tensor(value: object) -> str:
