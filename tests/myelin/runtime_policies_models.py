@@ -4,6 +4,7 @@ benchmarks/runtime_policies.py, with their numpy references."""
 from __future__ import annotations
 
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -188,3 +189,33 @@ def write_gather_app(folder: Path) -> Path:
     )
     (folder / "app.toml").write_text('[app]\nname = "gather"\npackages = ["."]\n')
     return folder / "app.toml"
+
+
+# -- observing a call inside IREE -----------------------------------------------------------------
+
+
+class _EnteringContext:
+    """Wraps a session's VM context: runs `on_enter` as each invoke enters IREE."""
+
+    def __init__(self, context, on_enter) -> None:
+        self._context, self._on_enter = context, on_enter
+
+    def invoke(self, function, args, results) -> None:
+        self._on_enter()
+        self._context.invoke(function, args, results)
+
+
+def when_inside_iree(session, action=None) -> threading.Event:
+    """An event set when the session's next call enters IREE's invoke (after `action` runs).
+
+    The timing tests synchronize on this instead of sleeping: on a loaded 2-core CI machine,
+    preparing a 32 MiB input alone outlasted a 50 ms sleep."""
+    entered = threading.Event()
+
+    def on_enter() -> None:
+        if action is not None and not entered.is_set():
+            action()
+        entered.set()
+
+    session._context = _EnteringContext(session._context, on_enter)
+    return entered

@@ -11,7 +11,7 @@ import pytest
 
 import myelin
 from myelin.errors import Cancelled, DeadlineExceeded, MemoryBudgetExceeded
-from tests.myelin.runtime_policies_models import build_chain, chain_reference
+from tests.myelin.runtime_policies_models import build_chain, chain_reference, when_inside_iree
 
 # Big enough that one call runs for about a second on an idle 2-vCPU VM (2048 rows took 77 ms
 # there, too short for the timings below): the tests cancel 50 ms into it.
@@ -26,9 +26,7 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def sync_mln(tmp_path_factory):
     """Built with `[runtime] cancellable = false`: synchronous entrypoints (no fences)."""
-    return build_chain(
-        tmp_path_factory.mktemp("chain-sync"), "\n[runtime]\ncancellable = false\n"
-    )
+    return build_chain(tmp_path_factory.mktemp("chain-sync"), "\n[runtime]\ncancellable = false\n")
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +61,7 @@ def test_cancel_stops_an_async_call_while_the_device_runs(async_mln, big_call_s)
     model = myelin.Instance().load(async_mln)
     session = model.session()
     assert_usable(session)
-    timer = threading.Timer(0.05, session.cancel)
-    timer.start()
+    when_inside_iree(session, threading.Timer(0.05, session.cancel).start)
     start = time.perf_counter()
     with pytest.raises(
         Cancelled, match=r"cancelled by Session\.cancel\(\) while the device ran it"
@@ -100,7 +97,7 @@ def test_an_abandoned_call_keeps_its_memory_reserved_until_the_device_is_done(as
     model.close()
     model = myelin.Instance().load(async_mln, memory_budget=need + need // 2 + 2**20)
     session = model.session()
-    threading.Timer(0.05, session.cancel).start()
+    when_inside_iree(session, threading.Timer(0.05, session.cancel).start)
     with pytest.raises(Cancelled):
         session.call("forward", BIG)
     assert model.budget.in_flight == need  # still held by the device work
@@ -126,12 +123,13 @@ def test_cancel_reaches_a_call_waiting_for_its_session(sync_mln):
             outcome[tag] = e
         outcome[tag + "_s"] = time.perf_counter() - start
 
+    inside = when_inside_iree(session)
     running = threading.Thread(target=run, args=("running", BIG))
     running.start()
-    time.sleep(0.05)
+    assert inside.wait(timeout=60)
     queued = threading.Thread(target=run, args=("queued", SMALL))
     queued.start()
-    time.sleep(0.05)
+    time.sleep(0.2)  # the queued call starts waiting; the running one lasts about a second
     session.cancel()
     queued.join()
     running.join()
@@ -157,9 +155,10 @@ def test_a_deadline_also_bounds_waiting_for_memory(sync_mln):
     model.close()
     model = myelin.Instance().load(sync_mln, memory_budget=need + 2**20)
     busy, waiting = model.session(), model.session()
+    inside = when_inside_iree(busy)  # its memory is reserved by then
     thread = threading.Thread(target=busy.call, args=("forward", BIG))
     thread.start()
-    time.sleep(0.05)
+    assert inside.wait(timeout=60)
     with pytest.raises(DeadlineExceeded, match="while waiting for memory budget"):
         waiting.call("forward", BIG, timeout=0.05)
     thread.join()

@@ -74,11 +74,16 @@ def test_soak_16_threads_200_calls_random_shapes_on_8_sessions(mlp_mln, mlp_weig
 class RecordingContext:
     """A VM context that records when each invoke enters and leaves IREE."""
 
-    def __init__(self, context, log: list, tag: str) -> None:
+    def __init__(
+        self, context, log: list, tag: str, on_enter: threading.Event | None = None
+    ) -> None:
         self._context, self._log, self._tag = context, log, tag
+        self._on_enter = on_enter
 
     def invoke(self, function, args, results) -> None:
         entered = time.perf_counter()
+        if self._on_enter is not None:
+            self._on_enter.set()
         try:
             self._context.invoke(function, args, results)
         finally:
@@ -93,15 +98,16 @@ def test_no_global_lock_while_a_call_runs(chain_mln):
     slow = model.session()
     fast = [model.session() for _ in range(3)]
     log: list[tuple[str, float, float]] = []
-    slow._context = RecordingContext(slow._context, log, "slow")
+    # Wait for the slow call to be inside IREE, not for a fixed time: on a loaded CI machine
+    # preparing its 32 MiB input alone took longer than a 50 ms sleep.
+    slow_entered = threading.Event()
+    slow._context = RecordingContext(slow._context, log, "slow", on_enter=slow_entered)
     for i, s in enumerate(fast):
         s._context = RecordingContext(s._context, log, f"fast{i}")
     big = np.random.default_rng(0).standard_normal((32768, 256)).astype(np.float32)
     small = np.random.default_rng(1).standard_normal((2, 256)).astype(np.float32)
-    started = threading.Event()
 
     def run_slow() -> None:
-        started.set()
         slow.call("forward", big)
 
     def run_fast(session) -> None:
@@ -109,8 +115,7 @@ def test_no_global_lock_while_a_call_runs(chain_mln):
 
     thread = threading.Thread(target=run_slow)
     thread.start()
-    started.wait()
-    time.sleep(0.05)  # the slow call is inside IREE now
+    assert slow_entered.wait(timeout=60)
     others = [threading.Thread(target=run_fast, args=(s,)) for s in fast]
     for t in others:
         t.start()
