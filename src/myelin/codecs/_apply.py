@@ -8,7 +8,9 @@ instead, plus those parts' bytes and one record per parameter (what it got and w
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -18,6 +20,7 @@ from myelin.codecs._policy import Choice, CodecPolicy, choose
 from myelin.errors import CompileError
 
 # The session only hosts the rewrite; no target-specific pass runs.
+_ENCODE_WORKERS = min(4, os.cpu_count() or 1)
 _SESSION_FLAGS = (
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -99,7 +102,13 @@ def encode_graph(
     stored: list[StoredTensor] = []
     taken = {(p.scope, p.key) for p in parameters}
 
-    with CompilerSession(_SESSION_FLAGS) as session:
+    # Encoding is numpy work that releases the GIL (q4's search is seconds per matrix): it runs
+    # in threads while this loop rewrites the IR, which must stay on one thread.
+    pending: list[tuple[ParameterInput, Layout, Future]] = []
+    with (
+        ThreadPoolExecutor(_ENCODE_WORKERS, thread_name_prefix="encode") as pool,
+        CompilerSession(_SESSION_FLAGS) as session,
+    ):
         module = session.parse(module_bytecode, what=what)
         with session.context:
             analysis = _ir.analyze(module, [p.global_name for p in wanted])
@@ -127,13 +136,15 @@ def encode_graph(
                             "uses; rename that parameter or keep this one fp32"
                         )
                     taken.add((p.scope, p.key + part.suffix))
-                arrays = encode(np.asarray(value).reshape(p.shape), layout)
+                array = np.asarray(value).reshape(p.shape)
+                pending.append((p, layout, pool.submit(encode, array, layout)))
                 report = _ir.rewrite(module, p.global_name, p.scope, p.key, layout, session.context)
+                records[p] = _encoded(p, layout, choices[p].reason, report)
+            for p, layout, future in pending:  # in graph order: the same .mln every time
                 stored += [
                     StoredTensor(p.scope, p.key + part.suffix, np.ascontiguousarray(a))
-                    for part, a in zip(layout.parts, arrays, strict=True)
+                    for part, a in zip(layout.parts, future.result(), strict=True)
                 ]
-                records[p] = _encoded(p, layout, choices[p].reason, report)
             if not module.verify():
                 raise CompileError(f"{what}: the encoded graph does not verify (internal error)")
             buffer = io.BytesIO()
