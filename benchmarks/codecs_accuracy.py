@@ -67,6 +67,7 @@ def example(model: str):
         f"{model}_example", REPO / "examples" / model / "model.py"
     )
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     sys.path.insert(0, str(REPO / "examples" / model))
     spec.loader.exec_module(module)
     return module

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("iree.turbine")
 
 import myelin  # noqa: E402
+from myelin.errors import InputError  # noqa: E402
 from plex.errors import BuildError, ManifestError  # noqa: E402
 from tests.conftest import build_app  # noqa: E402
 
@@ -115,6 +116,7 @@ def small(tmp_path_factory) -> tuple[Path, Path]:
         [graph.guards]
         source = "guards.py:build"
         frontend = "torch"
+        dynamic = { k = { 0 = "rows" }, v = { 0 = "rows" } }
         """,
     )
     mln = build_app(write_app(root, ["tsmall"]), root / "small.mln")
@@ -162,6 +164,24 @@ def test_one_function_is_named_forward_and_its_batch_is_dynamic(small_model):
     (x,) = forward["inputs"]
     assert (x["name"], x["dtype"], x["shape"]) == ("x", "float32", [None, 16])
     assert forward["outputs"][0]["shape"] == [None, 8]
+
+
+def test_dynamic_dims_carry_their_manifest_names_and_equal_names_must_match(small_model):
+    (x,) = entrypoint(small_model, "forward")["inputs"]
+    assert x["dims"] == ["batch", 16]
+    k, v = entrypoint(small_model, "two_caches")["inputs"]
+    assert (k["dims"], v["dims"]) == (["rows", 8], ["rows", 8])
+    with small_model.session() as s:
+        call = s.resolve("two_caches")
+        assert "k: float32[rows, 8]" in call.signature.describe()
+        a = np.ones((3, 8), np.float32)
+        np.testing.assert_allclose(call(a, a), 3.0 * a)
+        with pytest.raises(
+            InputError,
+            match=r"'v' has size 5 in dimension 0 \('rows'\), but 'k' "
+            r"has 3 .*dimensions named 'rows' must be equal",
+        ):
+            call(a, np.ones((5, 8), np.float32))
 
 
 def test_weights_are_named_parameters_in_the_graph_scope(small, small_model):

@@ -192,6 +192,13 @@ class ResolvedCall:
             )
             for t in self.signature.inputs
         ]
+        # Dynamic dims that share a name, as ((input, axis), ...) groups of two or more.
+        groups: dict[str, list[tuple[int, int]]] = {}
+        for i, t in enumerate(self.signature.inputs):
+            for axis, (size, dim) in enumerate(zip(t.shape or (), t.dims, strict=False)):
+                if size is None and isinstance(dim, str):
+                    groups.setdefault(dim, []).append((i, axis))
+        self._equal_dims = [tuple(g) for g in groups.values() if len(g) > 1]
 
     def _matches(self, values: tuple[Any, ...]) -> bool:
         if len(values) != len(self._expected):
@@ -208,6 +215,10 @@ class ResolvedCall:
             for axis, size in static:
                 if shape[axis] != size:
                     return False
+        for (i, axis), *others in self._equal_dims:
+            size = values[i].shape[axis]
+            if any(values[j].shape[b] != size for j, b in others):
+                return False
         return True
 
     def __call__(

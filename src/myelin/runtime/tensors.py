@@ -55,6 +55,27 @@ def check_inputs(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[
         )
     for spec, value in zip(specs, values, strict=True):
         check_input(entrypoint, spec, value)
+    check_named_dims(entrypoint, specs, values)
+
+
+def check_named_dims(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[Any]) -> None:
+    """Dynamic dims the manifest gave one name (`batch`, `seq`) must have one size: the graph
+    was exported assuming so, and IREE would fail deep inside or compute garbage otherwise."""
+    seen: dict[str, tuple[str, int, int]] = {}  # dim name -> (argument, axis, size)
+    for spec, value in zip(specs, values, strict=True):
+        if spec.is_scalar:
+            continue
+        for axis, (want, name) in enumerate(zip(spec.shape or (), spec.dims, strict=False)):
+            if want is not None or not isinstance(name, str):
+                continue
+            got = int(value.shape[axis])
+            first = seen.setdefault(name, (spec.name, axis, got))
+            if first[2] != got:
+                raise InputError(
+                    f"{entrypoint}: argument '{spec.name}' has size {got} in dimension {axis} "
+                    f"('{name}'), but '{first[0]}' has {first[2]} in its dimension {first[1]}; "
+                    f"dimensions named '{name}' must be equal"
+                )
 
 
 def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:

@@ -99,6 +99,24 @@ def _parameter_sources(
     return params, scopes_by_graph
 
 
+def _named_dims(
+    function: str, inputs: list[dict], dynamic: Mapping[str, Mapping[int, str]]
+) -> list[dict]:
+    """The inputs with their dynamic dims named as the manifest's `dynamic` names them
+    (`input_ids: int64[batch, seq]`), instead of the compiler's `<arg>.<axis>`; an
+    `"entrypoint.argument"` key wins over a plain `"argument"` one. The runtime checks that dims
+    of one name have one size in a call."""
+    named = []
+    for spec in inputs:
+        names = dynamic.get(f"{function}.{spec['name']}", dynamic.get(spec["name"], {}))
+        dims = [
+            names.get(axis, d) if spec["shape"][axis] is None else d
+            for axis, d in enumerate(spec.get("dims", []))
+        ]
+        named.append({**spec, "dims": dims} if names else spec)
+    return named
+
+
 def _count(shape: list[int]) -> int:
     n = 1
     for d in shape:
@@ -178,7 +196,7 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
                         "name": name,
                         "module": unit.name,
                         "function": fn,
-                        "inputs": sig["inputs"],
+                        "inputs": _named_dims(fn, sig["inputs"], unit.graph.dynamic),
                         "outputs": sig["outputs"],
                     }
                 )
