@@ -25,38 +25,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from codec_builds import build_codec
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = [1, 306, 4658, 278, 6635, 29892]
-
-APP = """\
-[app]
-name = "{model}-{name}"
-packages = ["{package}"]
-
-[devices.cpu]
-target = "llvm-cpu"
-driver = "local-task"
-cpu = "host"
-{rule}"""
-
-
-def build_codec(model: str, codec: str, folder: Path) -> Path:
-    from plex.build import build
-
-    name = codec.replace(":", "_")
-    app = folder / f"{model}_{name}.toml"
-    rule = "" if codec == "fp32" else f'\n[weights.codec]\n"*" = "{codec}"\n'
-    app.write_text(APP.format(model=model, name=name, package=REPO / "examples" / model, rule=rule))
-    out = folder / f"{model}_{name}.mln"
-    start = time.perf_counter()
-    build(app, out)
-    print(
-        f"built {out.name}: {out.stat().st_size / 2**20:.1f} MiB "
-        f"({time.perf_counter() - start:.0f} s)",
-        file=sys.stderr,
-    )
-    return out
 
 
 def example(model: str):
@@ -99,7 +71,7 @@ def minilm(codecs: list[str], folder: Path) -> None:
     module = example("minilm")
     sentences = (REPO / "examples" / "minilm" / "sentences.txt").read_text().splitlines()
     ids, mask = module.tokenize(sentences)
-    paths = {c: build_codec("minilm", c, folder) for c in ["fp32", *codecs]}
+    paths = {c: build_codec("minilm", c, folder, prefix="minilm_") for c in ["fp32", *codecs]}
     out = {}
     for codec, path in paths.items():
         model = myelin.Instance().load(path)
@@ -127,7 +99,7 @@ def llama(codecs: list[str], folder: Path, steps: int) -> None:
     import myelin
 
     module = example("llama")
-    paths = {c: build_codec("llama", c, folder) for c in ["fp32", *codecs]}
+    paths = {c: build_codec("llama", c, folder, prefix="llama_") for c in ["fp32", *codecs]}
     runs = {}
     for codec, path in paths.items():
         model = myelin.Instance().load(path)

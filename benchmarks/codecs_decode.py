@@ -28,38 +28,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from codec_builds import build_codec
 
-REPO = Path(__file__).resolve().parents[1]
 PROMPT = [1, 306, 4658, 278, 6635, 29892]
-
-APP = """\
-[app]
-name = "llama-{name}"
-packages = ["{package}"]
-
-[devices.cpu]
-target = "llvm-cpu"
-driver = "local-task"
-cpu = "{cpu}"
-{codec}"""
-
-
-def build_codec(codec: str, folder: Path, cpu: str) -> Path:
-    from plex.build import build
-
-    name = codec.replace(":", "_")
-    app = folder / f"app_{name}.toml"
-    rule = "" if codec == "fp32" else f'\n[weights.codec]\n"*" = "{codec}"\n'
-    app.write_text(APP.format(name=name, package=REPO / "examples" / "llama", cpu=cpu, codec=rule))
-    out = folder / f"{name}.mln"
-    start = time.perf_counter()
-    build(app, out)
-    print(
-        f"built {out.name}: {out.stat().st_size / 2**20:.1f} MiB "
-        f"({time.perf_counter() - start:.0f} s)",
-        file=sys.stderr,
-    )
-    return out
 
 
 def decode_step(path: Path):
@@ -95,7 +66,7 @@ def main() -> None:
     paths = {}
     for codec in codecs:
         path = folder / f"{codec.replace(':', '_')}.mln"
-        paths[codec] = path if path.exists() else build_codec(codec, folder, args.cpu)
+        paths[codec] = path if path.exists() else build_codec("llama", codec, folder, args.cpu)
     steps = {codec: decode_step(path) for codec, path in paths.items()}
     reference = steps["fp32"]()
     for codec, step in steps.items():  # warm up, and show the step's error against fp32
