@@ -1,8 +1,9 @@
 """all-MiniLM-L6-v2 on the CPU: PLeX (.mln through MyeLiN) vs torch eager vs ONNX Runtime.
 
-PLeX runs twice: the example as shipped (examples/minilm: batch and sequence dynamic) and the same
-model exported with static shapes (one entrypoint per batch size), which isolates what dynamic
-shapes cost in IREE's CPU code generation.
+PLeX runs three times: the example as shipped (examples/minilm: batch and sequence dynamic,
+`data_tiling = true`), the same without data tiling (PLeX's zero-copy default), and the model
+exported with static shapes (one entrypoint per batch size, data tiling on), which isolates what
+dynamic shapes cost in IREE's CPU code generation.
 
     python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
                                     [--threads N]
@@ -94,6 +95,18 @@ def static_package(folder: Path, batches: list[int], seq: int) -> Path:
     app.write_text(
         '[app]\nname = "minilm_static"\npackages = ["minilm_static"]\n'
         '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
+        "data_tiling = true\n"
+    )
+    return app
+
+
+def untiled_app(folder: Path) -> Path:
+    """The example as shipped but with `data_tiling = false`: PLeX's zero-copy default."""
+    app = folder / "untiled_app.toml"
+    app.write_text(
+        f'[app]\nname = "minilm_untiled"\npackages = ["{MINILM}"]\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
+        "data_tiling = false\n"
     )
     return app
 
@@ -170,14 +183,16 @@ def main() -> None:
     example = load_example()
     with tempfile.TemporaryDirectory(prefix="minilm-bench-") as tmp:
         dynamic = plex_session(MINILM / "app.toml", Path(tmp) / "minilm.mln")
+        untiled = plex_session(untiled_app(Path(tmp)), Path(tmp) / "untiled.mln")
         static = plex_session(
             static_package(Path(tmp), args.batches, args.seq), Path(tmp) / "static.mln"
         )
-        keep = (dynamic, static)
+        keep = (dynamic, untiled, static)
         common = {
             "torch eager": torch_runner(example),
             "ONNX Runtime": onnx_runner(example, Path(tmp), args.threads),
-            "PLeX, dynamic batch+seq": dynamic[1].resolve("forward"),
+            "PLeX, dynamic, data tiling (as shipped)": dynamic[1].resolve("forward"),
+            "PLeX, dynamic, no data tiling": untiled[1].resolve("forward"),
         }
         threads = args.threads or "default"
         print(
@@ -187,7 +202,7 @@ def main() -> None:
         )
         rows = []
         for batch in args.batches:
-            runners = {**common, "PLeX, static shapes": static[1].resolve(f"b{batch}")}
+            runners = {**common, "PLeX, static shapes, data tiling": static[1].resolve(f"b{batch}")}
             feed = inputs(example, batch, args.seq)
             reference = runners["torch eager"](*feed)
             for name, fn in runners.items():  # warm up and check numerics

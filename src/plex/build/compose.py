@@ -220,6 +220,7 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
                             for k, v in (
                                 ("cpu", d.cpu),
                                 ("cpu_features", d.cpu_features),
+                                ("data_tiling", d.data_tiling),
                                 ("arch", d.arch),
                             )
                             if v

@@ -62,6 +62,7 @@ def target_device(device: DeviceSpec) -> TargetDevice:
         cpu=device.cpu,
         cpu_features=device.cpu_features,
         arch=device.arch,
+        data_tiling=device.data_tiling,
     )
 
 

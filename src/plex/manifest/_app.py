@@ -240,7 +240,12 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
         if not re.match(NAME, name):
             raise doc.error(at, f"invalid device name {name!r}; must match {NAME}")
         options = TARGET_OPTIONS[d.target]
-        given = {"cpu": d.cpu, "cpu_features": d.cpu_features, "arch": d.arch}
+        given = {
+            "cpu": d.cpu,
+            "cpu_features": d.cpu_features,
+            "data_tiling": d.data_tiling,
+            "arch": d.arch,
+        }
         for option, value in given.items():
             if value is not None and option not in options:
                 hint = (
@@ -267,6 +272,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             driver=d.driver or drivers[0],
             cpu=value["cpu"],
             cpu_features=value["cpu_features"],
+            data_tiling=bool(value["data_tiling"]),
             arch=value["arch"],
         )
     return devices

@@ -34,8 +34,8 @@ DRIVERS_OF_TARGET: dict[str, tuple[str, ...]] = {
     "metal-spirv": ("metal",),
 }
 # target -> its options and their defaults (None: required). Other options are errors.
-TARGET_OPTIONS: dict[str, dict[str, str | None]] = {
-    "llvm-cpu": {"cpu": "host", "cpu_features": ""},
+TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
+    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False},
     "vmvx": {},
     "cuda": {"arch": "sm_80"},  # IREE 3.13's CUDA table has no sm_90; sm_80 PTX JITs on Hopper
     "vulkan-spirv": {},
@@ -122,6 +122,7 @@ class DeviceTable(_Table):
     driver: Driver | None = None
     cpu: str | None = None
     cpu_features: str | None = None
+    data_tiling: bool | None = None
     arch: str | None = None
 
 

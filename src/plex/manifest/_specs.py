@@ -41,6 +41,7 @@ class DeviceSpec:
     cpu: str | None  # llvm-cpu only: "host", "generic" or an LLVM CPU name
     cpu_features: str | None  # llvm-cpu only
     arch: str | None  # cuda: sm_XX; rocm: gfxNNNN
+    data_tiling: bool = False  # llvm-cpu only: IREE packs weights for its matmul kernels
 
 
 @dataclass(frozen=True)
