@@ -251,7 +251,7 @@ def test_unknown_key_names_file_line_key_and_a_close_match(tmp_path):
     message = error_of(load_app, app_toml)
     assert message.startswith(f"{app_toml}:{line_of(app_toml, 'targt')}: [devices.cpu] targt: ")
     assert "unknown key; did you mean 'target'?" in message
-    assert "(accepted: arch, cpu, cpu_features, driver, target)" in message
+    assert "(accepted: arch, cpu, cpu_features, data_tiling, driver, target)" in message
 
 
 def test_unknown_table_and_unknown_key_in_an_array_of_tables(tmp_path):
@@ -387,7 +387,7 @@ def test_target_options_must_fit_the_target(tmp_path):
     app_toml = make_app(tmp_path, APP_TOML + '\n[devices.cpu]\narch = "sm_80"\n')
     message = error_of(load_app, app_toml)
     assert f":{line_of(app_toml, 'arch')}: [devices.cpu] arch: does not apply to target" in message
-    assert "(options of llvm-cpu: cpu, cpu_features)" in message
+    assert "(options of llvm-cpu: cpu, cpu_features, data_tiling)" in message
 
     app_toml.write_text(APP_TOML + '\n[devices.amd]\ntarget = "rocm"\n')
     assert "[devices.amd]: target 'rocm' needs 'arch'" in error_of(load_app, app_toml)
