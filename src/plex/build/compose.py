@@ -301,6 +301,17 @@ def _codec_fields(codec: dict | None) -> dict:
     return fields
 
 
+def frontend_report(app: AppSpec, outputs: Mapping[str, Path]) -> list[str]:
+    """The frontends' warnings (ops known to compute wrong values, ...) recorded by the import
+    nodes, so that a cached build reports them as loudly as the first one."""
+    notes: list[str] = []
+    for graph in import_units(app):
+        if import_node_id(graph) in outputs:
+            meta = steps.read_import_meta(outputs[import_node_id(graph)])
+            notes += [f"graph {graph.ref}: {w}" for w in meta.get("warnings", [])]
+    return notes
+
+
 def codec_report(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[list[str], list[str]]:
     """(codec warnings, no-materialization violations) of this build, read from the encode and
     compile records so that a cached build reports them again."""
@@ -461,7 +472,7 @@ def compose_artifact(app: AppSpec, request: BuildRequest, outputs: Mapping[str, 
             f"{violations[0]}; --strict makes a decode that is not fused an error"
             + (f" ({len(violations) - 1} more)" if len(violations) > 1 else "")
         )
-    for message in notes + violations:
+    for message in frontend_report(app, outputs) + notes + violations:
         warnings.warn(message, steps.BuildWarning, stacklevel=2)
     manifest, module_sections, parameter_sections = build_manifest(app, outputs)
     writer = MlnWriter(manifest)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -66,9 +65,9 @@ def run_import(
             result = frontend(frontend_name)(request)
             source, input_type = result.mlir, result.input_type
             frontend_parameters = result.parameters
+            # Recorded, and raised as BuildWarnings by compose on every build of the artifact,
+            # cached or not: a warned-about graph never builds silently.
             frontend_warnings = list(result.warnings)
-            for message in frontend_warnings:  # a warned-about graph never builds silently
-                warnings.warn(f"graph {what}: {message}", BuildWarning, stacklevel=2)
         imported = import_graph(
             source,
             input_type=input_type,
