@@ -132,6 +132,7 @@ def test_signature_keeps_onnx_names_and_dynamic_batch(conv_mln) -> None:
     assert [t.name for t in signature.inputs] == ["image"]
     assert [t.name for t in signature.outputs] == ["probs"]
     assert signature.inputs[0].shape == (None, 1, 8, 8)
+    assert signature.inputs[0].dims == ("N", 1, 8, 8)  # the model's dim_param
 
 
 def test_external_data_weights_and_a_named_entrypoint(tmp_path: Path) -> None:

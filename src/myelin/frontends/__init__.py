@@ -56,6 +56,9 @@ class FrontendResult:
     input_type: str
     parameters: dict[str, np.ndarray] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # input name -> {dimension index -> name} for dynamic dims the source itself names (an ONNX
+    # dim_param); the manifest's `dynamic` names win over these.
+    dim_names: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:

@@ -40,8 +40,27 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
             "check docs/onnx-coverage.md for supported variants"
         )
     return FrontendResult(
-        mlir=imported.mlir, input_type="none", parameters=imported.parameters, warnings=warnings
+        mlir=imported.mlir,
+        input_type="none",
+        parameters=imported.parameters,
+        warnings=warnings,
+        dim_names=dim_names(model),
     )
+
+
+def dim_names(model: onnx.ModelProto) -> dict[str, dict[int, str]]:
+    """The graph inputs' symbolic dims (`dim_param`, e.g. "batch"): ONNX gives dims of one name
+    one size, which the runtime then checks."""
+    initializers = {t.name for t in model.graph.initializer}
+    names: dict[str, dict[int, str]] = {}
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.HasField("tensor_type"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        named = {axis: d.dim_param for axis, d in enumerate(dims) if d.dim_param}
+        if named:
+            names[value.name] = named
+    return names
 
 
 def prepare(

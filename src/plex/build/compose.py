@@ -100,15 +100,20 @@ def _parameter_sources(
 
 
 def _named_dims(
-    function: str, inputs: list[dict], dynamic: Mapping[str, Mapping[int, str]]
+    function: str,
+    inputs: list[dict],
+    dynamic: Mapping[str, Mapping[int, str]],
+    source_dims: Mapping[str, Mapping[str, str]],
 ) -> list[dict]:
     """The inputs with their dynamic dims named as the manifest's `dynamic` names them
-    (`input_ids: int64[batch, seq]`), instead of the compiler's `<arg>.<axis>`; an
-    `"entrypoint.argument"` key wins over a plain `"argument"` one. The runtime checks that dims
-    of one name have one size in a call."""
+    (`input_ids: int64[batch, seq]`), else as the source names them (an ONNX dim_param, from
+    the import record), instead of the compiler's `<arg>.<axis>`; an `"entrypoint.argument"`
+    key wins over a plain `"argument"` one. The runtime checks that dims of one name have one
+    size in a call."""
     named = []
     for spec in inputs:
-        names = dynamic.get(f"{function}.{spec['name']}", dynamic.get(spec["name"], {}))
+        from_source = {int(a): n for a, n in source_dims.get(spec["name"], {}).items()}
+        names = dynamic.get(f"{function}.{spec['name']}", dynamic.get(spec["name"], from_source))
         dims = [
             names.get(axis, d) if spec["shape"][axis] is None else d
             for axis, d in enumerate(spec.get("dims", []))
@@ -188,6 +193,9 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
             )
             modules.append({"name": unit.name, "section": section})
             plans = read_memory_plans(outputs[memory_node_id(unit, variant)])
+            source_dims = steps.read_import_meta(outputs[import_node_id(unit.imported)]).get(
+                "dim_names", {}
+            )
             for fn, sig in metas[unit.name]["signatures"].items():
                 # A name two modules export stays reachable as `module.function`.
                 name = fn if counts[fn] == 1 else f"{unit.name}.{fn}"
@@ -196,7 +204,7 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
                         "name": name,
                         "module": unit.name,
                         "function": fn,
-                        "inputs": _named_dims(fn, sig["inputs"], unit.graph.dynamic),
+                        "inputs": _named_dims(fn, sig["inputs"], unit.graph.dynamic, source_dims),
                         "outputs": sig["outputs"],
                     }
                 )

@@ -55,6 +55,7 @@ def run_import(
     `exported/`, in the graph's own parameter scope.
     """
     frontend_warnings: list[str] = []
+    dim_names: dict[str, dict[int, str]] = {}
     try:
         if frontend_name in DIRECT_INPUT_TYPES:
             _refuse_phase_file(request.source, what)
@@ -68,6 +69,7 @@ def run_import(
             # Recorded, and raised as BuildWarnings by compose on every build of the artifact,
             # cached or not: a warned-about graph never builds silently.
             frontend_warnings = list(result.warnings)
+            dim_names = result.dim_names
         imported = import_graph(
             source,
             input_type=input_type,
@@ -99,6 +101,8 @@ def run_import(
         "exported_scope": request.scope,
         "imports": list(imported.imports),
         "warnings": frontend_warnings,
+        # JSON keys are strings: {"image": {"0": "N"}}
+        "dim_names": dim_names,
     }
     (out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
 
