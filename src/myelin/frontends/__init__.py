@@ -27,6 +27,8 @@ FRONTENDS: dict[str, str] = {
 
 # frontends whose source is read by the compiler directly, and the --iree-input-type to use
 DIRECT_INPUT_TYPES: dict[str, str] = {"mlir": "auto", "stablehlo": "stablehlo"}
+# what a graph's only function is called unless the manifest says otherwise, in every frontend
+DEFAULT_ENTRYPOINT = "forward"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,15 @@ class FrontendRequest:
     entrypoints: tuple[str, ...] | None = None
     # input name -> {dimension index -> dimension name}: dims that must stay dynamic
     dynamic: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+
+    def single_entrypoint(self, refusal: str) -> str:
+        """The name of a source's one function: the manifest's only entrypoint, else
+        DEFAULT_ENTRYPOINT. Several names are refused with `refusal`, whose `{names}` lists them."""
+        if not self.entrypoints:
+            return DEFAULT_ENTRYPOINT
+        if len(self.entrypoints) > 1:
+            raise CompileError(refusal.replace("{names}", ", ".join(self.entrypoints)))
+        return self.entrypoints[0]
 
 
 @dataclass

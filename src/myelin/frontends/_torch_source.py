@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from myelin.errors import CompileError
-
-DEFAULT_ENTRYPOINT = "forward"
+from myelin.frontends import DEFAULT_ENTRYPOINT
 
 _EXPECTED = (
     "expected (module, example_args), a torch.export.ExportedProgram, or a dict of "

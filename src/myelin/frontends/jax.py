@@ -30,13 +30,13 @@ from myelin.errors import CompileError
 from myelin.frontends import FrontendRequest, FrontendResult
 from myelin.frontends._jax_source import load_function
 
-DEFAULT_ENTRYPOINT = "forward"
-
 
 def to_mlir(request: FrontendRequest) -> FrontendResult:
     where = f"{request.source.name}:{request.symbol}"
     fn, params, example_args = _call_builder(load_function(request.source, request.symbol), where)
-    entrypoint = _entrypoint(request)
+    entrypoint = request.single_entrypoint(
+        f"{where}: a JAX graph exports one function; got entrypoints {{names}}"
+    )
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     treedef = jax.tree_util.tree_structure(params)
     keys = [parameter_key(path) for path, _ in leaves]
@@ -215,17 +215,6 @@ def _check_dynamic_broadcasts(module: ir.Operation, where: str) -> None:
             "keepdims reductions), which IREE 3.13 cannot compile; make that dimension static "
             "(remove it from `dynamic`) or build one graph per shape"
         )
-
-
-def _entrypoint(request: FrontendRequest) -> str:
-    if not request.entrypoints:
-        return DEFAULT_ENTRYPOINT
-    if len(request.entrypoints) > 1:
-        raise CompileError(
-            f"{request.source.name}:{request.symbol}: a JAX graph exports one function; "
-            f"got entrypoints {', '.join(request.entrypoints)}"
-        )
-    return request.entrypoints[0]
 
 
 def _first_line(e: BaseException) -> str:

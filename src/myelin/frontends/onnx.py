@@ -17,16 +17,18 @@ import onnx
 
 from myelin.compiler.pipeline import DEFAULT_MIN_PARAMETER_BYTES
 from myelin.errors import CompileError
-from myelin.frontends import FrontendRequest, FrontendResult
+from myelin.frontends import DEFAULT_ENTRYPOINT, FrontendRequest, FrontendResult
 from myelin.frontends import _onnx_checks as checks
 from myelin.frontends import _onnx_preprocess as prep
 from myelin.frontends._onnx_import import import_model
 
-DEFAULT_ENTRYPOINT = "forward"
-
 
 def to_mlir(request: FrontendRequest) -> FrontendResult:
-    model, warnings = prepare(request.source, entrypoint=_entrypoint(request))
+    entrypoint = request.single_entrypoint(
+        f"{request.source.name}: an ONNX model has one graph, so one entrypoint; "
+        "got {names} (list one name in entrypoints)"
+    )
+    model, warnings = prepare(request.source, entrypoint=entrypoint)
     imported = import_model(
         model,
         scope=request.scope,
@@ -109,14 +111,3 @@ def prepare(
     prep.prepare_cumprod(model)  # last: it adds an attribute ONNX's schema does not know
     model.graph.name = entrypoint
     return model, warnings
-
-
-def _entrypoint(request: FrontendRequest) -> str:
-    if not request.entrypoints:
-        return DEFAULT_ENTRYPOINT
-    if len(request.entrypoints) > 1:
-        raise CompileError(
-            f"{request.source.name}: an ONNX model has one graph, so one entrypoint; "
-            f"got {', '.join(request.entrypoints)} (list one name in entrypoints)"
-        )
-    return request.entrypoints[0]
