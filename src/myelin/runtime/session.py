@@ -36,7 +36,7 @@ from iree.runtime._binding import ArgumentPacker, InvokeContext, _invoke_statics
 from myelin.dtypes import numpy_dtype
 from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
 from myelin.runtime.admission import Reservation
-from myelin.runtime.tensors import as_host_array, check_inputs
+from myelin.runtime.tensors import as_host_array, check_inputs, shared_dims
 
 OutputKind = Literal["numpy", "device"]
 
@@ -192,13 +192,8 @@ class ResolvedCall:
             )
             for t in self.signature.inputs
         ]
-        # Dynamic dims that share a name, as ((input, axis), ...) groups of two or more.
-        groups: dict[str, list[tuple[int, int]]] = {}
-        for i, t in enumerate(self.signature.inputs):
-            for axis, (size, dim) in enumerate(zip(t.shape or (), t.dims, strict=False)):
-                if size is None and isinstance(dim, str):
-                    groups.setdefault(dim, []).append((i, axis))
-        self._equal_dims = [tuple(g) for g in groups.values() if len(g) > 1]
+        # Dynamic dims that share a name, as ((input, axis), ...) groups, for the fast check.
+        self._equal_dims = [members for _, members in shared_dims(self.signature.inputs)]
 
     def _matches(self, values: tuple[Any, ...]) -> bool:
         if len(values) != len(self._expected):

@@ -58,23 +58,29 @@ def check_inputs(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[
     check_named_dims(entrypoint, specs, values)
 
 
+def shared_dims(specs: Sequence[TensorSpec]) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
+    """Dynamic dims the signature gives one name (`batch`, `seq`), as (name, ((input, axis), ...))
+    for every name that two or more dims share, in argument order."""
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for i, spec in enumerate(specs):
+        for axis, (size, name) in enumerate(zip(spec.shape or (), spec.dims, strict=False)):
+            if size is None and isinstance(name, str):
+                groups.setdefault(name, []).append((i, axis))
+    return [(name, tuple(members)) for name, members in groups.items() if len(members) > 1]
+
+
 def check_named_dims(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[Any]) -> None:
-    """Dynamic dims the manifest gave one name (`batch`, `seq`) must have one size: the graph
-    was exported assuming so, and IREE would fail deep inside or compute garbage otherwise."""
-    seen: dict[str, tuple[str, int, int]] = {}  # dim name -> (argument, axis, size)
-    for spec, value in zip(specs, values, strict=True):
-        if spec.is_scalar:
-            continue
-        for axis, (want, name) in enumerate(zip(spec.shape or (), spec.dims, strict=False)):
-            if want is not None or not isinstance(name, str):
-                continue
-            got = int(value.shape[axis])
-            first = seen.setdefault(name, (spec.name, axis, got))
-            if first[2] != got:
+    """Dims of one name must have one size: the graph was exported assuming so, and IREE would
+    fail deep inside or compute garbage otherwise."""
+    for name, ((i, axis), *others) in shared_dims(specs):
+        size = int(values[i].shape[axis])
+        for j, other_axis in others:
+            got = int(values[j].shape[other_axis])
+            if got != size:
                 raise InputError(
-                    f"{entrypoint}: argument '{spec.name}' has size {got} in dimension {axis} "
-                    f"('{name}'), but '{first[0]}' has {first[2]} in its dimension {first[1]}; "
-                    f"dimensions named '{name}' must be equal"
+                    f"{entrypoint}: argument '{specs[j].name}' has size {got} in dimension "
+                    f"{other_axis} ('{name}'), but '{specs[i].name}' has {size} in its dimension "
+                    f"{axis}; dimensions named '{name}' must be equal"
                 )
 
 
