@@ -19,8 +19,9 @@ from myelin.codecs import NO_CODEC, Layout, encode, plan_layout
 from myelin.codecs._policy import Choice, CodecPolicy, choose
 from myelin.errors import CompileError
 
-# The session only hosts the rewrite; no target-specific pass runs.
+# Parameters encode in parallel threads (numpy releases the GIL): q4's search is seconds a matrix.
 _ENCODE_WORKERS = min(4, os.cpu_count() or 1)
+# The session only hosts the rewrite; no target-specific pass runs.
 _SESSION_FLAGS = (
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",

@@ -177,6 +177,11 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
     module_sections: list[tuple[str, Path]] = []
     variants = []
     units = ordered_units(app, outputs)
+    # the source's own names of dynamic dims (ONNX dim_param), per module; the same in all variants
+    source_dims = {
+        u.name: steps.read_import_meta(outputs[import_node_id(u.imported)]).get("dim_names", {})
+        for u in units
+    }
     for variant in app.variants:
         modules, entrypoints, scopes = [], [], []
         metas = {
@@ -193,9 +198,6 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
             )
             modules.append({"name": unit.name, "section": section})
             plans = read_memory_plans(outputs[memory_node_id(unit, variant)])
-            source_dims = steps.read_import_meta(outputs[import_node_id(unit.imported)]).get(
-                "dim_names", {}
-            )
             for fn, sig in metas[unit.name]["signatures"].items():
                 # A name two modules export stays reachable as `module.function`.
                 name = fn if counts[fn] == 1 else f"{unit.name}.{fn}"
@@ -204,7 +206,9 @@ def build_manifest(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[dict, lis
                         "name": name,
                         "module": unit.name,
                         "function": fn,
-                        "inputs": _named_dims(fn, sig["inputs"], unit.graph.dynamic, source_dims),
+                        "inputs": _named_dims(
+                            fn, sig["inputs"], unit.graph.dynamic, source_dims[unit.name]
+                        ),
                         "outputs": sig["outputs"],
                     }
                 )
@@ -309,25 +313,15 @@ def _codec_fields(codec: dict | None) -> dict:
     return fields
 
 
-def frontend_report(app: AppSpec, outputs: Mapping[str, Path]) -> list[str]:
-    """The frontends' warnings (ops known to compute wrong values, ...) recorded by the import
-    nodes, so that a cached build reports them as loudly as the first one."""
+def recorded_warnings(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[list[str], list[str]]:
+    """(frontend and codec warnings, no-materialization violations) of this build, read from the
+    import, encode and compile records so that a cached build reports them again."""
     notes: list[str] = []
-    for graph in import_units(app):
-        if import_node_id(graph) in outputs:
-            meta = steps.read_import_meta(outputs[import_node_id(graph)])
-            notes += [f"graph {graph.ref}: {w}" for w in meta.get("warnings", [])]
-    return notes
-
-
-def codec_report(app: AppSpec, outputs: Mapping[str, Path]) -> tuple[list[str], list[str]]:
-    """(codec warnings, no-materialization violations) of this build, read from the encode and
-    compile records so that a cached build reports them again."""
-    notes: list[str] = []
-    for graph in import_units(app):
-        if encode_node_id(graph) in outputs:
-            meta = steps.read_import_meta(outputs[encode_node_id(graph)])
-            notes += [f"graph {graph.ref}: {w}" for w in meta.get("codec_warnings", [])]
+    for node_id, key in ((import_node_id, "warnings"), (encode_node_id, "codec_warnings")):
+        for graph in import_units(app):
+            if node_id(graph) in outputs:
+                meta = steps.read_import_meta(outputs[node_id(graph)])
+                notes += [f"graph {graph.ref}: {w}" for w in meta.get(key, [])]
     violations: list[str] = []
     for unit in module_units(app):
         for variant in app.variants:
@@ -474,13 +468,13 @@ def write_phases(
 
 
 def compose_artifact(app: AppSpec, request: BuildRequest, outputs: Mapping[str, Path]) -> None:
-    notes, violations = codec_report(app, outputs)
+    notes, violations = recorded_warnings(app, outputs)
     if violations and request.strict:
         raise BuildError(
             f"{violations[0]}; --strict makes a decode that is not fused an error"
             + (f" ({len(violations) - 1} more)" if len(violations) > 1 else "")
         )
-    for message in frontend_report(app, outputs) + notes + violations:
+    for message in notes + violations:
         warnings.warn(message, steps.BuildWarning, stacklevel=2)
     manifest, module_sections, parameter_sections = build_manifest(app, outputs)
     writer = MlnWriter(manifest)
