@@ -10,7 +10,7 @@ import pytest
 import myelin
 from myelin.errors import MemoryBudgetExceeded, MemoryNeedUnknown
 from myelin.mln import MlnReader, MlnWriter
-from myelin.runtime.admission import evaluate_size
+from myelin.size_formulas import evaluate_size
 from myelin.runtime.profiling import capture
 from tests.conftest import EXAMPLES, build_app
 from tests.models import mlp_reference
