@@ -25,9 +25,10 @@ Cancellation contract (cooperative; nothing is interrupted inside IREE):
 
 from __future__ import annotations
 
+import numbers
 import threading
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import iree.runtime as rt
 import numpy as np
@@ -39,6 +40,7 @@ from myelin.runtime.admission import Reservation
 from myelin.runtime.tensors import as_host_array, check_inputs, shared_dims
 
 OutputKind = Literal["numpy", "device"]
+OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 
 # How often a waiting call looks at its cancel flag and deadline: the cancellation latency.
 CHECK_INTERVAL_S = 0.02
@@ -50,13 +52,22 @@ class CallError(MyelinError):
     """IREE failed while running a call whose inputs passed validation."""
 
 
+class SessionClosed(MyelinError):
+    """A call on a session after `Session.close()` or `Model.close()`: its VM context is gone."""
+
+
 class _Stop:
     """One call's cancellation and deadline; `check()` raises when the call must stop."""
 
     __slots__ = ("deadline", "generation", "name", "session", "timeout", "where")
 
     def __init__(self, session: Session, name: str, timeout: float | None) -> None:
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+        # `not timeout >= 0` also refuses NaN, whose deadline would never run out.
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, numbers.Real)
+            or not timeout >= 0
+        ):
             raise ValueError(f"{name}: timeout must be a number of seconds >= 0, got {timeout!r}")
         self.session = session
         self.name = name
@@ -106,6 +117,8 @@ class Session:
 
     def resolve(self, name: str) -> ResolvedCall:
         """A reusable handle for one entrypoint (looks the function up once)."""
+        if self._closed:
+            raise self._closed_error(name)
         resolved = self._resolved.get(name)
         if resolved is None:
             resolved = ResolvedCall(self, name)
@@ -122,6 +135,12 @@ class Session:
         for where a call can stop).
         """
         return self.resolve(name)(*inputs, output=output, timeout=timeout)
+
+    def _closed_error(self, name: str) -> SessionClosed:
+        return SessionClosed(
+            f"{name}: the session is closed (by Session.close() or Model.close()); "
+            "open a new one with model.session()"
+        )
 
     def cancel(self) -> None:
         """Cancel the calls of this session that have started and not returned (any thread)."""
@@ -220,6 +239,11 @@ class ResolvedCall:
         self, *inputs: Any, output: OutputKind = "numpy", timeout: float | None = None
     ) -> Any:
         session = self._session
+        if output not in OUTPUT_KINDS:
+            raise ValueError(
+                f"{self.name}: output must be one of {', '.join(map(repr, OUTPUT_KINDS))}, "
+                f"got {output!r}"
+            )
         stop = _Stop(session, self.name, timeout)
         model = session.model
         device = self._device
@@ -241,7 +265,7 @@ class ResolvedCall:
                 stop.check()
         try:
             if session._closed:
-                raise MyelinError(f"{self.name}: the session is closed")
+                raise session._closed_error(self.name)
             reservation = None
             if need is not None:
                 stop.where = "while waiting for memory budget"
