@@ -51,9 +51,11 @@ def test_unknown_output_kind_is_refused(model):
 
 @pytest.mark.parametrize("timeout", [float("nan"), -1, "5", True])
 def test_timeout_that_is_not_seconds_is_refused(model, timeout):
-    with model.session() as session:
-        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
-            session.call("forward", X, timeout=timeout)
+    with (
+        model.session() as session,
+        pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"),
+    ):
+        session.call("forward", X, timeout=timeout)
 
 
 def test_valid_timeouts_still_run(model):

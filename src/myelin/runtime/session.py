@@ -64,9 +64,7 @@ class _Stop:
     def __init__(self, session: Session, name: str, timeout: float | None) -> None:
         # `not timeout >= 0` also refuses NaN, whose deadline would never run out.
         if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, numbers.Real)
-            or not timeout >= 0
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0
         ):
             raise ValueError(f"{name}: timeout must be a number of seconds >= 0, got {timeout!r}")
         self.session = session
