@@ -4,9 +4,10 @@
         Executor(cache, on_event=progress).run(plan)
 
 `RichProgress` is a live display for terminals, `PlainProgress` one line per node start/finish for
-logs and CI, `JsonProgress` one JSON object per event for tools. All are context managers (only
-the rich one needs it: it owns the live display) and expect serialized calls, which the executor
-guarantees.
+logs and CI (plus a heartbeat line for a node that runs long), `JsonProgress` one JSON object per
+event for tools. All are context managers (the rich one owns a live display, the plain one a
+heartbeat thread; both stop at the run's "done" event or on exit) and expect serialized calls,
+which the executor guarantees.
 """
 
 from __future__ import annotations
@@ -44,10 +45,20 @@ class ProgressRenderer:
 
 
 class PlainProgress(ProgressRenderer):
-    """One line per node start and finish (plus errors, discarded cache entries and a summary)."""
+    """One line per node start and finish (plus errors, discarded cache entries and a summary),
+    and a heartbeat: while a node runs longer than `heartbeat_s`, one `running` line for it every
+    `heartbeat_s` seconds, so a log or CI job shows that a long compile is alive (None: none).
+    """
 
-    def __init__(self, stream: IO[str] | None = None) -> None:
+    def __init__(self, stream: IO[str] | None = None, *, heartbeat_s: float | None = 10.0) -> None:
         self.stream = stream if stream is not None else sys.stderr
+        self.heartbeat_s = heartbeat_s
+        # The heartbeat thread writes too: one lock keeps lines whole and the state consistent.
+        self._lock = threading.Lock()
+        self._running: dict[str, list[float]] = {}  # node id -> [start, last line], monotonic
+        self._counter = ""
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def __call__(self, event: Event) -> None:
         counter = f"[{event.done}/{event.total}]"
@@ -66,9 +77,51 @@ class PlainProgress(ProgressRenderer):
         elif event.kind == "done":
             line = f"{event.status}: {event.message}"
         else:  # cache hits are counted in the plan line; `explain` lists them
-            return
+            line = None
+        with self._lock:
+            self._counter = counter
+            if event.kind == "start":
+                now = time.monotonic()
+                self._running[event.node_id] = [now, now]
+            elif event.kind in ("finish", "error"):
+                self._running.pop(event.node_id, None)
+            if line is not None:
+                self._write(line)
+        if event.kind == "start":
+            self._start_heartbeat()
+        elif event.kind == "done":
+            self.close()
+
+    def _write(self, line: str) -> None:
         self.stream.write(line + "\n")
         self.stream.flush()
+
+    def _start_heartbeat(self) -> None:
+        if self.heartbeat_s is None or self._heartbeat is not None or self._stop.is_set():
+            return
+        self._heartbeat = threading.Thread(
+            target=self._beat, name="synapse-progress-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        assert self.heartbeat_s is not None
+        every = self.heartbeat_s
+        while not self._stop.wait(min(1.0, every / 4)):
+            with self._lock:
+                now = time.monotonic()
+                for node_id, times in self._running.items():
+                    if now - times[1] >= every:
+                        times[1] = now
+                        self._write(
+                            f"{self._counter} running   {node_id} ({now - times[0]:.0f}s so far)"
+                        )
+
+    def close(self) -> None:
+        self._stop.set()
+        thread, self._heartbeat = self._heartbeat, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
 
 class JsonProgress(ProgressRenderer):
