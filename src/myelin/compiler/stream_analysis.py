@@ -22,7 +22,7 @@ from iree.compiler import ir
 
 from myelin.compiler.session import CompilerSession, Diagnostics
 from myelin.errors import CompileError
-from myelin.runtime.admission import SIZE_OPS, SizeExpr, add_sizes
+from myelin.size_formulas import SIZE_OPS, SizeExpr, add_sizes
 
 STREAM_PHASE = "stream"
 
@@ -267,7 +267,7 @@ def _size_of(value: Any, args: list, depth: int = 0) -> SizeExpr:
 
 def _fold(op: str, a: SizeExpr, b: SizeExpr) -> SizeExpr:
     if isinstance(a, int) and isinstance(b, int):
-        from myelin.runtime.admission import evaluate_size
+        from myelin.size_formulas import evaluate_size
 
         return evaluate_size([op, a, b], ())
     if op == "mul" and (a == 1 or b == 1):
