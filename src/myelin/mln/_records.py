@@ -26,21 +26,10 @@ from myelin.dtypes import MLIR_TO_NUMPY
 from myelin.mln._layout import FORMAT_MINOR, MIN_ALIGNMENT, SECTION_ALIGNMENT, SectionEntry
 from myelin.mln._manifest import ManifestInvalid
 from myelin.signature import Signature, TensorSpec
+from myelin.size_formulas import SIZE_OPS
 
 # --- vocabularies and limits (docs/mln-format.md) ------------------------------------------------
 
-# The size formula's operators: the compiler writes them (stream analysis), admission evaluates.
-SIZE_OPS: Mapping[str, Callable[[int, int], int]] = {
-    "add": lambda a, b: a + b,
-    "sub": lambda a, b: a - b,
-    "mul": lambda a, b: a * b,
-    "div": lambda a, b: a // b if b else 0,
-    "ceildiv": lambda a, b: -(-a // b) if b else 0,
-    "rem": lambda a, b: a % b if b else 0,
-    "max": max,
-    "min": min,
-    "align": lambda a, b: -(-a // b) * b if b else a,
-}
 RESIDENCY_MODES = ("resident", "streamed", "prefetch")
 TENSOR_DTYPES = frozenset(MLIR_TO_NUMPY.values())
 # Bits per element of every dtype a parameter may be stored as (`storage.dtype`).
