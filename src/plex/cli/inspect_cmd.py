@@ -6,24 +6,26 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from myelin.codecs import bytes_by_codec, parameter_rows
-from myelin.mln import MlnReader
-from myelin.signature import TensorSpec
 from plex.cli.build_cmd import _size
 
 
 def inspect(
-    artifact: Path = typer.Argument(..., help="The .mln file."),
+    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
     as_json: bool = typer.Option(False, "--json", help="Print the raw manifest as JSON."),
     verify: bool = typer.Option(
         True, "--verify/--no-verify", help="Check every section's content hash (default: on)."
     ),
 ) -> None:
     """Show variants, entrypoints with signatures, parameters, sizes and provenance."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from myelin.codecs import bytes_by_codec, parameter_rows
+    from myelin.mln import MlnReader
+    from myelin.signature import TensorSpec
+
     with MlnReader(artifact, verify=verify) as reader:
         manifest = reader.manifest
         sections = reader.sections
@@ -31,10 +33,11 @@ def inspect(
     if as_json:
         typer.echo(json.dumps(manifest, indent=2, sort_keys=True))
         return
-    console = Console()
+    console = Console(emoji=False)
     app = manifest["app"]
     console.print(
-        f"[bold]{artifact}[/bold]: app {app['name']} {app.get('version', '')}, {_size(size)}, "
+        f"[bold]{escape(str(artifact))}[/bold]: app {escape(app['name'])} "
+        f"{escape(app.get('version', ''))}, {_size(size)}, "
         f"format {manifest['format']['major']}.{manifest['format']['minor']}"
         + (", all section hashes verified" if verify else "")
     )
@@ -50,11 +53,11 @@ def inspect(
         )
         module_bytes = sum(sections[m["section"]].length for m in v["modules"])
         variants.add_row(
-            v["name"],
-            devices,
-            ", ".join(m["name"] for m in v["modules"]),
+            escape(v["name"]),
+            escape(devices),
+            escape(", ".join(m["name"] for m in v["modules"])),
             _size(module_bytes),
-            ", ".join(v.get("parameter_scopes", [])),
+            escape(", ".join(v.get("parameter_scopes", []))),
         )
     console.print(variants)
     entry = Table(title="entrypoints")
@@ -63,14 +66,16 @@ def inspect(
     for v in manifest["variants"]:
         for e in v["entrypoints"]:
             entry.add_row(
-                v["name"],
-                e["name"],
+                escape(v["name"]),
+                escape(e["name"]),
                 escape(", ".join(TensorSpec.from_json(t).describe() for t in e["inputs"])),
                 escape(", ".join(TensorSpec.from_json(t).describe() for t in e["outputs"])),
             )
     console.print(entry)
     params = manifest["parameters"]
-    if params:
+    if not params:
+        console.print("parameters: 0 (the model has no weights)")
+    else:
         # One row per logical parameter: a codec's scale/zero parts count in its stored bytes.
         rows = parameter_rows(params)
         by_codec = ", ".join(f"{c} {_size(b)}" for c, (b, _) in bytes_by_codec(params).items())
@@ -84,8 +89,8 @@ def inspect(
         sections_of = {(p["scope"], p["key"]): p["section"] for p in params}
         for r in rows:
             table.add_row(
-                r.scope,
-                r.key,
+                escape(r.scope),
+                escape(r.key),
                 r.dtype,
                 "x".join(map(str, r.shape)),
                 r.codec,
@@ -98,9 +103,9 @@ def inspect(
     console.print("[bold]provenance[/bold]")
     for key in sorted(prov):
         if key not in ("sources", "packages"):
-            console.print(f"  {key}: {prov[key]}")
+            console.print(escape(f"  {key}: {prov[key]}"))
     for ref, digest in sorted(prov.get("sources", {}).items()):
-        console.print(f"  source {ref}: sha256 {digest[:16]}…")
+        console.print(escape(f"  source {ref}: sha256 {digest[:16]}…"))
     for v in manifest["variants"]:
         console.print(escape(f"  flags [{v['name']}]: {' '.join(v.get('flags', []))}"))
         for name, value in v.get("module_attributes", {}).items():
