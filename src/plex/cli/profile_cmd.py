@@ -78,6 +78,7 @@ def profile(
         entry = model.entrypoint(function)
         args = cli_inputs(inputs, dims, entry.signature, entry.name)
         parameter_bytes = _parameter_bytes(model.manifest, model.variant_name)
+        call_bytes = _call_bytes(entry, args)
     finally:
         model.close()
     check_writable_dir(out_dir, "--output-dir")
@@ -118,7 +119,14 @@ def profile(
     console = Console(emoji=False, highlight=False)
     console.print(table)
     if result.memory_high_water is not None:
-        console.print(_memory_line(result.memory_high_water, parameter_bytes))
+        console.print(
+            f"peak queue-ordered memory: {result.memory_high_water:,} B (includes the "
+            f"{parameter_bytes:,} B of parameters the profiling tool loads)"
+        )
+    if call_bytes is not None:
+        console.print(
+            f"transients + results of one call: {call_bytes:,} B (the build's memory plan)"
+        )
     console.print(escape(f"capture: {result.profile}"))
     console.print(escape(f"trace:   {result.trace}"))
 
@@ -131,11 +139,13 @@ def _parameter_bytes(manifest: dict, variant: str) -> int:
     return sum(p["length"] for p in manifest["parameters"] if p["scope"] in scopes)
 
 
-def _memory_line(high_water: int, parameter_bytes: int) -> str:
-    if parameter_bytes and high_water >= parameter_bytes:
-        return (
-            f"peak queue-ordered memory: {high_water:,} B = parameters {parameter_bytes:,} B "
-            f"(loaded by the profiling tool) + transients and results "
-            f"{high_water - parameter_bytes:,} B"
-        )
-    return f"peak queue-ordered memory (parameters, transients and results): {high_water:,} B"
+def _call_bytes(entry: object, args: list) -> int | None:
+    """Transient and result bytes of one call with these inputs, from the memory plan the
+    build recorded (None when the build could not bound them)."""
+    from myelin.errors import MyelinError
+
+    try:
+        need = entry.memory.need(entry.name, args)  # type: ignore[attr-defined]
+    except MyelinError:
+        return None
+    return need.transient + need.results
