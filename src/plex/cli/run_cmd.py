@@ -33,6 +33,12 @@ def run(
         help="Use this variant instead of the first that fits this machine.",
         metavar="NAME",
     ),
+    trust: Path = typer.Option(
+        None,
+        "--trust",
+        help="Run the file only if this public key (PEM) signed it (plex sign).",
+        metavar="PUB",
+    ),
 ) -> None:
     """Run one entrypoint and print (or save) its results."""
     import numpy as np
@@ -45,7 +51,7 @@ def run(
     args = [parse_tensor_arg(text) for text in inputs]
     for path in outputs:  # before the call: a long call must not end in an unwritable path
         check_writable_file(path, "--output")
-    model = myelin.Instance().load(artifact, variant=variant)
+    model = myelin.Instance(trust=trust).load(artifact, variant=variant)
     with model.session() as session:
         result = session.call(function, *args)
     results = list(result) if isinstance(result, tuple) else [result]
