@@ -247,9 +247,11 @@ def test_quantized_gather_reads_only_selected_rows(dispatch_creation):
         # no decoded table, whole or transposed, exists anywhere
         assert f"tensor<{V}x{D}xf32>" not in body and f"tensor<{D}x{V}xf32>" not in body
         # the gather's dispatch reads the stored integers and extracts single elements of them
-        element = "i8" if c == "int8" else "i4"
-        assert re.search(rf"tensor<{V}x{D}x{element}>", body)
-        assert re.search(rf"tensor\.extract %\w+\[[^\]]+\] : tensor<{V}x{D}x{element}>", body)
+        # (q4's table is [rows, group, element]: the same bytes as [rows, columns])
+        group = {"int8": None, "q4": 32, "q4:g16": 16}[c]
+        stored = f"{V}x{D}xi8" if group is None else f"{V}x{D // group}x{group}xi4"
+        assert re.search(rf"tensor<{stored}>", body)
+        assert re.search(rf"tensor\.extract %\w+\[[^\]]+\] : tensor<{stored}>", body)
     assert f"tensor<{V}x{D}xf32>" not in text
 
 
