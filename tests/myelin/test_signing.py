@@ -252,3 +252,14 @@ def test_an_unsigned_1_0_file_still_loads(tmp_path):
     replace_manifest(path, manifest, minor=0)
     with MlnReader(path) as reader:
         assert reader.format_version == (1, 0) and reader.signature is None
+
+
+def test_inspect_shows_the_signing_key(signed):
+    from plex.cli import inspect_cmd
+
+    app = typer.Typer()
+    app.command("inspect")(one_line_errors(inspect_cmd.inspect))
+    app.command("unused")(lambda: None)  # two commands: the verb is named on the command line
+    result = CliRunner().invoke(app, ["inspect", str(signed)])
+    assert result.exit_code == 0, result.output
+    assert "signed by key" in result.output and "plex verify" in result.output
