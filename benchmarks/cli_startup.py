@@ -27,6 +27,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# What the three commands load, one module per fresh interpreter (CPU s over `python -c pass`):
+# the fixed costs a command pays before it does anything.
+MODULES = (
+    "typer",
+    "typer._adapters",  # typer 0.29 coerces parameters through pydantic when a verb runs
+    "pydantic",
+    "numpy",
+    "iree.runtime",
+    "iree.compiler",
+    "plex.manifest",
+    "myelin.mln",
+    "synapse",
+    "plex.cli",
+    "plex.build",
+)
 GOALS_S = {"plex --help": 0.25, "no-op rebuild (examples/mlp)": 0.5, "plex run (examples/mlp)": 0.4}
 
 
@@ -76,10 +91,33 @@ def top_imports(command: list[str], env: dict[str, str], count: int = 8) -> list
     return sorted(rows, key=lambda r: -r[1])[:count]
 
 
+def print_module_costs(rounds: int, env: dict[str, str]) -> None:
+    floor_cmd = [sys.executable, "-c", "pass"]
+    costs: dict[str, list[tuple[float, float]]] = {m: [] for m in MODULES}
+    floors: list[tuple[float, float]] = []
+    for _ in range(rounds):
+        floors.append(timed(floor_cmd, env))
+        for module in MODULES:
+            costs[module].append(timed([sys.executable, "-c", f"import {module}"], env))
+    floor_wall = statistics.median(w for w, _ in floors)
+    floor_cpu = statistics.median(c for _, c in floors)
+    print(
+        "\n| import (fresh interpreter) | wall median s over the floor | CPU median s over floor |"
+    )
+    print("|---|---|---|")
+    for module, values in costs.items():
+        wall = statistics.median(w for w, _ in values) - floor_wall
+        cpu = statistics.median(c for _, c in values) - floor_cpu
+        print(f"| `{module}` | {wall:.3f} | {cpu:.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--importtime", action="store_true", help="also show the costly imports")
+    parser.add_argument(
+        "--modules", action="store_true", help="also measure what importing each module costs"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="plex-cli-startup-") as tmp:
@@ -117,6 +155,8 @@ def main() -> None:
                 f"{statistics.median(cpu):.3f} | {min(cpu):.3f}-{max(cpu):.3f} | "
                 f"{'' if goal is None else f'{goal:.2f}'} | {met} |"
             )
+        if args.modules:
+            print_module_costs(args.rounds, env)
         if args.importtime:
             for name, command in cmds.items():
                 if name in GOALS_S:
