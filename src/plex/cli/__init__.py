@@ -4,7 +4,7 @@ turns PLeX/MyeLiN errors into one line and a non-zero exit code (`--debug` shows
 Start-up is part of the interface: `plex --help` must answer at once. So every verb module
 imports only the standard library and typer at its top; numpy, pydantic, rich, the IREE
 bindings and the build machinery are imported inside the verb's function, when it runs
-(`tests/plex/test_cli_startup.py` checks what `plex --help` loads). Help is rendered as plain
+(`tests/plex/test_cli_help.py` checks what `plex --help` loads). Help is rendered as plain
 text (`rich_markup_mode=None`): help strings show `[build] jobs` as written, and flags carry no
 type placeholder.
 """
