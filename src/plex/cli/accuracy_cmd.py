@@ -154,10 +154,11 @@ def _build(app, output: Path, jobs: int | None) -> Path:
     from plex.build import default_cache_dir
     from plex.build.plan import BuildRequest, plan_build
     from plex.build.versions import fingerprint_salt
+    from plex.cli.build_cmd import announce_interrupt
     from synapse import BuildFailed, Cache, Executor, make_progress
 
     plan = plan_build(app, BuildRequest(output=output.resolve()))
-    with make_progress("plain", sys.stderr) as sink:
+    with make_progress("plain", sys.stderr) as plain, announce_interrupt(plain) as sink:
         executor = Executor(
             Cache(default_cache_dir(app)),
             jobs=jobs or app.build.jobs,
