@@ -1,8 +1,9 @@
-"""Decode-step latency of the Llama-style decoder (examples/llama) per weight codec, on CPU, in one
-run: fp32 vs fp16 vs bf16 vs int8 vs q4.
+"""Latency per weight codec on CPU, side by side in one run: the Llama-style decoder's decode step
+(examples/llama), or all-MiniLM-L6-v2 as shipped, with data tiling (examples/minilm, `--model
+minilm`: batch 1 and 32, plus the anonymous memory each artifact costs after load and one call).
 
-    python benchmarks/codecs_decode.py [--codecs fp32,fp16,int8,q4] [--rounds 12] [--steps 8]
-                                       [--cpu host] [--mln-dir DIR]
+    python benchmarks/codecs_decode.py [--model llama|minilm] [--codecs fp32,fp16,int8,q4]
+                                       [--rounds 12] [--steps 8] [--cpu host] [--mln-dir DIR]
 
 Each codec's artifact is built from examples/llama with `[weights.codec] "*" = <codec>` (through
 the normal build cache; `--mln-dir` reuses `<codec>.mln` files there). Every model runs the same
@@ -18,10 +19,12 @@ step streams shrink with the codec, the arithmetic grows (the decode runs inside
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +54,105 @@ def decode_step(path: Path):
     return step
 
 
+REPO = Path(__file__).resolve().parents[1]
+# Run in a fresh process per artifact: anonymous memory (KiB, /proc/self/smaps_rollup) before
+# loading and after the first call, so each codec's cost is measured alone.
+_MEMORY_PROBE = """
+import json, sys
+import numpy as np
+import myelin
+
+def anonymous():
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1])
+
+ids, mask = np.load(sys.argv[2]), np.load(sys.argv[3])
+before = anonymous()
+model = myelin.Instance().load(sys.argv[1])
+with model.session() as s:
+    s.call("forward", ids, mask)
+    print(json.dumps({"anonymous_kib": anonymous() - before}))
+"""
+
+
+def minilm_inputs(folder: Path) -> dict[int, tuple[Path, Path]]:
+    """The 32 sentences of examples/minilm tokenized: batch 32 and its first sentence."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from codecs_accuracy import example
+
+    module = example("minilm")
+    sentences = (REPO / "examples" / "minilm" / "sentences.txt").read_text().splitlines()
+    ids, mask = module.tokenize(sentences)
+    paths = {}
+    for batch in (1, 32):
+        p = (folder / f"ids{batch}.npy", folder / f"mask{batch}.npy")
+        np.save(p[0], ids[:batch])
+        np.save(p[1], mask[:batch])
+        paths[batch] = p
+    return paths
+
+
+def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> None:
+    """Forward latency at batch 1 and 32 per codec (each runtime timed in chunks of
+    `--steps` calls, order rotated per round: worker threads spin a while after a call and
+    would slow the next codec), and the anonymous memory of each artifact."""
+    import myelin
+
+    inputs = minilm_inputs(folder)
+    memory = {}
+    for codec in codecs:
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_PROBE, str(paths[codec]), *map(str, inputs[32])],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        memory[codec] = json.loads(out.stdout.strip().splitlines()[-1])["anonymous_kib"] / 1024
+    models = {c: myelin.Instance().load(paths[c]) for c in codecs}
+    sessions = {c: m.session() for c, m in models.items()}
+    arrays = {b: (np.load(i), np.load(m)) for b, (i, m) in inputs.items()}
+    reference = {b: sessions["fp32"].call("forward", *arrays[b]) for b in arrays}
+    for codec in codecs:
+        out = sessions[codec].call("forward", *arrays[32])
+        ref = reference[32]
+        cos = (out * ref).sum(1) / np.linalg.norm(out, axis=1) / np.linalg.norm(ref, axis=1)
+        print(f"{codec}: batch 32 mean cosine vs fp32 {cos.mean():.6f}", file=sys.stderr)
+    print(
+        f"\nall-MiniLM-L6-v2 (examples/minilm, data tiling on); {platform.processor() or '?'}, "
+        f"{os.cpu_count()} CPUs, local-task; {args.rounds} rounds x {args.steps} calls, "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'codec':<8} {'batch':>5} {'median ms':>10} {'spread ms':>17} {'vs fp32':>8} "
+        f"{'ratio spread':>13} {'anon MiB':>9}"
+    )
+    for batch in (1, 32):
+        per_round: dict[str, list[float]] = {c: [] for c in codecs}
+        for r in range(args.rounds):
+            order = codecs[r % len(codecs) :] + codecs[: r % len(codecs)]
+            for codec in order:
+                times = []
+                for _ in range(args.steps):
+                    start = time.perf_counter()
+                    sessions[codec].call("forward", *arrays[batch])
+                    times.append(time.perf_counter() - start)
+                per_round[codec].append(statistics.median(times))
+        for codec in codecs:
+            ms = [t * 1e3 for t in per_round[codec]]
+            ratios = [t / f for t, f in zip(per_round[codec], per_round["fp32"], strict=True)]
+            print(
+                f"{codec:<8} {batch:>5} {statistics.median(ms):>10.2f} "
+                f"{min(ms):>8.2f}-{max(ms):<8.2f} {statistics.median(ratios):>8.2f} "
+                f"{min(ratios):>6.2f}-{max(ratios):<6.2f} {memory[codec]:>9.1f}"
+            )
+    for s in sessions.values():
+        s.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("llama", "minilm"), default="llama")
     parser.add_argument("--codecs", default="fp32,fp16,bf16,int8,q4")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=8, help="timed calls per codec per round")
@@ -63,10 +163,17 @@ def main() -> None:
     assert codecs[0] == "fp32", "the first codec is the reference: fp32"
 
     folder = args.mln_dir or Path(tempfile.mkdtemp(prefix="codecs-decode-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = "" if args.model == "llama" else "minilm_"
     paths = {}
     for codec in codecs:
-        path = folder / f"{codec.replace(':', '_')}.mln"
-        paths[codec] = path if path.exists() else build_codec("llama", codec, folder, args.cpu)
+        path = folder / f"{prefix}{codec.replace(':', '_')}.mln"
+        paths[codec] = (
+            path if path.exists() else build_codec(args.model, codec, folder, args.cpu, prefix)
+        )
+    if args.model == "minilm":
+        minilm(codecs, paths, args, folder)
+        return
     steps = {codec: decode_step(path) for codec, path in paths.items()}
     reference = steps["fp32"]()
     for codec, step in steps.items():  # warm up, and show the step's error against fp32
