@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     if argv:
         mln = Path(argv[0])
     else:
-        from plex.build import build
+        from plex.builder import build
 
         mln = build(HERE / "app.toml", Path("placement.mln")).output
     import myelin

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import myelin
-from plex.build import build
+from plex.builder import build
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

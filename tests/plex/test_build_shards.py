@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import myelin
-from plex.build import build
+from plex.builder import build
 from plex.errors import BuildError, ManifestError
 from plex.manifest import load_app, load_package
 from synapse import explain

@@ -13,7 +13,7 @@ phase twice, and a resume is refused unless both agree with what the caller asks
 
 The header is a block of `// plex-<field>: <value>` comment lines (MLIR ignores them); the module
 attribute survives editing tools that drop comments. `plex-phase` is required; the other fields
-are what the build checks before it resumes (see plex.build).
+are what the build checks before it resumes (see plex.builder).
 """
 
 from __future__ import annotations

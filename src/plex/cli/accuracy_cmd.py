@@ -46,7 +46,7 @@ def accuracy(
     """Build the codec and fp32 variants of an app and compare their outputs on the same inputs:
     max and mean relative error and cosine similarity, plus the parameter bytes of each."""
     from myelin.codecs import check_codec_name
-    from plex.build.plan import codec_policy
+    from plex.builder.plan import codec_policy
     from plex.manifest import load_app
 
     app = load_app(app_toml)
@@ -84,9 +84,9 @@ def accuracy(
 
 
 def _build(app, output: Path, jobs: int | None) -> Path:
-    from plex.build import default_cache_dir
-    from plex.build.plan import BuildRequest, plan_build
-    from plex.build.versions import fingerprint_salt
+    from plex.builder import default_cache_dir
+    from plex.builder.plan import BuildRequest, plan_build
+    from plex.builder.versions import fingerprint_salt
     from synapse import BuildFailed, Cache, Executor, make_progress
 
     plan = plan_build(app, BuildRequest(output=output.resolve()))

@@ -20,7 +20,7 @@ _CACHE_OPT = typer.Option(
 
 
 def _cache(folder: Path | None):
-    from plex.build import default_cache_dir
+    from plex.builder import default_cache_dir
     from synapse import Cache
 
     return Cache(folder or default_cache_dir())
