@@ -175,7 +175,7 @@ def test_a_transfer_against_the_function_placement_is_refused():
 
 
 def test_transfers_that_agree_compile_and_run_on_two_devices(tmp_path):
-    stream_ir = phases(imported(TRANSFERS, "chain"), None, stop_at="stream")["stream"]
+    stream_ir = phases(imported(TRANSFERS, "chain"), [], stop_at="stream")["stream"]
     assert dispatch_devices(stream_ir)["f"] == {("f_dispatch_0", "cpu0"), ("f_dispatch_1", "cpu1")}
     app = write_app(tmp_path, "chain", TRANSFERS)
     model = myelin.Instance().load(build(app, tmp_path / "chain.mln").output)

@@ -75,7 +75,7 @@ def test_touching_one_shard_recompiles_only_that_shard(sharded, tmp_path):
     assert ran == {
         "import:sharded:autoenc_decoder",
         "compile:sharded:autoenc_decoder:default",
-        "memory:sharded:autoenc_decoder:default",
+        "link",
         "compose",
     }
     lines = explain(result.results)

@@ -93,9 +93,9 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes
 
 
 def test_weights_step_splits_tensors_of_any_dtype_and_refuses_corrupt_files(tmp_path):
-    import numpy as np
-
     import threading
+
+    import numpy as np
 
     from plex.builder import records
     from plex.builder.jobs import WeightsJob
