@@ -14,10 +14,10 @@ the run down). Per test:
   myelin/frontends/_onnx_preprocess.py) are first frozen to the test's values, as an exporter
   would; the result records which tests needed that.
 - raw: `iree-import-onnx model.onnx`, `iree-compile --iree-input-type=onnx` with llvm-cpu/host,
-  iree.runtime local-task: IREE 3.13 with no preprocessing (the notes' "run A").
+  iree.runtime local-task: IREE 3.13 with no preprocessing (the baseline).
 Comparison follows onnx's backend runner: same shape, same dtype, np.testing.assert_allclose
 with rtol=1e-3, atol=1e-7 (NaNs equal). Tests whose inputs or outputs are not plain tensors
-(sequences, optionals, maps) or are strings are skipped, as in the notes' baseline.
+(sequences, optionals, maps) or are strings are skipped on both paths.
 
 onnx==1.22.0 is required: it is the newest wheel that still ships backend/test/data/node.
 """

@@ -16,6 +16,16 @@ class ArtifactError(MyelinError):
     """The .mln file is unreadable, truncated, corrupt or of an unsupported version."""
 
 
+class SignatureError(ArtifactError):
+    """A trust policy is set and the artifact is unsigned, signed by another key, or changed
+    after it was signed. Raised before any of its code is loaded."""
+
+
+class SigningKeyError(MyelinError):
+    """A signing or trust key cannot be read (not a PEM ed25519 key, or `cryptography` is
+    missing)."""
+
+
 class InputError(MyelinError, ValueError):
     """A call's inputs do not match the entrypoint's signature."""
 

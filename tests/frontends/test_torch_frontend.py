@@ -54,7 +54,7 @@ class Guards(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.linspace(0.5, 2.0, 8))
 
     def compare(self, x):
-        # float constant vs *int* scalar: IREE folds these to False (frontends notes 1.4)
+        # float constant vs *int* scalar: IREE folds these to False (see _torch_fixes.py, fix 2)
         c = x.new_full((), 2.0)
         keep = torch.logical_and(c > 1, x > 0.0)
         also = torch.logical_and(c >= 2, x > 0.0)

@@ -1,7 +1,8 @@
 """Codecs on real IR through real IREE: every codec on three consumers (a torch-style
 transposed + broadcast linear into batch_matmul, a plain matmul, an embedding gather), compiled
-once for the host CPU and checked against the numpy decode of the same stored bytes; then the
-no-materialization check, on these graphs and on one built not to fuse."""
+for the host CPU with and without IREE's data tiling and checked against the numpy decode of
+the same stored bytes; then the no-materialization check, on these graphs (both ways) and on
+one built not to fuse."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ from myelin.compiler.targets import TargetDevice, target_flags
 
 CODECS = ["fp16", "bf16", "int8", "q4", "q4:g16"]
 N, K, V, D = 96, 128, 200, 64
-FLAGS = target_flags([TargetDevice("cpu")])
+DATA_TILING = [False, True]
+
+
+def _device(data_tiling: bool) -> TargetDevice:
+    return TargetDevice("cpu", data_tiling=data_tiling)
 
 
 def _name(codec: str) -> str:
@@ -138,18 +143,19 @@ class Encoded:
         stored = {(s.scope, s.key): s.data for s in self.graph.stored}
         return decode([stored[(r.scope, p["key"])] for p in r.parts], layout)
 
-    def check(self) -> tuple[list, str]:
+    def check(self, data_tiling: bool = False) -> tuple[list, str]:
         text: list[str] = []
+        flags = target_flags([_device(data_tiling)])
         found = check_encoded_module(
-            self.graph.module_bytecode, FLAGS, self.parts, self.sizes, text=text
+            self.graph.module_bytecode, flags, self.parts, self.sizes, text=text
         )
         return found, text[0]
 
-    def session(self):
+    def session(self, data_tiling: bool = False):
         import iree.runtime as rt
 
         vmfb = compile_imported(
-            self.graph.module_bytecode, phase="input", devices=[TargetDevice("cpu")]
+            self.graph.module_bytecode, phase="input", devices=[_device(data_tiling)]
         ).vmfb
         index = rt.ParameterIndex()
         for s in self.graph.stored:
@@ -175,14 +181,14 @@ def encoded() -> Encoded:
     return Encoded(MODEL, rules)
 
 
-@pytest.fixture(scope="module")
-def call(encoded):
-    return encoded.session()
+@pytest.fixture(scope="module", params=DATA_TILING, ids=["plain", "data_tiling"])
+def call(encoded, request):
+    return encoded.session(data_tiling=request.param)
 
 
-@pytest.fixture(scope="module")
-def dispatch_creation(encoded) -> tuple[list, str]:
-    return encoded.check()
+@pytest.fixture(scope="module", params=DATA_TILING, ids=["plain", "data_tiling"])
+def dispatch_creation(encoded, request) -> tuple[list, str]:
+    return encoded.check(data_tiling=request.param)
 
 
 def test_each_parameter_got_its_codec_and_consumer(encoded):
@@ -193,10 +199,9 @@ def test_each_parameter_got_its_codec_and_consumer(encoded):
         assert lin.uses == ["contraction linalg.batch_matmul"] and lin.reduce_axes == [1]
         assert mm.uses == ["contraction linalg.matmul"] and mm.reduce_axes == [0]
         assert emb.uses == ["gather tensor.extract"] and emb.reduce_axes == [1]
-        # data is stored in the order the consumer reads it (q4 is always [output, group, block])
-        assert (lin.order, mm.order, emb.order) == (
-            ([], [], []) if c.startswith("q4") else ([1, 0], [0, 1], [0, 1])
-        )
+        # data is stored in the order the consumer reads it: K-major for a contraction (a
+        # torch Linear's [N, K] transposed), rows kept contiguous for a gathered table
+        assert (lin.order, mm.order, emb.order) == ([1, 0], [0, 1], [0, 1])
     assert encoded.graph.warnings == []
 
 
@@ -242,9 +247,11 @@ def test_quantized_gather_reads_only_selected_rows(dispatch_creation):
         # no decoded table, whole or transposed, exists anywhere
         assert f"tensor<{V}x{D}xf32>" not in body and f"tensor<{D}x{V}xf32>" not in body
         # the gather's dispatch reads the stored integers and extracts single elements of them
-        element = "i8" if c == "int8" else "i4"
-        assert re.search(rf"tensor<{V}x{D}x{element}>", body)
-        assert re.search(rf"tensor\.extract %\w+\[[^\]]+\] : tensor<{V}x{D}x{element}>", body)
+        # (q4's table is [rows, group, element]: the same bytes as [rows, columns])
+        group = {"int8": None, "q4": 32, "q4:g16": 16}[c]
+        stored = f"{V}x{D}xi8" if group is None else f"{V}x{D // group}x{group}xi4"
+        assert re.search(rf"tensor<{stored}>", body)
+        assert re.search(rf"tensor\.extract %\w+\[[^\]]+\] : tensor<{stored}>", body)
     assert f"tensor<{V}x{D}xf32>" not in text
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from myelin.codecs import CODECS, decode, encode, parse_codec, plan_layout
-from myelin.codecs.q4 import unpack
+from myelin.codecs.q4 import format4_layout, unpack
 
 RNG = np.random.default_rng(7)
 W = (RNG.standard_normal((96, 128)) * 0.05).astype(np.float32)  # [out, in], contracted axis 1
@@ -15,7 +15,13 @@ W[3, 5] = 0.9  # an outlier: int8 and q4 must keep it within their step
 
 
 def roundtrip(codec: str, w: np.ndarray = W, axes: tuple[int, ...] = (1,)):
-    layout = plan_layout(codec, w.shape, "float32", axes)
+    return roundtrip_ordered(codec, w, axes, None)
+
+
+def roundtrip_ordered(
+    codec: str, w: np.ndarray, axes: tuple[int, ...], order: tuple[int, ...] | None
+):
+    layout = plan_layout(codec, w.shape, "float32", axes, order)
     assert not isinstance(layout, str), layout
     parts = encode(w, layout)
     for part, array in zip(layout.parts, parts, strict=True):
@@ -71,7 +77,7 @@ def test_q4_fitted_groups_beat_min_max_rounding(group):
     layout, (data, scale8, offset8, row_scale, row_offset), back = roundtrip(f"q4:g{group}")
     groups = 128 // group
     assert layout.codec == f"q4:g{group}"
-    assert layout.parts[0].storage_shape == (96, groups, group)  # [output, group, block]
+    assert layout.parts[0].storage_shape == (96, 128)  # logical order asked: rows, columns
     assert (scale8.dtype, offset8.dtype, scale8.shape) == (np.uint8, np.int8, (96, groups))
     error = float(np.square(back - W).sum())
     # Least squares over clipped ranges: at least 15% less squared error than min/max here,
@@ -91,9 +97,11 @@ def test_q4_keeps_an_outlier_close():
     assert abs(back[3, 5] - 0.9) < 0.05
 
 
-def test_q4_storage_is_output_group_block_low_nibble_first():
+def test_q4_rows_stay_contiguous_low_nibble_first():
+    """A gathered table (columns contracted, logical order): each row's values, scales and
+    offsets are its own, two values a byte along the row."""
     w = np.zeros((2, 64), dtype=np.float32)
-    w[1, 33] = 1.0  # output 1, group 1, element 1 of its block (odd: a high nibble)
+    w[1, 33] = 1.0  # row 1, group 1, element 1 of its block (odd: a high nibble)
     _layout, (data, _scale8, _offset8, _rs, _ro), back = roundtrip("q4", w)
     codes = unpack(data, 2 * 64).reshape(2, 2, 32)
     assert codes[1, 1, 1] == 15 and (codes[1, 1, 0], codes[0].max()) == (0, 0)
@@ -101,12 +109,32 @@ def test_q4_storage_is_output_group_block_low_nibble_first():
     np.testing.assert_allclose(back, w, atol=1e-6)  # zeros and the one value come back
 
 
-def test_q4_transposed_weight_is_stored_output_major():
+def test_q4_matmul_weight_is_stored_k_major():
+    """Format 5: a torch Linear's [N, K] weight, read by the matmul as [K, N], is stored
+    [K, N] with two output columns a byte and groups along K; it decodes to the same weight
+    as the row-major layout of the same codes."""
+    layout, (data, scale8, offset8, _rs, _ro), back = roundtrip_ordered("q4", W, (1,), (1, 0))
+    assert layout.parts[0].storage_shape == (128, 96) and layout.order == (1, 0)
+    assert scale8.shape == offset8.shape == (4, 96)  # [K / g, N]
+    assert data.size == 128 * 96 // 2
+    # the byte of (k, n) holds n's code next to n+1's: pairs along the output axis
+    codes = unpack(data, 128 * 96).reshape(128, 96)
+    _, (row_data, *_), direct = roundtrip("q4", W, (1,))
+    np.testing.assert_array_equal(codes, unpack(row_data, W.size).reshape(96, 128).T)
+    np.testing.assert_array_equal(back, direct)
+
+
+def test_q4_format4_parameters_still_read():
+    """Format 4 stored every weight [output, group, block]: that is the format-5 layout with
+    the output axis first, byte for byte, so its parts decode through `format4_layout`."""
     w = W.T.copy()  # [K=128, N=96] read by x @ w: contracted axis 0
-    layout, _parts, back = roundtrip("q4", w, (0,))
-    assert layout.parts[0].storage_shape == (96, 4, 32)
-    _, _, direct = roundtrip("q4", W, (1,))
-    np.testing.assert_array_equal(back, direct.T)
+    old = format4_layout(w.shape, 0, 32)
+    assert old.parts[0].storage_shape == (96, 128) and old.parts[1].shape == (96, 4)
+    parts = encode(w, old)
+    _, _, direct = roundtrip("q4", W, (1,))  # the same codes, stored row-major
+    np.testing.assert_array_equal(decode(parts, old), direct.T)
+    new = plan_layout("q4", w.shape, "float32", (0,))
+    assert new.parts[0].storage_shape == (128, 96)  # format 5: the consumer's [K, N]
 
 
 def test_q4_size_at_default_group_is_under_0_15_of_fp32():

@@ -138,7 +138,7 @@ def replace_manifest(
     *,
     raw: bytes | None = None,
     major: int = 1,
-    minor: int = 0,
+    minor: int = 1,
     flags: int = 0,
 ) -> None:
     """Hand-craft a file: swap in a new manifest and give the header its valid hash."""
@@ -177,8 +177,8 @@ def test_round_trip(tmp_path):
         assert {k: v for k, v in reader.manifest.items() if k not in ("format", "sections")} == (
             expected
         )
-        assert reader.manifest["format"] == {"major": 1, "minor": 0}
-        assert reader.format_version == (1, 0)
+        assert reader.manifest["format"] == {"major": 1, "minor": 1}
+        assert reader.format_version == (1, 1)
         assert list(reader.sections) == [MODULE, W0, B0, "blob/tokenizer"]
         assert bytes(reader.section_view(MODULE)) == MODULE_DATA
         assert bytes(reader.section_view("blob/tokenizer")) == BLOB_DATA
@@ -197,7 +197,7 @@ def test_round_trip(tmp_path):
 def test_header_layout_and_manifest_encoding(tmp_path):
     path = build(tmp_path / "demo.mln")
     magic, major, minor, flags, offset, length, digest = header_of(path)
-    assert (magic, major, minor, flags) == (MAGIC, 1, 0, 0)
+    assert (magic, major, minor, flags) == (MAGIC, 1, 1, 0)
     body = path.read_bytes()[offset:]
     assert len(body) == length and offset % 64 == 0  # the manifest is last
     assert hashlib.sha256(body).digest() == digest
@@ -288,9 +288,9 @@ def test_parallel_verification_finds_the_corrupt_section(tmp_path, monkeypatch):
     [
         (lambda h: 0, "not a .mln file"),
         (lambda h: 5, "not a .mln file"),
-        (lambda h: 8, "format version 0.0; this runtime reads 1.x — rebuild with this PLeX"),
-        (lambda h: 9, "format version 257.0"),
-        (lambda h: 12, "unknown header flags 0x00000001"),
+        (lambda h: 8, "format version 0.1; this runtime reads 1.x — rebuild with this PLeX"),
+        (lambda h: 9, "format version 257.1"),
+        (lambda h: 12, "and a 144-byte signature but the file is"),  # FLAG_SIGNED, no trailer
         (lambda h: 16, "truncated: the header places the manifest"),
         (lambda h: 26, "truncated: the header places the manifest"),
         (lambda h: 40, "manifest is corrupt (sha256 mismatch)"),
@@ -326,7 +326,13 @@ def test_one_flipped_byte_is_refused(tmp_path, where, expected):
 def test_minor_flip_in_header_disagrees_with_manifest(tmp_path):
     path = build(tmp_path / "demo.mln")
     flip(path, 10)
-    refused(path, "manifest field format: says 1.0 but the header says 1.1")
+    refused(path, "manifest field format: says 1.1 but the header says 1.0")
+
+
+def test_unknown_header_flag_is_refused(tmp_path):
+    path = build(tmp_path / "demo.mln")
+    flip(path, 12, 0x02)
+    refused(path, "unknown header flags 0x00000002; this runtime knows 0x00000001")
 
 
 def test_verify_false_defers_section_hashing(tmp_path):
@@ -475,7 +481,7 @@ ENTRY = ("variants", 0, "entrypoints", 0)
         (_delete(("app", "name")), "app.name", "is missing"),
         (_set(("app",), "demo"), "app", "must be an object"),
         (_delete(("format",)), "format", "is missing"),
-        (_set(("format", "minor"), 1), "format", "says 1.1 but the header says 1.0"),
+        (_set(("format", "minor"), 0), "format", "says 1.0 but the header says 1.1"),
         (_set(("format", "major"), True), "format.major", "must be an integer >= 0"),
         (_set(("tuning",), [1]), "tuning", "must be an object"),
         (_delete(("provenance",)), "provenance", "is missing"),

@@ -36,7 +36,7 @@ module @mixed {
 }
 """
 
-# The probe's two-device chain: explicit transfers make every dispatch's sources agree.
+# A two-device chain: explicit transfers make every dispatch's sources agree.
 TRANSFERS = """\
 module @chain {
   func.func @f(%x: tensor<16x16xf32> {iree.abi.affinity = #hal.device.promise<@cpu0>},

@@ -115,7 +115,7 @@ def test_a_file_without_a_recorded_phase_is_refused(mlp_app, flow_file, tmp_path
 
 def test_a_header_that_disagrees_with_the_ir_is_refused(mlp_app, flow_file, tmp_path):
     # IR of the flow phase labelled as stream: IREE would compile it "from stream" and return
-    # zeros without an error (notes §4).
+    # zeros without an error (myelin/compiler/phases.py).
     text = flow_file.read_text().replace("// plex-phase: flow", "// plex-phase: stream", 1)
     flow_file.write_text(text)
     message = refused(mlp_app, flow_file, tmp_path)

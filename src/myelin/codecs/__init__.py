@@ -34,7 +34,7 @@ CODECS: dict[str, str] = {
 }
 NO_CODEC = "fp32"
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -53,7 +53,7 @@ class StoredPart:
     shape: tuple[int, ...]  # shape of the IR global
     index: tuple[str, ...]
     storage_dtype: str  # as the .mln records it: float16, int8, uint4, ...
-    storage_shape: tuple[int, ...]  # as the .mln records it: q4 data is [output, group, block]
+    storage_shape: tuple[int, ...]  # as the .mln records it (q4 data: its 4-bit values)
 
     @property
     def nbytes(self) -> int:
@@ -78,6 +78,9 @@ class Layout:
     # (a torch Linear's [out, in] weight is read as [in, out]), so the decode inside the
     # consumer's dispatch streams the stored bytes contiguously. () means the logical order.
     order: tuple[int, ...] = ()
+    # (logical axis, group size) when parts are read per group along that axis (q4): the
+    # decode then iterates the axis as (group, element in group), see _ir._emit_tensor_decode.
+    split: tuple[int, int] | None = None
 
     @property
     def stored_bytes(self) -> int:
@@ -128,8 +131,7 @@ def plan_layout(
     order: tuple[int, ...] | None = None,
 ) -> Layout | str:
     """The layout `codec` gives a parameter of this shape and dtype, or why it cannot.
-    `order` asks for the data stored with its axes permuted (codecs with a fixed storage
-    order, q4, ignore it)."""
+    `order` asks for the data stored with its axes permuted (the order its consumer reads)."""
     base, options = parse_codec(codec)
     identity = tuple(range(len(shape)))
     options = {**options, "order": tuple(order) if order else identity}

@@ -339,53 +339,123 @@ def _load(part_global: str, part_type: ir.Type, before: ir.Operation) -> ir.Valu
     return op.results[0]
 
 
+def _split_expr(expr: str, src: list[int], axis: int, group: int, at: int) -> str:
+    """A part's index expression over logical dims, rewritten over the dims of the consumer's
+    operand with its dim `at` (the logical `axis`) split in two: (group, element in group)."""
+    expr = expr.replace(f"d{axis} floordiv {group}", "G").replace(f"d{axis} mod {group}", "B")
+    if f"d{axis}" in _DIM.sub(lambda m: m.group(0) + " ", expr).split():
+        raise CompileError(f"internal error: split decode reads d{axis} whole in {expr!r}")
+
+    def dim(m: re.Match) -> str:
+        d = src[int(m.group(1))]
+        return f"d{d if d < at else d + 1}"
+
+    return _DIM.sub(dim, expr).replace("G", f"d{at}").replace("B", f"d{at + 1}")
+
+
 def _emit_tensor_decode(
     chain: _Chain, layout: Layout, parts: list[ir.Value], what: str, context: ir.Context
-) -> ir.Operation:
+) -> list[ir.Operation]:
     """A bit-extend linalg.generic producing `chain.value`'s type from the parts, placed right
-    before the consumer; the consumer reads it instead of the layout chain."""
+    before the consumer; the consumer reads it instead of the layout chain. Returns the ops
+    placed (the decode, and the reshape after it for a split layout).
+
+    A layout with `split` (q4: the contracted axis in groups) decodes over an iteration space
+    with that axis as two dims, (group, element), then collapses them: every part is then read
+    through a plain projection of the loop dims, which IREE's vectorizer needs; a per-group
+    scale read at `k floordiv g` inside a 2-D decode compiled to a scalar loop."""
     target = ir.RankedTensorType(chain.value.type)
-    rank = target.rank
     element = str(target.element_type)
+    shape = [target.get_dim_size(d) for d in range(target.rank)]
+    src = chain.src
+    if layout.split is not None:
+        axis, group = layout.split
+        at = src[axis]
+        decoded_shape = [*shape[:at], shape[at] // group, group, *shape[at + 1 :]]
+
+        def index(e: str) -> str:
+            return _split_expr(e, src, axis, group, at)
+    else:
+        decoded_shape = shape
+
+        def index(e: str) -> str:
+            return _substitute(e, src)
+
+    rank = len(decoded_shape)
+    decoded = ir.RankedTensorType.get(
+        decoded_shape, target.element_type, loc=ir.Location.unknown(context)
+    )
     dims = ", ".join(f"d{i}" for i in range(rank))
     maps = [
-        f"affine_map<({dims}) -> ({', '.join(_substitute(e, chain.src) for e in p.index)})>"
-        for p in layout.parts
+        f"affine_map<({dims}) -> ({', '.join(index(e) for e in p.index)})>" for p in layout.parts
     ]
     maps.append(f"affine_map<({dims}) -> ({dims})>")
     part_types = [str(v.type) for v in parts]
     args = ", ".join(f"%a{i}: {t}" for i, t in enumerate(part_types))
     block_args = ", ".join(f"%p{i}: {p.element}" for i, p in enumerate(layout.parts))
     body = "\n".join(f"      {line}" for line in _decode_lines(layout, element))
+    result = f"%out : {decoded}"
+    tail = ""
+    if layout.split is not None:
+        groups = (
+            [[d] for d in range(at)]
+            + [[at, at + 1]]
+            + [[d + 1] for d in range(at + 1, target.rank)]
+        )
+        tail = f"  %flat = tensor.collapse_shape %out {groups} : {decoded} into {target}\n"
+        result = f"%flat : {target}"
     text = f"""
-func.func private @decode({args}, %init: {target}) -> {target} {{
+func.func private @decode({args}, %init: {decoded}) -> {target} {{
   %out = linalg.generic {{indexing_maps = [{", ".join(maps)}],
       iterator_types = [{", ".join(['"parallel"'] * rank)}]}}
       ins({", ".join(f"%a{i}" for i in range(len(parts)))} : {", ".join(part_types)})
-      outs(%init : {target}) {{
+      outs(%init : {decoded}) {{
     ^bb0({block_args}, %o: {element}):
 {body}
       linalg.yield {_result_name(element)} : {element}
-  }} -> {target}
-  return %out : {target}
+  }} -> {decoded}
+{tail}  return {result}
 }}"""
     template = _parse_template(context, text)
     block, ops = _template_body(template)
-    decode = ops[0]
+    placed = ops[:-1]  # the decode (and its reshape), without the return
     consumer = chain.consumer
-    if chain.ops:
-        last = chain.ops[-1]
-        init = last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
-    else:
-        with ir.InsertionPoint(consumer), ir.Location.unknown(context):
-            init = ir.Operation.create("tensor.empty", results=[target]).results[0]
-    decode.move_before(consumer)
-    _remap([decode], [*zip(block.arguments, [*parts, init], strict=True)])
-    decode.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
-    consumer.operands[chain.operand] = decode.results[0]
+    init = _decode_init(chain, decoded, context)
+    for op in placed:
+        op.move_before(consumer)
+    _remap(placed, [*zip(block.arguments, [*parts, init], strict=True)])
+    placed[0].attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
+    consumer.operands[chain.operand] = placed[-1].results[0]
     for op in reversed(chain.ops):
         op.erase()
-    return decode
+    return placed
+
+
+def _decode_init(chain: _Chain, decoded: ir.RankedTensorType, context: ir.Context) -> ir.Value:
+    """An empty tensor of the decode's type, before the consumer; its dynamic sizes (a batch
+    dim a broadcast added) are read from the value the consumer read."""
+    if chain.ops and ir.RankedTensorType(chain.value.type) == decoded:
+        last = chain.ops[-1]
+        return last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
+    target = ir.RankedTensorType(chain.value.type)
+    # the layout ops are erased after this; their last one's init has the same sizes
+    sized = chain.ops[-1].operands[len(chain.ops[-1].operands) - 1] if chain.ops else chain.value
+    index = ir.IndexType.get(context)
+    with ir.InsertionPoint(chain.consumer), ir.Location.unknown(context):
+        sizes = []
+        for d in range(target.rank):
+            if target.is_dynamic_dim(d):
+                c = ir.Operation.create(
+                    "arith.constant",
+                    results=[index],
+                    attributes={"value": ir.IntegerAttr.get(index, d)},
+                )
+                sizes.append(
+                    ir.Operation.create(
+                        "tensor.dim", results=[index], operands=[sized, c.results[0]]
+                    ).results[0]
+                )
+        return ir.Operation.create("tensor.empty", results=[decoded], operands=sizes).results[0]
 
 
 def _emit_scalar_decode(
@@ -436,45 +506,127 @@ def _emit_scalar_decode(
         op.erase()
 
 
+def _init_chain(init: ir.Value) -> tuple[list[ir.Operation], list[ir.Value]] | None:
+    """The ops that build a consumer's init (`tensor.empty`, then ops such as `linalg.fill`
+    or a bias broadcast writing into it) and the empty's dynamic sizes; None if the init is
+    built otherwise (then its sizes cannot be tied to the dispatch's workload)."""
+    chain: list[ir.Operation] = []
+    value = init
+    while True:
+        owner = value.owner
+        if isinstance(owner, ir.Block):
+            return None
+        op = owner.operation if hasattr(owner, "operation") else owner
+        chain.append(op)
+        if op.name == "tensor.empty":
+            return list(reversed(chain)), list(op.operands)
+        if not op.name.startswith("linalg.") or len(op.results) != 1:
+            return None
+        n_inputs = _dps_inputs(op)
+        outs = list(op.operands)[n_inputs:]
+        if len(outs) != 1:
+            return None
+        value = outs[0]
+
+
 def _wrap_in_dispatch_region(ops: list[ir.Operation], context: ir.Context) -> None:
     """Put `ops` (the decode, then its consumer) into one flow.dispatch.region, so IREE's
-    dispatch formation keeps them in one dispatch on every target."""
+    dispatch formation keeps them in one dispatch on every target.
+
+    The region gets its own workgroup count (IREE's default: from the slice of its workload,
+    the consumer's dynamic sizes) and its init is rebuilt inside from those sizes. A region
+    with a workgroup count is one IREE's data tiling leaves alone: without it, data tiling
+    (`--iree-global-opt-data-tiling`) packs the decoded weight inside this dispatch and the
+    CPU backend refuses the result ("operations with large vector sizes"). So with data tiling
+    the encoded contractions run as fused decode + matmul, the others data-tiled."""
     consumer = ops[-1]
     parent = consumer.parent
     if parent is not None and parent.operation.name == "flow.dispatch.region":
         return
     results = list(consumer.results)
     inits = list(consumer.operands)[len(consumer.operands) - len(results) :]
+    chain = _init_chain(inits[0]) if len(inits) == 1 else None
+    index = ir.IndexType.get(context)
     with ir.InsertionPoint(consumer), ir.Location.unknown(context):
         dims: list[ir.Value] = []
-        index = ir.IndexType.get()
-        for result, init in zip(results, inits, strict=True):
-            t = ir.RankedTensorType(result.type)
-            for d in range(t.rank):
-                if t.is_dynamic_dim(d):
-                    c = ir.Operation.create(
-                        "arith.constant",
-                        results=[index],
-                        attributes={"value": ir.IntegerAttr.get(index, d)},
-                    )
-                    dim = ir.Operation.create(
-                        "tensor.dim", results=[index], operands=[init, c.results[0]]
-                    )
-                    dims.append(dim.results[0])
+        if chain is not None:
+            dims = chain[1]  # the init's dynamic sizes, in order: the result's dynamic dims
+        else:
+            for result, init in zip(results, inits, strict=True):
+                t = ir.RankedTensorType(result.type)
+                for d in range(t.rank):
+                    if t.is_dynamic_dim(d):
+                        c = ir.Operation.create(
+                            "arith.constant",
+                            results=[index],
+                            attributes={"value": ir.IntegerAttr.get(index, d)},
+                        )
+                        dim = ir.Operation.create(
+                            "tensor.dim", results=[index], operands=[init, c.results[0]]
+                        )
+                        dims.append(dim.results[0])
+        workload = dims if chain is not None else []
         region = ir.Operation.create(
             "flow.dispatch.region",
             results=[r.type for r in results],
-            operands=dims,
-            attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(dims), 0])},
-            regions=2,  # the body, and the workgroup count (empty: IREE's default)
+            operands=[*dims, *workload],
+            attributes={
+                "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(dims), len(workload)])
+            },
+            regions=2,  # the body, and the workgroup count
         )
     for old, new in zip(results, region.results, strict=True):
         old.replace_all_uses_with(new)
     block = region.regions[0].blocks.append()
     with ir.InsertionPoint(block), ir.Location.unknown(context):
         ret = ir.Operation.create("flow.return", operands=results)
+    if chain is not None:
+        _count_from_workload(region, block, ret, chain[0], workload, consumer, context)
     for op in ops:
         op.move_before(ret)
+
+
+def _count_from_workload(
+    region: ir.Operation,
+    block: ir.Block,
+    ret: ir.Operation,
+    init_ops: list[ir.Operation],
+    workload: list[ir.Value],
+    consumer: ir.Operation,
+    context: ir.Context,
+) -> None:
+    """IREE's default workgroup count, spelled out: the count region computes it from the
+    workload, and inside the body each workload value is read through its ordinal (codegen
+    ties the tile loops back to the workload that way); the init is rebuilt inside from them."""
+    index = ir.IndexType.get(context)
+    with ir.InsertionPoint(ret), ir.Location.unknown(context):
+        ordinals = [
+            ir.Operation.create(
+                "iree_tensor_ext.dispatch.workload.ordinal",
+                results=[index],
+                operands=[w],
+                attributes={"ordinal": ir.IntegerAttr.get(index, i)},
+            ).results[0]
+            for i, w in enumerate(workload)
+        ]
+    mapping = list(zip(workload, ordinals, strict=True))
+    value = None
+    for op in init_ops:
+        clone = op.clone(ip=ir.InsertionPoint(ret))
+        _remap([clone], mapping)
+        if value is not None:  # the previous op's result is this one's init
+            clone.operands[len(clone.operands) - 1] = value
+        value = clone.results[0]
+    consumer.operands[len(consumer.operands) - 1] = value
+    with ir.Location.unknown(context):
+        count = region.regions[1].blocks.append(*([index] * len(workload)))
+    with ir.InsertionPoint(count), ir.Location.unknown(context):
+        x, y, z = ir.Operation.create(
+            "iree_tensor_ext.dispatch.workgroup_count_from_slice",
+            results=[index, index, index],
+            operands=list(count.arguments),
+        ).results
+        ir.Operation.create("flow.return", operands=[x, y, z])
 
 
 def _part_global_name(name: str, role: str) -> str:
@@ -530,9 +682,9 @@ def rewrite(
             if kind.kind == "gather":
                 _emit_scalar_decode(chain, layout, parts, context)
             else:
-                decode = _emit_tensor_decode(chain, layout, parts, what, context)
+                placed = _emit_tensor_decode(chain, layout, parts, what, context)
                 if kind.kind == "contraction":
-                    _wrap_in_dispatch_region([decode, chain.consumer], context)
+                    _wrap_in_dispatch_region([*placed, chain.consumer], context)
         load.erase()
     old.erase()
     return report

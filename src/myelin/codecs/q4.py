@@ -1,13 +1,24 @@
 """q4: 4-bit unsigned integers in groups along the contracted axis; each group has its own
 scale and offset: w ~= q * scale + offset, q in [0, 15].
 
-Storage is [output, group, block], two values per byte (the even element in the low nibble):
-the contracted axis K of a [K, N] or [N, K] weight is split into K / g groups of g values
-(`q4:g16`, `q4:g64`; default 32). Rows stay independently addressable, so an embedding gather
-decodes only the rows it reads.
+Storage (format 5) keeps the axes in the order the consumer reads them, like int8 and fp16 do,
+two values per byte along the innermost stored axis (the even element in the low nibble):
+
+- a matmul weight is stored [K, N]: the consumer walks the contraction axis K and reads a
+  contiguous run of output columns N at each step, so the 4-bit unpacking is a vector load plus
+  shifts and masks (a torch Linear's [N, K] weight is stored transposed);
+- a gathered table (an embedding, [rows, columns], its columns "contracted") keeps its rows
+  contiguous: [rows, columns], so a lookup decodes only the rows it reads.
+
+The groups (`q4:g16`, `q4:g64`; default 32) run along the contracted axis in either case; the
+per-group scale and offset are stored like the data with that axis divided by the group size.
+Format 4 stored every weight [output, group, block] (output-major): the matvec read it across
+output rows, one nibble at a time, which compiled to a scalar unpacking loop (2.6x slower than
+fp32 on the Llama decode step). A format-4 .mln still runs as it is (its module decodes its own
+layout); `decode` reads its parts too (their data shape is rank 3).
 
 The group scales and offsets are themselves quantized (as in llama.cpp's k-quants): an unsigned
-8-bit scale and a signed 8-bit offset per group, each times a float32 factor per output row. Per
+8-bit scale and a signed 8-bit offset per group, each times a float32 factor per output. Per
 weight that is 0.5 + 2/g bytes: 0.5625 at g=32 (0.141x float32).
 
 Why fitted offsets rather than min/max with an integer zero point: round-to-nearest between a
@@ -15,9 +26,6 @@ group's min and max spends levels on its rare extremes. The encoder searches, pe
 clipped ranges and refines each by least squares (alternating the rounding and a linear fit of
 scale and offset), keeping the smallest squared error. On all-MiniLM-L6-v2 at g32 that lifts the
 mean cosine to fp32 from 0.9750 (min/max, integer zero) to 0.981 (docs/codecs.md).
-
-The IR views the data as [output, K] i4 (the same bytes), so the big operand is read with an
-identity map and only the per-group scale and offset use `k floordiv g`.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from myelin.codecs import Layout, StoredPart
+from myelin.codecs import Layout, StoredPart, from_storage, permuted, to_storage
 
 NAME = "q4"
 DEFAULT_GROUP = 32
@@ -62,16 +70,36 @@ def layout(
     k, n = shape[axis], shape[out]
     if k % group:
         return f"q4:g{group} needs the contracted size {k} to be a multiple of {group}"
-    groups = k // group
-    d_out, d_k = f"d{out}", f"d{axis}"
-    by_group = (d_out, f"{d_k} floordiv {group}")
+    order = tuple(options.get("order") or (0, 1))
+    stored, index = permuted(shape, order)
+    if stored[-1] % 2:
+        return f"q4 packs two values per byte along its innermost stored axis; {stored[-1]} is odd"
+    by_group = tuple(
+        f"{e} floordiv {group}" if a == axis else e for a, e in zip(order, index, strict=True)
+    )
+    grouped = tuple(d // group if a == axis else d for a, d in zip(order, stored, strict=True))
+    # The data's IR global has the contracted axis as (group, element): the same bytes, and
+    # every part is read through plain loop dims (see Layout.split).
+    split_shape = tuple(
+        x
+        for a, d in zip(order, stored, strict=True)
+        for x in ((d // group, group) if a == axis else (d,))
+    )
+    split_index = tuple(
+        x
+        for a, e in zip(order, index, strict=True)
+        for x in ((f"{e} floordiv {group}", f"{e} mod {group}") if a == axis else (e,))
+    )
+    d_out = f"d{out}"
     parts = (
-        StoredPart("data", "", "i4", (n, k), (d_out, d_k), "uint4", (n, groups, group)),
-        StoredPart("scale", ".scale", "i8", (n, groups), by_group, "uint8", (n, groups)),
-        StoredPart("offset", ".offset", "i8", (n, groups), by_group, "int8", (n, groups)),
+        StoredPart("data", "", "i4", split_shape, split_index, "uint4", stored),
+        StoredPart("scale", ".scale", "i8", grouped, by_group, "uint8", grouped),
+        StoredPart("offset", ".offset", "i8", grouped, by_group, "int8", grouped),
         StoredPart("row_scale", ".row_scale", "f32", (n,), (d_out,), "float32", (n,)),
         StoredPart("row_offset", ".row_offset", "f32", (n,), (d_out,), "float32", (n,)),
     )
+    names = {axis: "K", out: "N"} if order[0] == axis else {axis: "columns", out: "rows"}
+    axes = ", ".join(names[a] for a in order)
     return Layout(
         f"{NAME}:g{group}",
         dtype,
@@ -90,19 +118,48 @@ def layout(
             "%qs = arith.mulf %qf, %s : f32",
             "%r = arith.addf %qs, %b : f32",
         ),
-        f"4-bit values as [output, group, block] with block {group}; per group an 8-bit scale "
-        "and an 8-bit offset (each times a float32 factor per output row)",
+        f"4-bit values stored [{axes}] (format 5), two per byte along {names[order[-1]]}, "
+        f"groups of {group} along {names[axis]}; per group an 8-bit scale and an 8-bit offset "
+        "(each times a float32 factor per output)",
         {"group": group},
+        order=order,
+        split=(axis, group),
     )
 
 
 def _grouped(array: np.ndarray, layout: Layout) -> np.ndarray:
-    """The weight as [output, group, block] float32."""
+    """The weight as [output, group, block] float32: the shape the encoder fits in."""
     w = np.asarray(array, dtype=np.float32)
     if layout.reduce_axes[0] == 0:
         w = w.T
-    n, groups, group = layout.parts[0].storage_shape
-    return np.ascontiguousarray(w).reshape(n, groups, group)
+    n, k = w.shape
+    group = layout.options["group"]
+    return np.ascontiguousarray(w).reshape(n, k // group, group)
+
+
+def _stored(output_major: np.ndarray, layout: Layout) -> np.ndarray:
+    """A [output, ...] array (codes [n, k], or per group [n, k / g]) in its stored axis order."""
+    logical = output_major.T if layout.reduce_axes[0] == 0 else output_major
+    return to_storage(logical, layout)
+
+
+def _output_major(stored: np.ndarray, layout: Layout) -> np.ndarray:
+    """Inverse of `_stored`."""
+    logical = from_storage(stored, layout)
+    return logical.T if layout.reduce_axes[0] == 0 else logical
+
+
+def format4_layout(shape: tuple[int, ...], reduce_axis: int, group: int) -> Layout:
+    """The layout of a q4 parameter written by codec format 4 ([output, group, block]): the
+    format-5 layout with the output axis stored first, the same bytes."""
+    found = layout(
+        tuple(shape),
+        "float32",
+        (reduce_axis,),
+        {"group": group, "order": (1 - reduce_axis, reduce_axis)},
+    )
+    assert not isinstance(found, str), found
+    return found
 
 
 def pack(values: np.ndarray) -> np.ndarray:
@@ -231,20 +288,28 @@ def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
     else:
         with ThreadPoolExecutor(_WORKERS, thread_name_prefix="q4-encode") as pool:
             list(pool.map(encode_rows, starts))  # list(): re-raises a worker's exception
-    return [pack(codes), scale8, offset8, row_scale, row_offset]
+    n, groups, group = g.shape
+    return [
+        pack(_stored(codes.reshape(n, groups * group), layout)),
+        _stored(scale8, layout),
+        _stored(offset8, layout),
+        row_scale,
+        row_offset,
+    ]
 
 
 def decode(parts: list[np.ndarray], layout: Layout) -> np.ndarray:
     packed, scale8, offset8, row_scale, row_offset = parts
-    n, groups, group = layout.parts[0].storage_shape
-    q = unpack(packed, n * groups * group).reshape(n, groups, group).astype(np.float32)
-    scale = (
-        np.asarray(scale8).reshape(n, groups).astype(np.float32)
-        * np.asarray(row_scale, dtype=np.float32)[:, None]
-    )
-    offset = (
-        np.asarray(offset8).reshape(n, groups).astype(np.float32)
-        * np.asarray(row_offset, dtype=np.float32)[:, None]
-    )
-    w = (q * scale[:, :, None] + offset[:, :, None]).reshape(n, groups * group)
+    stored = layout.parts[0].storage_shape
+    grouped = layout.parts[1].shape
+    codes = unpack(packed, stored[0] * stored[1]).reshape(stored)
+    q = _output_major(codes, layout).astype(np.float32)
+    n, k = q.shape
+    group = k // _output_major(np.empty(grouped, np.uint8), layout).shape[1]
+    scale = _output_major(np.asarray(scale8).reshape(grouped), layout).astype(np.float32)
+    offset = _output_major(np.asarray(offset8).reshape(grouped), layout).astype(np.float32)
+    scale *= np.asarray(row_scale, dtype=np.float32)[:, None]
+    offset *= np.asarray(row_offset, dtype=np.float32)[:, None]
+    w = q.reshape(n, -1, group) * scale[:, :, None] + offset[:, :, None]
+    w = w.reshape(n, k)
     return w.T if layout.reduce_axes[0] == 0 else w

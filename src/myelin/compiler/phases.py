@@ -1,8 +1,9 @@
 """Phase files: compiler IR saved at a named phase, with the phase recorded inside the file.
 
 IREE 3.13 does not check that IR given to `--compile-from=P` really is at phase P: a mismatch
-compiles without error and returns wrong results (all zeros; notes §4). So IR we save carries its
-phase twice, and a resume is refused unless both agree with what the caller asks for:
+compiles without error and returns wrong results (all zeros, measured on IREE 3.13.0). So IR we
+save carries its phase twice, and a resume is refused unless both agree with what the caller
+asks for:
 
     // plex-phase: flow
     // plex-module: mlp

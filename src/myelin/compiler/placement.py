@@ -2,9 +2,9 @@
 
 IREE 3.13 honours `stream.affinity` on a module or a function, `iree.abi.affinity` on the
 arguments and results of a public function, and explicit `flow.tensor.transfer`s; it ignores
-affinity on single ops (notes §5). Where the sources of one dispatch disagree (arguments on two
-devices, a transfer inside a function placed elsewhere), Stream silently picks one device. So
-placement happens in two steps, one per phase:
+affinity on single ops (measured on IREE 3.13.0). Where the sources of one dispatch disagree
+(arguments on two devices, a transfer inside a function placed elsewhere), Stream silently
+picks one device. So placement happens in two steps, one per phase:
 
 1. `apply_placement` (at the `input` phase): module and function affinities, and ABI affinities
    on the placed functions' tensor arguments and results, so that their buffers are imported on

@@ -13,7 +13,8 @@ from myelin.errors import CompileError
 from myelin.platforms import DEFAULT_CUDA_ARCH, TARGETS
 
 # CUDA archs IREE 3.13 names but cannot generate code for: the compiler fails deep in codegen
-# with "missing GPU target in #hal.executable.target" (notes §5), so they are refused up front.
+# with "missing GPU target in #hal.executable.target" (docs/platforms.md), so they are refused
+# up front.
 UNSUPPORTED_CUDA_ARCHS = frozenset({"sm_90", "sm_90a", "sm_100", "sm_100a"})
 
 

@@ -2,7 +2,7 @@
 
 Refusals name the op or type and the nodes that use it, before IREE prints a page of
 legalization errors. Warnings cover ops that compile and run in IREE 3.13 but were measured to
-give wrong values in some configurations (notes: frontends-probe.md §2.4): a build that contains
+give wrong values in some configurations (docs/onnx-coverage.md): a build that contains
 one says so instead of passing silently. (Weighted SoftmaxCrossEntropyLoss, wrong in IREE's own
 lowering, is not here: the preprocessing always expands it into its function body, which is right.)
 """

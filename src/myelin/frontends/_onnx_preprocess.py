@@ -1,6 +1,7 @@
 """Rewrites that make an ONNX model importable by IREE 3.13 without changing what it computes.
 
-Each step fixes a measured failure class of the raw importer (notes: frontends-probe.md §2):
+Each step fixes a failure class of the raw importer measured over ONNX's backend node tests
+(docs/onnx-coverage.md):
 - old opsets: torch-mlir lowers only the newer forms of some ops (MaxPool and
   BatchNormalization at opset 9 fail), so models below MIN_OPSET are upgraded with onnx's
   version converter;
@@ -28,7 +29,8 @@ import onnx.inliner
 import onnx.version_converter
 from onnx import helper, numpy_helper
 
-# Models below this default-domain opset are upgraded (opset 17 is what the probe measured).
+# Models below this default-domain opset are upgraded (17: the opset these rewrites were
+# measured at).
 MIN_OPSET = 17
 
 # (domain, op) pairs that torch-mlir (IREE 3.13) does not lower, but whose schema gives a function

@@ -1,5 +1,6 @@
 """Workarounds for known defects between torch 2.13, iree-turbine 3.9 and IREE 3.13's torch
-input, applied to every exported program (see ../shared/notes/frontends-probe.md, section 1).
+input, applied to every exported program (each one measured on those versions; see
+docs/frontends.md).
 
 1. Undecomposed CompositeImplicitAutograd ops. Since torch 2.6, `run_decompositions(table)` only
    decomposes the CIA ops that are in `table`; turbine's table lacks `aten.__and__.Tensor`,

@@ -94,7 +94,7 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
 
 
 class _quiet_export_warnings(warnings.catch_warnings):
-    """Silence the two warnings every export prints (see the frontends notes, 1.5)."""
+    """Silence the two warnings every export prints (both harmless; named below)."""
 
     def __enter__(self) -> None:
         super().__enter__()

@@ -1,10 +1,12 @@
 """Byte layout of a .mln file: the header, section alignment, and the checks on where things lie.
 
-    [header, 64 bytes][section][pad][section]...[pad][manifest (JSON)]
+    [header, 64 bytes][section][pad][section]...[pad][manifest (JSON)][signature trailer]
 
 Every section starts on its kind's alignment (parameters on 4096 so the runtime can wrap them
 zero-copy from an mmap); padding is zero bytes; the manifest comes last so the writer knows every
-section's offset when it writes it, and the header is written last of all.
+section's offset when it writes it, and the header is written last of all. A signed file (header
+flag FLAG_SIGNED) ends with a fixed-size signature trailer after the manifest, outside everything
+the signature covers (myelin.mln._signing).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from types import MappingProxyType
 
 MAGIC = b"\x89MLN\r\n\x1a\n"  # PNG-style: a high byte and line endings that text mangling breaks
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1.1 added FLAG_SIGNED and the signature trailer
 HEADER_SIZE = 64
 MAX_MANIFEST_SIZE = 64 * 1024 * 1024
 SECTION_ALIGNMENT = MappingProxyType({"module": 64, "parameter": 4096, "blob": 64})
 MIN_ALIGNMENT = 64  # also the alignment of the manifest and of section kinds from a newer minor
 CHUNK_SIZE = 4 * 1024 * 1024  # unit of streaming and hashing
+FLAG_SIGNED = 0x1  # a signature trailer follows the manifest (format 1.1)
+KNOWN_FLAGS = FLAG_SIGNED
 
 # magic, major, minor, flags, manifest_offset, manifest_length, manifest_sha256
 _HEADER = struct.Struct("<8sHHIQQ32s")
@@ -89,16 +93,23 @@ def parameter_section_name(scope: str, key: str) -> str:
 
 
 def check_layout(
-    sections: list[SectionEntry], manifest_offset: int, manifest_length: int, file_size: int
+    sections: list[SectionEntry],
+    manifest_offset: int,
+    manifest_length: int,
+    content_end: int,
+    *,
+    signed: bool = False,
 ) -> list[tuple[int, int]]:
     """Check that sections lie between the header and the manifest without overlapping.
 
-    The manifest range itself was checked against the header already. Returns the gaps (padding
-    ranges) between header, sections and manifest, which must hold zero bytes.
+    `content_end` is where the manifest must end: the file's size, or where a signed file's
+    trailer begins. The manifest range itself was checked against the header already. Returns
+    the gaps (padding ranges) between header, sections and manifest, which must hold zero bytes.
     """
-    if manifest_offset + manifest_length != file_size:
-        extra = file_size - manifest_offset - manifest_length
-        raise LayoutError(f"{extra} unexpected bytes after the manifest (it must come last)")
+    if manifest_offset + manifest_length != content_end:
+        extra = content_end - manifest_offset - manifest_length
+        last = "only its signature may follow" if signed else "it must come last"
+        raise LayoutError(f"{extra} unexpected bytes after the manifest ({last})")
     gaps = []
     position, previous = HEADER_SIZE, "the header"
     for section in sorted(sections, key=lambda s: (s.offset, s.length)):

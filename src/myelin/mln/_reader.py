@@ -1,4 +1,5 @@
-"""MlnReader: map a .mln file read-only, check everything, hand out zero-copy section views."""
+"""MlnReader: map a .mln file read-only, check everything, hand out zero-copy section views and
+the typed manifest; with a trust key, refuse any file that key did not sign."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from myelin.errors import ArtifactError
+from myelin.errors import ArtifactError, SignatureError
 from myelin.mln._layout import (
     CHUNK_SIZE,
+    FLAG_SIGNED,
     FORMAT_MAJOR,
     HEADER_SIZE,
+    KNOWN_FLAGS,
     MAGIC,
     MAX_MANIFEST_SIZE,
     Header,
@@ -23,7 +26,9 @@ from myelin.mln._layout import (
     SectionEntry,
     check_layout,
 )
-from myelin.mln._manifest import ManifestInvalid, decode_manifest, validate_manifest
+from myelin.mln._manifest import ManifestInvalid, decode_manifest
+from myelin.mln._records import ArtifactManifest, validate_manifest
+from myelin.mln._signing import TRAILER_SIZE, KeySource, SignatureTrailer, signed_message
 
 _DAMAGED = "the file was damaged after it was built — rebuild or re-copy it"
 _PARALLEL_VERIFY_BYTES = 64 * 1024 * 1024  # below this, threads cost more than they save
@@ -50,24 +55,45 @@ class MlnReader:
 
     Opening checks the header, the manifest's hash and schema, and that every section lies inside
     the file without overlapping another; with `verify` (the default) it also hashes every section.
-    Any problem is an ArtifactError whose message names the file.
+    With `trust` (a public key: PEM path, PEM bytes or a loaded key) it also hashes every section
+    whatever `verify` says, and requires a signature by that key over the header, the manifest
+    and every section hash. Any problem is an ArtifactError (SignatureError for the signature)
+    whose message names the file.
+
+    `artifact_manifest` is the manifest as typed records (what the runtime reads); `manifest` is
+    the same manifest as the JSON dict stored in the file, for tools that print or copy it.
     """
 
     path: Path
     manifest: dict[str, Any]
+    artifact_manifest: ArtifactManifest
     sections: dict[str, SectionEntry]
+    signature: SignatureTrailer | None  # the trailer of a signed file (not yet checked)
     mmap: mmap.mmap
     file_size: int
     format_version: tuple[int, int]
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+        trust: KeySource | None = None,
+    ) -> None:
         self.path = Path(path)
         self._view: memoryview | None = None
         self._gaps: list[tuple[int, int]] = []
+        self.signature = None
+        if trust is not None:
+            from myelin.mln._signing import load_public_key
+
+            trust = load_public_key(trust)  # a bad key fails before gigabytes are hashed
         try:
             self._open()
-            if verify:
+            if verify or trust is not None:
                 self.verify_all()
+            if trust is not None:
+                self.verify_signature(trust)
         except BaseException:
             self.close()
             raise
@@ -107,20 +133,25 @@ class MlnReader:
                 f"format version {header.major}.{header.minor}; this runtime reads "
                 f"{FORMAT_MAJOR}.x — rebuild with this PLeX or upgrade the runtime"
             )
-        if header.flags:
+        if header.flags & ~KNOWN_FLAGS:
             raise self._error(
-                f"unknown header flags 0x{header.flags:08x}; this runtime knows none — "
-                "rebuild with this PLeX or upgrade the runtime"
+                f"unknown header flags 0x{header.flags:08x}; this runtime knows "
+                f"0x{KNOWN_FLAGS:08x} — rebuild with this PLeX or upgrade the runtime"
             )
+        self._header_bytes = bytes(self._view[:HEADER_SIZE])
+        signed = bool(header.flags & FLAG_SIGNED)
+        # A signed file's manifest ends where its trailer begins.
+        content_end = self.file_size - TRAILER_SIZE if signed else self.file_size
         start, length = header.manifest_offset, header.manifest_length
         if length > MAX_MANIFEST_SIZE:
             raise self._error(
                 f"manifest of {length} bytes is larger than the {MAX_MANIFEST_SIZE}-byte limit"
             )
-        if start < HEADER_SIZE or start + length > self.file_size:
+        if start < HEADER_SIZE or start + length > content_end:
+            after = f" and a {TRAILER_SIZE}-byte signature" if signed else ""
             raise self._error(
-                f"truncated: the header places the manifest at bytes {start}..{start + length} "
-                f"but the file is {self.file_size} bytes"
+                f"truncated: the header places the manifest at bytes {start}..{start + length}"
+                f"{after} but the file is {self.file_size} bytes"
             )
         manifest_bytes = self._view[start : start + length]
         if sha256_of(manifest_bytes) != header.manifest_sha256:
@@ -132,11 +163,21 @@ class MlnReader:
         except (ValueError, RecursionError) as exc:
             raise self._error(f"manifest is not valid JSON: {exc}") from exc
         try:
-            self.sections = validate_manifest(manifest, format_version=self.format_version)
-            self._gaps = check_layout(list(self.sections.values()), start, length, self.file_size)
+            records = validate_manifest(manifest, format_version=self.format_version)
+            self.sections = records.section_table()
+            self._gaps = check_layout(
+                list(self.sections.values()), start, length, content_end, signed=signed
+            )
         except (ManifestInvalid, LayoutError) as exc:
             raise self._error(str(exc)) from exc
+        if signed:
+            try:
+                self.signature = SignatureTrailer.unpack(self._view[content_end:])
+            except ValueError as exc:
+                raise self._error(f"{exc}; {_DAMAGED}") from exc
         self.manifest = manifest
+        self.artifact_manifest = records
+        self._manifest_sha256 = header.manifest_sha256
 
     # --- access ----------------------------------------------------------------------------------
 
@@ -184,6 +225,35 @@ class MlnReader:
         for name in names:
             if outcomes[name] is not None:
                 raise outcomes[name]
+
+    def signed_message(self) -> bytes:
+        """What the signature of this file signs (see myelin.mln._signing)."""
+        digests = [s.sha256 for s in self.artifact_manifest.sections or ()]
+        return signed_message(self._header_bytes, self._manifest_sha256, digests)
+
+    def verify_signature(self, trust: KeySource) -> None:
+        """Require a valid signature by `trust` (a public key). Call it on a verified reader:
+        the signature covers section hashes, which mean something once the bytes match them.
+        Raises SignatureError."""
+        from myelin.mln._signing import key_id, load_public_key, verify_signature
+
+        public = load_public_key(trust)
+        expected = key_id(public)
+        if self.signature is None:
+            raise SignatureError(
+                f"{self.path}: not signed, and the trust policy accepts only files signed by key "
+                f"{expected.hex()[:16]}; sign it with `plex sign`"
+            )
+        if self.signature.key_id != expected:
+            raise SignatureError(
+                f"{self.path}: signed by key {self.signature.key_id.hex()[:16]}, not by the "
+                f"trusted key {expected.hex()[:16]}"
+            )
+        if not verify_signature(public, self.signature, self.signed_message()):
+            raise SignatureError(
+                f"{self.path}: the signature does not verify: the file was changed after it "
+                "was signed"
+            )
 
     def _section_problem(self, name: str) -> ArtifactError | None:
         try:

@@ -30,12 +30,8 @@ from myelin.mln._layout import (
     align_up,
     check_layout,
 )
-from myelin.mln._manifest import (
-    ManifestInvalid,
-    decode_manifest,
-    encode_manifest,
-    validate_manifest,
-)
+from myelin.mln._manifest import ManifestInvalid, decode_manifest, encode_manifest
+from myelin.mln._records import ArtifactManifest, section_json, validate_manifest
 
 SectionData = bytes | bytearray | memoryview | np.ndarray | os.PathLike[str]
 _WRITER_FILLS = ("format", "sections")
@@ -53,12 +49,15 @@ class _PendingSection:
 class MlnWriter:
     """Collects a manifest and sections, then writes them as one .mln file.
 
-    `manifest` holds everything except "format" and "sections", which the writer fills. Sections
-    are laid out in the order they are added. In-memory data is referenced, not copied: do not
-    change it before write(). A Path is streamed at write time, never read whole into memory.
+    `manifest` (a dict, or an ArtifactManifest) holds everything except "format" and
+    "sections", which the writer fills. Sections are laid out in the order they are added.
+    In-memory data is referenced, not copied: do not change it before write(). A Path is
+    streamed at write time, never read whole into memory.
     """
 
-    def __init__(self, manifest: Mapping[str, Any]) -> None:
+    def __init__(self, manifest: Mapping[str, Any] | ArtifactManifest) -> None:
+        if isinstance(manifest, ArtifactManifest):
+            manifest = manifest.to_json()
         given = [key for key in _WRITER_FILLS if key in manifest]
         if given:
             raise ValueError(f"the manifest must not contain {given}: the writer fills them")
@@ -144,17 +143,7 @@ class MlnWriter:
         manifest = {
             **self._manifest,
             "format": {"major": FORMAT_MAJOR, "minor": FORMAT_MINOR},
-            "sections": [
-                {
-                    "name": s.name,
-                    "kind": s.kind,
-                    "offset": s.offset,
-                    "length": s.length,
-                    "alignment": s.alignment,
-                    "sha256": s.sha256,
-                }
-                for s in sections
-            ],
+            "sections": [section_json(s) for s in sections],
         }
         try:
             data = encode_manifest(manifest)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from myelin.errors import MemoryBudgetExceeded, MemoryNeedUnknown
+from myelin.mln import MemoryRecord, size_formula_json
 from myelin.size_formulas import SizeExpr, compile_size
 
 
@@ -31,7 +32,8 @@ def format_bytes(n: int) -> str:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """An entrypoint's memory formulas, as the build recorded them."""
+    """An entrypoint's memory formulas (its MemoryRecord), compiled once so that every budgeted
+    call only evaluates them."""
 
     transient: SizeExpr | None
     results: SizeExpr | None
@@ -45,8 +47,10 @@ class MemoryPlan:
         object.__setattr__(self, "_compiled", compiled)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> MemoryPlan:
-        if data is None:
+    def from_record(cls, record: MemoryRecord | None) -> MemoryPlan:
+        """The plan of an entrypoint's checked record (the reader validated every formula
+        against the entrypoint's inputs); None: the build recorded none."""
+        if record is None:
             return cls(
                 None,
                 None,
@@ -54,10 +58,10 @@ class MemoryPlan:
                 "the artifact records no memory plan (built by an older PLeX); rebuild it",
             )
         return cls(
-            transient=data.get("transient"),
-            results=data.get("results"),
-            parameters=tuple((p[0], p[1]) for p in data.get("parameters", [])),
-            unknown=data.get("unknown"),
+            transient=size_formula_json(record.transient),
+            results=size_formula_json(record.results),
+            parameters=record.parameters or (),
+            unknown=record.unknown,
         )
 
     def need(self, entrypoint: str, values: Sequence[Any]) -> CallNeed:

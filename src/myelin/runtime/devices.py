@@ -16,18 +16,8 @@ import iree.runtime as rt
 
 from myelin import hostinfo
 from myelin.errors import DeviceUnavailable
+from myelin.mln import DeviceRecord
 from myelin.platforms import HOST_DRIVERS
-
-
-@dataclass(frozen=True)
-class DeviceRequirement:
-    """One device of a variant, as recorded in the .mln manifest."""
-
-    name: str
-    target: str
-    driver: str
-    cpu_flags: frozenset[str] = frozenset()
-
 
 # Drivers whose device memory is this process's host memory.
 
@@ -211,8 +201,8 @@ class DeviceRegistry:
             target, moved, implicit_host_transfer=True, override_dtype=array.dtype
         )
 
-    def why_unusable(self, requirement: DeviceRequirement) -> str | None:
-        """None when the device can be used here, else a reason for people."""
+    def why_unusable(self, requirement: DeviceRecord) -> str | None:
+        """None when a variant's device can be used here, else a reason for people."""
         missing = requirement.cpu_flags - hostinfo.cpu_flags()
         if missing and hostinfo.cpu_flags():
             return (

@@ -6,6 +6,7 @@ import os
 
 import iree.runtime as rt
 
+from myelin.mln import KeySource, load_public_key
 from myelin.runtime.devices import DeviceRegistry
 from myelin.runtime.model import FROM_ARTIFACT, Model
 
@@ -14,9 +15,16 @@ class Instance:
     """`myelin.Instance().load("app.mln")` is the whole happy path.
 
     One instance is enough per process: devices are shared by every model loaded through it.
+
+    `trust` (a public key: the path of a PEM file, PEM bytes, or an Ed25519PublicKey) is a trust
+    policy: every load then hashes the whole file and refuses it, with SignatureError, unless it
+    carries a valid signature by that key (`plex sign`), before any of its modules is wrapped or
+    any parameter registered. Without `trust` (the default) signatures are not looked at.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, trust: KeySource | None = None) -> None:
+        # Load the key now: a bad key path fails here, not at the first load.
+        self.trust = load_public_key(trust) if trust is not None else None
         self.vm_instance = rt.VmInstance()
         self.devices = DeviceRegistry()
 
@@ -35,7 +43,9 @@ class Instance:
 
         The artifact's policies apply unless overridden: `memory_budget` (bytes, a size such as
         "512MiB", or None for no budget), `residency` ("resident", "streamed", "prefetch"), and
-        `lock_weights` (mlock resident weights where the system allows it).
+        `lock_weights` (mlock resident weights where the system allows it). Under the
+        instance's trust policy `verify=False` is ignored: a signature means something only
+        over bytes that match their hashes.
         """
         return Model(
             self.vm_instance,
@@ -46,6 +56,7 @@ class Instance:
             memory_budget=memory_budget,
             residency=residency,
             lock_weights=lock_weights,
+            trust=self.trust,
         )
 
     def drivers(self) -> list[str]:

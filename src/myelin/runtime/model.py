@@ -11,11 +11,18 @@ from typing import Any
 import iree.runtime as rt
 
 from myelin.errors import ArtifactError, DeviceUnavailable, EntrypointNotFound
-from myelin.mln import MlnReader
+from myelin.mln import (
+    RESIDENCY_MODES,
+    ArtifactManifest,
+    EntrypointRecord,
+    KeySource,
+    MlnReader,
+    VariantRecord,
+)
 from myelin.runtime.admission import AdmissionBudget, CallNeed, MemoryPlan
-from myelin.runtime.devices import DeviceRegistry, DeviceRequirement
-from myelin.runtime.residency import RESIDENCY_MODES, ParameterResidency
-from myelin.signature import Signature, TensorSpec
+from myelin.runtime.devices import DeviceRegistry
+from myelin.runtime.residency import ParameterResidency
+from myelin.signature import Signature, TensorSpec, parse_abi_declaration
 from myelin.sizes import parse_size
 
 # `memory_budget=FROM_ARTIFACT` (the default) takes the budget the .mln records ([runtime] memory).
@@ -24,61 +31,100 @@ FROM_ARTIFACT: Any = object()
 
 @dataclass(frozen=True)
 class Entrypoint:
-    """A callable function of the loaded variant."""
+    """A callable function of the loaded variant: its record, the device it runs on and its
+    compiled memory plan."""
 
-    name: str
-    module: str
-    function: str
-    signature: Signature
-    device: str = ""  # the variant device it runs on (its arguments and results live there)
-    memory: MemoryPlan = field(default_factory=lambda: MemoryPlan.from_json(None))
+    record: EntrypointRecord
+    device: str  # the variant device it runs on (its arguments and results live there)
+    memory: MemoryPlan = field(default_factory=lambda: MemoryPlan.from_record(None))
 
+    @property
+    def name(self) -> str:
+        return self.record.name
 
-def _requirements(variant: dict) -> list[DeviceRequirement]:
-    reqs = []
-    for d in variant["devices"]:
-        requires = d.get("requires") or {}
-        reqs.append(
-            DeviceRequirement(
-                name=d["name"],
-                target=d["target"],
-                driver=d["driver"],
-                cpu_flags=frozenset(requires.get("cpu_flags", ())),
-            )
-        )
-    return reqs
+    @property
+    def module(self) -> str:
+        return self.record.module
+
+    @property
+    def function(self) -> str:
+        return self.record.function
+
+    @property
+    def signature(self) -> Signature:
+        return self.record.signature
 
 
 def choose_variant(
-    manifest: dict, registry: DeviceRegistry, wanted: str | None, path: Path
-) -> dict:
+    manifest: ArtifactManifest, registry: DeviceRegistry, wanted: str | None, path: Path
+) -> VariantRecord:
     """The named variant, or the first whose devices all exist here."""
-    variants = manifest["variants"]
-    names = [v["name"] for v in variants]
+    names = [v.name for v in manifest.variants]
     if wanted is not None:
-        for v in variants:
-            if v["name"] == wanted:
-                for req in _requirements(v):
-                    reason = registry.why_unusable(req)
-                    if reason:
-                        raise DeviceUnavailable(
-                            f"{path.name}: variant '{wanted}' cannot run here: {reason}; "
-                            f"this machine has drivers: {', '.join(registry.usable_drivers())}"
-                        )
-                return v
-        raise DeviceUnavailable(
-            f"{path.name} has no variant '{wanted}'; it has: {', '.join(names)}"
-        )
+        chosen = manifest.variant(wanted)
+        if chosen is None:
+            raise DeviceUnavailable(
+                f"{path.name} has no variant '{wanted}'; it has: {', '.join(names)}"
+            )
+        for device in chosen.devices:
+            reason = registry.why_unusable(device)
+            if reason:
+                raise DeviceUnavailable(
+                    f"{path.name}: variant '{wanted}' cannot run here: {reason}; "
+                    f"this machine has drivers: {', '.join(registry.usable_drivers())}"
+                )
+        return chosen
     reasons = []
-    for v in variants:
-        why = [r for r in (registry.why_unusable(q) for q in _requirements(v)) if r]
+    for v in manifest.variants:
+        why = [r for r in (registry.why_unusable(d) for d in v.devices) if r]
         if not why:
             return v
-        reasons.append(f"'{v['name']}': {'; '.join(why)}")
+        reasons.append(f"'{v.name}': {'; '.join(why)}")
     raise DeviceUnavailable(
         f"no variant of {path.name} can run on this machine ({' | '.join(reasons)}); "
         f"this machine has drivers: {', '.join(registry.usable_drivers()) or 'none'}"
     )
+
+
+def _type_text(spec: TensorSpec) -> str:
+    if spec.shape is None:
+        return f"{spec.dtype} scalar"
+    return f"{spec.dtype}[{', '.join('?' if d is None else str(d) for d in spec.shape)}]"
+
+
+def check_declared_signature(
+    record: EntrypointRecord, function: Any, where: str, path: Path
+) -> None:
+    """Refuse an entrypoint whose recorded signature is not the function's own: the module's
+    `iree.abi.declaration` reflection is what IREE will actually take and return, so a manifest
+    pointing an entrypoint at another function (or lying about a shape) fails here, at load,
+    instead of returning wrong shapes unchecked."""
+    qualified = f"{record.module}.{record.function}"
+    declaration = function.reflection.get("iree.abi.declaration")
+    if declaration is None:
+        raise ArtifactError(
+            f"{path}: manifest field {where}.function: {qualified} has no "
+            "iree.abi.declaration reflection, so it is not an entrypoint PLeX built"
+        )
+    try:
+        declared = parse_abi_declaration(declaration)
+    except ValueError as e:
+        raise ArtifactError(
+            f"{path}: manifest field {where}.function: {qualified} declares a signature this "
+            f"runtime cannot read ({e})"
+        ) from e
+    for key, recorded, actual in (
+        ("inputs", record.inputs, declared.inputs),
+        ("outputs", record.outputs, declared.outputs),
+    ):
+        mine = [_type_text(t) for t in recorded]
+        theirs = [_type_text(t) for t in actual]
+        if mine != theirs:
+            verb = "takes" if key == "inputs" else "returns"
+            raise ArtifactError(
+                f"{path}: manifest field {where}.{key}: records ({', '.join(mine)}) but "
+                f"{qualified} {verb} ({', '.join(theirs)}) by its iree.abi.declaration"
+            )
 
 
 class Model:
@@ -99,20 +145,30 @@ class Model:
         memory_budget: int | str | None = FROM_ARTIFACT,
         residency: str | None = None,
         lock_weights: bool = False,
+        trust: KeySource | None = None,
     ) -> None:
         self.path = Path(path)
         self._vm_instance = vm_instance
         self._lock = threading.Lock()
         self._sessions: set = set()
-        self._reader = MlnReader(self.path, verify=verify)
+        # With `trust`, the signature is checked here: before any module is wrapped or any
+        # parameter registered.
+        self._reader = MlnReader(self.path, verify=verify, trust=trust)
         try:
-            self.manifest = self._reader.manifest
-            # Runtime policies the build recorded; load arguments override them.
+            self.artifact_manifest: ArtifactManifest = self._reader.artifact_manifest
+            # The JSON as stored, for tools and tests that print or compare it; the runtime
+            # itself reads only the records.
+            self.manifest: dict[str, Any] = self._reader.manifest
+            self.variant_record = choose_variant(
+                self.artifact_manifest, registry, variant, self.path
+            )
+            self.variant: dict[str, Any] = self.manifest["variants"][
+                self.artifact_manifest.variants.index(self.variant_record)
+            ]
             self.policies: dict[str, Any] = dict(self.manifest.get("policies") or {})
-            self.variant = choose_variant(self.manifest, registry, variant, self.path)
             self.registry = registry
-            self.devices = registry.devices_for([d["driver"] for d in self.variant["devices"]])
-            self.device_names = [d["name"] for d in self.variant["devices"]]
+            self.devices = registry.devices_for([d.driver for d in self.variant_record.devices])
+            self.device_names = [d.name for d in self.variant_record.devices]
             self._modules = self._load_modules()
             self._providers = self._parameter_providers()
             self.entrypoints = self._entrypoints()
@@ -125,46 +181,46 @@ class Model:
 
     @property
     def name(self) -> str:
-        return self.manifest["app"]["name"]
+        return self.artifact_manifest.app.name
 
     @property
     def variant_name(self) -> str:
-        return self.variant["name"]
+        return self.variant_record.name
+
+    def _variant_path(self) -> str:
+        index = self.artifact_manifest.variants.index(self.variant_record)
+        return f"variants[{index}]"
 
     def _load_modules(self) -> list[rt.VmModule]:
         modules = []
-        for m in self.variant["modules"]:
-            view = self._reader.section_view(m["section"])
+        for m in self.variant_record.modules:
+            view = self._reader.section_view(m.section)
             try:
                 module = rt.VmModule.wrap_buffer(self._vm_instance, view)
             except Exception as e:
                 raise ArtifactError(
-                    f"{self.path}: module '{m['name']}' is not valid VM bytecode: {e}"
+                    f"{self.path}: module '{m.name}' is not valid VM bytecode: {e}"
                 ) from e
-            if module.name != m["name"]:
+            if module.name != m.name:
                 raise ArtifactError(
-                    f"{self.path}: section of module '{m['name']}' holds module '{module.name}'"
+                    f"{self.path}: section of module '{m.name}' holds module '{module.name}'"
                 )
             modules.append(module)
         return modules
 
     def _parameter_ranges(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(scope, key) -> (file offset, length) of every parameter this variant reads."""
-        scopes = set(self.variant.get("parameter_scopes", []))
-        ranges = {}
-        for p in self.manifest["parameters"]:
-            if p["scope"] in scopes:
-                section = self._reader.sections[p["section"]]
-                ranges[(p["scope"], p["key"])] = (section.offset + p["offset"], p["length"])
-        return ranges
+        sections = self._reader.sections
+        return {
+            (p.scope, p.key): (sections[p.section].offset + p.offset, p.length)
+            for p in self.artifact_manifest.parameters_in(self.variant_record.parameter_scopes)
+        }
 
     def _residency(self, override: str | None, lock: bool) -> ParameterResidency:
-        policy = override or self.policies.get("residency") or "resident"
+        policy = override or self.artifact_manifest.runtime_policies.residency
         if policy not in RESIDENCY_MODES:
-            where = "residency=" if override else f"{self.path}: the artifact's"
-            error = ValueError if override else ArtifactError
-            raise error(
-                f"{where} unknown residency {policy!r}; expected one of "
+            raise ValueError(
+                f"residency= unknown residency {policy!r}; expected one of "
                 f"{', '.join(RESIDENCY_MODES)}"
             )
         if lock and policy != "resident":
@@ -175,7 +231,8 @@ class Model:
         return ParameterResidency(self._reader.mmap, self._parameter_ranges(), policy, lock=lock)
 
     def _budget(self, override: int | str | None) -> AdmissionBudget | None:
-        limit = self.policies.get("memory_budget") if override is FROM_ARTIFACT else override
+        recorded = self.artifact_manifest.runtime_policies.memory_budget
+        limit = recorded if override is FROM_ARTIFACT else override
         if limit is None:
             return None
         if isinstance(limit, str):
@@ -191,49 +248,44 @@ class Model:
         )
 
     def _parameter_providers(self) -> list[rt.ParameterProvider]:
-        scopes = list(self.variant.get("parameter_scopes", []))
+        scopes = list(self.variant_record.parameter_scopes)
         if not scopes:
             return []
         handle = rt.FileHandle.wrap_memory(self._reader.mmap, readable=True, writable=False)
         indexes = {scope: rt.ParameterIndex() for scope in scopes}
-        for p in self.manifest["parameters"]:
-            index = indexes.get(p["scope"])
-            if index is None:
-                continue
-            section = self._reader.sections[p["section"]]
-            index.add_from_file_handle(
-                p["key"], handle, p["length"], offset=section.offset + p["offset"]
+        sections = self._reader.sections
+        for p in self.artifact_manifest.parameters_in(scopes):
+            section = sections[p.section]
+            indexes[p.scope].add_from_file_handle(
+                p.key, handle, p.length, offset=section.offset + p.offset
             )
         self._file_handle = handle
         return [indexes[s].create_provider(scope=s) for s in scopes]
 
     def _entrypoints(self) -> dict[str, Entrypoint]:
+        """Every callable name (VariantRecord.callable_entrypoints), each entrypoint checked
+        against its function's own reflection."""
         by_module = {m.name: m for m in self._modules}
-        entries: dict[str, Entrypoint] = {}
-        for e in self.variant["entrypoints"]:
-            module = by_module.get(e["module"])
-            if module is None or module.lookup_function(e["function"]) is None:
+        where_of = self._variant_path()
+        loaded: dict[str, Entrypoint] = {}
+        for i, e in enumerate(self.variant_record.entrypoints):
+            where = f"{where_of}.entrypoints[{i}]"
+            module = by_module.get(e.module)
+            function = module.lookup_function(e.function) if module is not None else None
+            if function is None:
                 raise ArtifactError(
-                    f"{self.path}: entrypoint '{e['name']}' names missing function "
-                    f"{e['module']}.{e['function']}"
+                    f"{self.path}: manifest field {where}.function: entrypoint '{e.name}' names "
+                    f"missing function {e.module}.{e.function}"
                 )
-            sig = Signature(
-                inputs=tuple(TensorSpec.from_json(t) for t in e["inputs"]),
-                outputs=tuple(TensorSpec.from_json(t) for t in e["outputs"]),
+            check_declared_signature(e, function, where, self.path)
+            loaded[e.name] = Entrypoint(
+                e,
+                self.variant_record.device_of(e).name,
+                MemoryPlan.from_record(e.memory),
             )
-            device = e.get("device") or self.device_names[0]
-            entries[e["name"]] = Entrypoint(
-                e["name"],
-                e["module"],
-                e["function"],
-                sig,
-                device,
-                memory=MemoryPlan.from_json(e.get("memory")),
-            )
-        # `module.function` always works, so two graphs with a `forward` stay reachable.
-        for entry in list(entries.values()):
-            entries.setdefault(f"{entry.module}.{entry.function}", entry)
-        return entries
+        return {
+            name: loaded[e.name] for name, e in self.variant_record.callable_entrypoints().items()
+        }
 
     def entrypoint(self, name: str) -> Entrypoint:
         try:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from myelin.errors import EntrypointNotFound, ProfilingUnavailable
+from myelin.mln import EntrypointRecord, MlnReader, ProfileRecord, VariantRecord
 from myelin.platforms import HOST_DRIVERS
 
 # HAL profiling families (iree-run-module --help). CPU drivers record host-side execution;
@@ -112,7 +113,6 @@ def capture(
     """Run `function` once (or `repeat` times) under HAL profiling; write the capture and
     `trace.json` into `out_dir`. `output` and `device_timing` default to the artifact's
     `[runtime.profile]`."""
-    from myelin.mln import MlnReader
     from myelin.runtime.devices import DeviceRegistry
     from myelin.runtime.model import choose_variant
 
@@ -121,14 +121,14 @@ def capture(
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
     with MlnReader(artifact) as reader:
-        manifest = reader.manifest
-        policy = (manifest.get("policies") or {}).get("profile") or {}
+        manifest = reader.artifact_manifest
+        policy = manifest.runtime_policies.profile or ProfileRecord()
         if device_timing is None:
-            device_timing = bool(policy.get("device_timing", False))
-        template = output or policy.get("output") or DEFAULT_OUTPUT
+            device_timing = policy.device_timing
+        template = output or policy.output or DEFAULT_OUTPUT
         chosen = choose_variant(manifest, DeviceRegistry(), variant, artifact)
         entry = _entrypoint(chosen, function, artifact)
-        drivers = [d["driver"] for d in chosen["devices"]]
+        drivers = [d.driver for d in chosen.devices]
         if device_timing:
             cpu = sorted({d for d in drivers if d in HOST_DRIVERS})
             if cpu:
@@ -154,7 +154,7 @@ def capture(
             result.dispatches = hottest_dispatches(profile)
             result.memory_high_water = memory_high_water(profile)
             records = export_records(profile, work / "export.jsonl")
-            trace = chrome_trace(records, title=f"{artifact.name} {function} ({chosen['name']})")
+            trace = chrome_trace(records, title=f"{artifact.name} {function} ({chosen.name})")
             partial = result.trace.with_name(f".{TRACE_NAME}.partial")
             partial.write_text(json.dumps(trace))
             os.replace(partial, result.trace)
@@ -163,10 +163,8 @@ def capture(
     return result
 
 
-def _entrypoint(variant: dict, name: str, artifact: Path) -> dict:
-    entries = {e["name"]: e for e in variant["entrypoints"]}
-    for e in variant["entrypoints"]:
-        entries.setdefault(f"{e['module']}.{e['function']}", e)
+def _entrypoint(variant: VariantRecord, name: str, artifact: Path) -> EntrypointRecord:
+    entries = variant.callable_entrypoints()
     if name not in entries:
         raise EntrypointNotFound(
             f"{artifact.name} has no entrypoint '{name}' (it has: {', '.join(sorted(entries))})"
@@ -175,9 +173,9 @@ def _entrypoint(variant: dict, name: str, artifact: Path) -> dict:
 
 
 def _command(
-    reader: Any,
-    variant: dict,
-    entry: dict,
+    reader: MlnReader,
+    variant: VariantRecord,
+    entry: EntrypointRecord,
     inputs: Sequence[Any],
     work: Path,
     profile: Path,
@@ -187,23 +185,20 @@ def _command(
     """The tool command line, with the variant's modules, parameters and inputs as files."""
     import iree.runtime as rt
 
-    args = [f"--device={d['driver']}" for d in variant["devices"]]
+    args = [f"--device={d.driver}" for d in variant.devices]
     # Modules in registration order, up to the entrypoint's: the tool calls into the last one.
-    for m in variant["modules"]:
-        path = work / f"{m['name']}.vmfb"
-        path.write_bytes(reader.section_view(m["section"]))
+    for m in variant.modules:
+        path = work / f"{m.name}.vmfb"
+        path.write_bytes(reader.section_view(m.section))
         args.append(f"--module={path}")
-        if m["name"] == entry["module"]:
+        if m.name == entry.module:
             break
     handle = rt.FileHandle.wrap_memory(reader.mmap, readable=True, writable=False)
-    for scope in variant.get("parameter_scopes", []):
+    for scope in variant.parameter_scopes:
         index = rt.ParameterIndex()
-        for p in reader.manifest["parameters"]:
-            if p["scope"] == scope:
-                section = reader.sections[p["section"]]
-                index.add_from_file_handle(
-                    p["key"], handle, p["length"], offset=section.offset + p["offset"]
-                )
+        for p in reader.artifact_manifest.parameters_in([scope]):
+            section = reader.sections[p.section]
+            index.add_from_file_handle(p.key, handle, p.length, offset=section.offset + p.offset)
         archive = work / f"{scope}.irpa"
         index.create_archive_file(str(archive))
         args.append(f"--parameters={scope}={archive}")
@@ -215,7 +210,7 @@ def _command(
         else:
             args.append(f"--input={value}")
     args += [
-        f"--function={entry['function']}",
+        f"--function={entry.function}",
         f"--device_profiling_mode={','.join(families)}",
         f"--device_profiling_output={profile}",
     ]

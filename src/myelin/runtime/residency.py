@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 
-RESIDENCY_MODES = ("resident", "streamed", "prefetch")
+from myelin.mln import RESIDENCY_MODES
 
 # Linux values; Python's mmap module does not name them.
 MADV_COLD = 20

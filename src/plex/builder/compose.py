@@ -11,7 +11,7 @@ import os
 import shutil
 import warnings
 
-from myelin.mln import MlnWriter
+from myelin.mln import ArtifactManifest, MlnWriter
 from plex.builder.jobs import ComposeJob, PhasesJob
 from plex.builder.link import read_link
 from plex.builder.records import PHASES_DIR
@@ -30,7 +30,8 @@ def run_compose(job: ComposeJob, ctx: NodeContext) -> None:
         )
     for message in notes + violations:
         warnings.warn(message, BuildWarning, stacklevel=2)
-    writer = MlnWriter(manifest)
+    # The typed records check every field before anything is written.
+    writer = MlnWriter(ArtifactManifest.from_json(manifest))
     for section in sections:
         path = ctx.dep_outputs[section["node"]] / section["file"]
         writer.add_section(section["name"], section["kind"], path)

@@ -1,5 +1,13 @@
 """The `plex` command line. Each verb lives in its own module; this one wires them together and
-turns PLeX/MyeLiN errors into one line and a non-zero exit code (`--debug` shows tracebacks)."""
+turns PLeX/MyeLiN errors into one line and a non-zero exit code (`--debug` shows tracebacks).
+
+Start-up is part of the interface: `plex --help` must answer at once. So every verb module
+imports only the standard library and typer at its top; numpy, pydantic, rich, the IREE
+bindings and the build machinery are imported inside the verb's function, when it runs
+(`tests/plex/test_cli_help.py` checks what `plex --help` loads). Help is rendered as plain
+text (`rich_markup_mode=None`): help strings show `[build] jobs` as written, and flags carry no
+type placeholder.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +19,6 @@ from typing import Any
 
 import typer
 
-from myelin.errors import MyelinError
 from plex.cli import (
     accuracy_cmd,
     bench_cmd,
@@ -22,7 +29,6 @@ from plex.cli import (
     profile_cmd,
     run_cmd,
 )
-from plex.errors import PlexError
 
 EXIT_ERROR = 1
 EXIT_INTERNAL = 70
@@ -34,6 +40,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -47,6 +54,9 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from myelin.errors import MyelinError
+        from plex.errors import PlexError
+
         try:
             return command(*args, **kwargs)
         except typer.Exit:
@@ -71,9 +81,40 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def version_text() -> str:
+    """`plex 0.1.0 (IREE compiler 3.13.0, runtime 3.13.0; Python 3.11.9)`: the versions that
+    decide what a build produces, read from the installed distributions (nothing imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return (
+        f"plex {installed('plex')} (IREE compiler {installed('iree-base-compiler')}, "
+        f"runtime {installed('iree-base-runtime')}; Python {python})"
+    )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the versions of plex and IREE and exit.",
+        callback=_print_version,
+        is_eager=True,
+    ),
 ) -> None:
     if debug:
         os.environ["PLEX_DEBUG"] = "1"

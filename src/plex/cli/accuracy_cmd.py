@@ -2,34 +2,46 @@
 
 Builds the app twice, with its codecs and with every codec off (both through the normal cache,
 so the fp32 build is the same artifact `plex build` makes), runs both on the same inputs and
-prints, per output, the error of the codec build against the fp32 one.
+prints, per output, the error of the codec build against the fp32 one. What can be refused is
+refused before the second build: a codec that encoded no parameter (there is nothing to
+compare) and integer inputs without --input (random token ids mean nothing).
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
-from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import typer
 
 from plex.cli.build_cmd import _size
-from plex.cli.tensor_args import parse_tensor_arg
 from plex.errors import PlexError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def accuracy(
-    app_toml: Path = typer.Argument(..., help="The application manifest (app.toml)."),
+    app_toml: Path = typer.Argument(
+        ...,
+        help="The application manifest (app.toml), or a folder that has one.",
+        metavar="APP_TOML",
+        show_default=False,
+    ),
     codec: str = typer.Option(
         None,
         "--codec",
         help="Encode every parameter the rules allow with this codec (fp16, bf16, int8, q4, "
         'q4:g<group>), as if [weights.codec] ended with "*" = CODEC. Default: the app\'s codecs.',
+        metavar="CODEC",
     ),
     function: str = typer.Option(
-        None, "-f", "--function", help="Entrypoint to compare (default: every entrypoint)."
+        None,
+        "-f",
+        "--function",
+        help="Entrypoint to compare (default: every entrypoint).",
+        metavar="NAME",
     ),
     inputs: list[str] = typer.Option(
         [],
@@ -37,18 +49,33 @@ def accuracy(
         "-i",
         help="An argument: @file.npy or SHAPExTYPE=VALUES, repeated in argument order. Default: "
         "random floats (seed 0), with every dynamic dim 2; integer arguments must be given.",
+        metavar="TENSOR",
     ),
-    jobs: int = typer.Option(None, "-j", "--jobs", min=1, help="Most build steps at once."),
+    jobs: int = typer.Option(
+        None, "-j", "--jobs", min=1, help="Most build steps at once.", metavar="N"
+    ),
     keep: Path = typer.Option(
-        None, "--keep", help="Keep the two .mln files in this folder (codec.mln, fp32.mln)."
+        None,
+        "--keep",
+        help="Keep the two .mln files in this folder (codec.mln, fp32.mln).",
+        metavar="DIR",
     ),
 ) -> None:
     """Build the codec and fp32 variants of an app and compare their outputs on the same inputs:
     max and mean relative error and cosine similarity, plus the parameter bytes of each."""
+    import tempfile
+    from dataclasses import replace
+
     from myelin.codecs import check_codec_name
     from plex.builder.plan import codec_policy
+    from plex.cli.build_cmd import quiet_model_progress_bars
+    from plex.cli.paths import resolve_app
+    from plex.cli.tensor_args import parse_tensor_arg
     from plex.manifest import load_app
 
+    app_toml = resolve_app(app_toml)
+    args = [parse_tensor_arg(text) for text in inputs]  # a typo fails before any build
+    quiet_model_progress_bars()
     app = load_app(app_toml)
     if codec is not None:
         try:
@@ -73,14 +100,54 @@ def accuracy(
     )
     folder = keep or Path(tempfile.mkdtemp(prefix="plex-accuracy-"))
     folder.mkdir(parents=True, exist_ok=True)
-    built = {}
-    for name, variant in (("codec", coded), ("fp32", reference)):
-        built[name] = _build(variant, folder / f"{name}.mln", jobs)
-    args = [parse_tensor_arg(text) for text in inputs]
-    _compare(built["codec"], built["fp32"], function, args)
-    if keep is None:
-        for path in built.values():
-            path.unlink(missing_ok=True)
+    built = {"codec": _build(coded, folder / "codec.mln", jobs)}
+    try:
+        _check_comparable(built["codec"], codec, function, args)
+        built["fp32"] = _build(reference, folder / "fp32.mln", jobs)
+        _compare(built["codec"], built["fp32"], function, args)
+    finally:
+        if keep is None:
+            for path in built.values():
+                path.unlink(missing_ok=True)
+            folder.rmdir()
+
+
+def _check_comparable(coded: Path, codec: str | None, function: str | None, given: list) -> None:
+    """Refuse, before the fp32 build, a comparison that cannot say anything: no parameter was
+    encoded (every error would be 0), or an entrypoint takes integers and no --input was given.
+    """
+    import myelin
+    from myelin.codecs import parameter_rows
+
+    model = myelin.Instance().load(coded)
+    try:
+        rows = parameter_rows(model.manifest["parameters"])
+        if not any(r.codec not in ("none", "fp32") for r in rows):
+            what = f"--codec {codec}" if codec else "the app's [weights.codec]"
+            if not rows:
+                why = "the model has no parameters"
+            else:
+                reasons = sorted({r.rule for r in rows if r.rule})
+                why = f"all {len(rows)} parameters stay as they are" + (
+                    f" ({'; '.join(reasons[:2])})" if reasons else ""
+                )
+            raise PlexError(f"{what} encoded no parameter: {why}; there is nothing to compare")
+        if not given:
+            for name in _entrypoint_names(model, function):
+                _inputs_for(model.entrypoint(name), given)  # raises for integer inputs
+    finally:
+        model.close()
+
+
+def _entrypoint_names(model, function: str | None) -> list[str]:
+    """The entrypoints to compare: the one asked for, else each function once (a
+    module-qualified alias names the same one)."""
+    if function:
+        return [function]
+    seen: dict[tuple[str, str], str] = {}
+    for name, e in model.entrypoints.items():
+        seen.setdefault((e.module, e.function), name)
+    return list(seen.values())
 
 
 def _build(app, output: Path, jobs: int | None) -> Path:
@@ -108,6 +175,8 @@ def _build(app, output: Path, jobs: int | None) -> Path:
 
 
 def _inputs_for(entry, given: list[np.ndarray]) -> list[np.ndarray]:
+    import numpy as np
+
     if given:
         return given
     rng = np.random.default_rng(0)
@@ -124,19 +193,15 @@ def _inputs_for(entry, given: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _compare(coded: Path, reference: Path, function: str | None, given: list) -> None:
+    import numpy as np
+
     import myelin
     from myelin.codecs import bytes_by_codec
 
     instance = myelin.Instance()
     models = {"codec": instance.load(coded), "fp32": instance.load(reference)}
     try:
-        if function:
-            names = [function]
-        else:  # each function once (a module-qualified alias names the same one)
-            seen = {}
-            for name, e in models["codec"].entrypoints.items():
-                seen.setdefault((e.module, e.function), name)
-            names = list(seen.values())
+        names = _entrypoint_names(models["codec"], function)
         for label, path in (("codec", coded), ("fp32", reference)):
             totals = bytes_by_codec(models[label].manifest["parameters"])
             parts = ", ".join(f"{c} {_size(b)}" for c, (b, _) in totals.items())
@@ -163,6 +228,8 @@ def _compare(coded: Path, reference: Path, function: str | None, given: list) ->
 def error_stats(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     """Errors of `a` (codec) against `b` (fp32): max |a-b| / max |b|, mean |a-b| / mean |b|,
     cosine of the flattened tensors, and mean and min cosine over rows (last axis)."""
+    import numpy as np
+
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     diff = np.abs(a64 - b64)
     stats = {
@@ -178,6 +245,8 @@ def error_stats(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
 
 
 def _cosine(x: np.ndarray, y: np.ndarray) -> float:
+    import numpy as np
+
     nx, ny = np.linalg.norm(x), np.linalg.norm(y)
     if nx == 0 or ny == 0:
         return 1.0 if nx == ny else 0.0
@@ -185,6 +254,8 @@ def _cosine(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _row(name: str, index: int, a: np.ndarray, b: np.ndarray) -> str:
+    import numpy as np
+
     if not np.issubdtype(b.dtype, np.floating):
         same = "identical" if np.array_equal(a, b) else f"{int((a != b).sum())} values differ"
         return f"{name:<16} {index:<8} {same}"

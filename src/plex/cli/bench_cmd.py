@@ -5,12 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from plex.cli.tensor_args import parse_dims, parse_tensor_arg, synthetic_inputs
 
 
 def _rss_peak_mib() -> float:
@@ -24,33 +19,42 @@ def _rss_peak_mib() -> float:
 
 
 def bench(
-    artifact: Path = typer.Argument(..., help="The .mln file."),
-    function: str = typer.Option("forward", "-f", "--function", help="Entrypoint to time."),
+    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
+    function: str = typer.Option(
+        "forward", "-f", "--function", help="Entrypoint to time.", metavar="NAME"
+    ),
     inputs: list[str] = typer.Option(
         [],
         "--input",
         "-i",
         help="As for `plex run`; without inputs, random tensors matching the signature are used.",
+        metavar="TENSOR",
     ),
     dims: list[str] = typer.Option(
         [],
         "--dim",
         help="Size of a dynamic dim for random inputs: "
         "NAME=N (names as `plex inspect` shows them) or *=N.",
+        metavar="NAME=N",
     ),
-    warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed calls first."),
-    iterations: int = typer.Option(100, "-n", "--iterations", min=1, help="Timed calls."),
-    variant: str = typer.Option(None, "--variant", help="Variant to use."),
+    warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed calls first.", metavar="N"),
+    iterations: int = typer.Option(
+        100, "-n", "--iterations", min=1, help="Timed calls.", metavar="N"
+    ),
+    variant: str = typer.Option(None, "--variant", help="Variant to use.", metavar="NAME"),
 ) -> None:
     """Time an entrypoint: p50/p90/p99 latency, mean, calls/s and peak RSS."""
+    import numpy as np
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     import myelin
+    from plex.cli.tensor_args import cli_inputs, describe_inputs
 
     model = myelin.Instance().load(artifact, variant=variant)
     entry = model.entrypoint(function)
-    if inputs:
-        args = [parse_tensor_arg(t) for t in inputs]
-    else:
-        args = synthetic_inputs(entry.signature, parse_dims(dims))
+    args = cli_inputs(inputs, dims, entry.signature, entry.name)
     with model.session() as session:
         call = session.resolve(function)
         for _ in range(warmup):
@@ -62,8 +66,10 @@ def bench(
             times[i] = time.perf_counter() - t0
     ms = times * 1e3
     table = Table(
-        title=f"{artifact.name} {function} ({model.variant_name}), {iterations} calls "
-        f"after {warmup} warm-up"
+        title=escape(
+            f"{artifact.name} {function} ({model.variant_name}), {iterations} calls "
+            f"after {warmup} warm-up; inputs {describe_inputs(entry.signature.inputs, args)}"
+        )
     )
     for col in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "min ms", "calls/s", "peak RSS MiB"):
         table.add_column(col, justify="right")
@@ -74,4 +80,4 @@ def bench(
         f"{iterations / times.sum():.1f}",
         f"{_rss_peak_mib():.0f}",
     )
-    Console().print(table)
+    Console(emoji=False).print(table)

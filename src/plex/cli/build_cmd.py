@@ -1,23 +1,38 @@
-"""`plex build`."""
+"""`plex build`: one app manifest to one .mln (or to IR at a phase), with progress.
+
+The default output follows one rule: `<app name>.mln` beside the app manifest, and a folder
+stands for its `app.toml` (`plex.cli.paths.resolve_app`). Ctrl-C says at once that the build is
+stopping and which running steps it waits for (IREE cannot be interrupted inside a step).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import typer
-from rich.console import Console
-
-from synapse import explain, make_progress
 
 
 def build(
-    app_toml: Path = typer.Argument(..., help="The application manifest (app.toml)."),
+    app_toml: Path = typer.Argument(
+        ...,
+        help="The application manifest (app.toml), or a folder that has one.",
+        metavar="APP_TOML",
+        show_default=False,
+    ),
     output: Path = typer.Option(
         None,
         "-o",
         "--output",
-        help="Where to write the .mln (default: <app name>.mln beside app.toml).",
+        help="Where to write the .mln (default: <app name>.mln beside app.toml, also when "
+        "APP_TOML is a folder).",
+        metavar="PATH",
     ),
     jobs: int = typer.Option(
         None,
@@ -25,12 +40,14 @@ def build(
         "--jobs",
         min=1,
         help="Most build steps at once (default: [build] jobs, else the CPU count).",
+        metavar="N",
     ),
     cache: Path = typer.Option(
         None,
         "--cache",
         help="Cache folder (default: [build] cache, "
         "else $PLEX_CACHE_DIR, else the user cache folder).",
+        metavar="DIR",
     ),
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Build everything from scratch and store nothing."
@@ -39,7 +56,9 @@ def build(
     explain_: bool = typer.Option(
         False, "--explain", help="Say for each step whether it was a cache hit or why it rebuilt."
     ),
-    progress: str = typer.Option("auto", "--progress", help="auto | rich | plain | json"),
+    progress: str = typer.Option(
+        "auto", "--progress", help="auto | rich | plain | json", metavar="MODE"
+    ),
     json_: bool = typer.Option(
         False, "--json", help="Progress as JSON event lines (same as --progress json)."
     ),
@@ -69,11 +88,17 @@ def build(
     ),
 ) -> None:
     """Resolve packages, import graphs, compile each variant and pack one .mln."""
+    from rich.console import Console
+    from rich.markup import escape
+
     from plex.builder import build as run_build
     from plex.builder import check_phase, plan_for
+    from plex.cli.paths import resolve_app
+    from synapse import explain, make_progress
 
     check_phase(compile_to)
-    app_toml = app_toml.resolve()
+    app_toml = resolve_app(app_toml)
+    quiet_model_progress_bars()
     if output is None:
         from plex.manifest import load_app
 
@@ -85,20 +110,20 @@ def build(
         "resume_from": tuple(resume_from or ()),
         "strict": strict,
     }
-    console = Console(stderr=True, soft_wrap=True)
+    console = Console(stderr=True, soft_wrap=True, emoji=False, highlight=False)
     if plan:
         _, the_plan = plan_for(app_toml, output, **options)
         typer.echo(the_plan.describe())
         return
     mode = "json" if json_ else progress
-    with make_progress(mode, sys.stderr) as sink:
+    with make_progress(mode, sys.stderr) as sink, announce_interrupt(sink) as on_event:
         result = run_build(
             app_toml,
             output,
             jobs=jobs,
             cache_dir=cache,
             use_cache=not no_cache,
-            on_event=sink,
+            on_event=on_event,
             **options,
         )
     if explain_:
@@ -112,11 +137,67 @@ def build(
         if dump_phases is not None:
             what += f", every phase to {dump_phases}"
         console.print(
-            f"[green]built[/green] {what} in {result.seconds:.1f} s: "
+            f"[green]built[/green] {escape(what)} in {result.seconds:.1f} s: "
             f"{result.built} step(s) ran, {result.hits} cache hit(s); lock: {result.lock_path.name}"
         )
         if compile_to is None:
-            console.print(_codec_sizes(output))
+            console.print(escape(_codec_sizes(output)))
+
+
+def quiet_model_progress_bars() -> None:
+    """Keep progress bars of model code out of plex's output: a torch model built through
+    transformers prints a "Loading weights" bar into the middle of ours. Hugging Face libraries
+    read this variable when they are imported, which happens inside the import step, after this
+    call; a value the user set is kept."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+class _RunningSteps:
+    """Forwards events to the progress renderer and remembers which steps are running."""
+
+    def __init__(self, sink: Callable[[Any], None]) -> None:
+        self.sink = sink
+        self.running: dict[str, float] = {}  # node id -> start (monotonic)
+
+    def __call__(self, event: Any) -> None:
+        if event.kind == "start":
+            self.running[event.node_id] = time.monotonic()
+        elif event.kind in ("finish", "error"):
+            self.running.pop(event.node_id, None)
+        self.sink(event)
+
+    def stopping_message(self) -> str:
+        running = dict(self.running)  # one C-level copy: safe against a worker's event
+        if not running:
+            return "plex: stopping the build"
+        now = time.monotonic()
+        steps = ", ".join(f"{node} ({now - t0:.0f}s in)" for node, t0 in running.items())
+        return (
+            f"plex: stopping the build; waiting for {len(running)} running step(s) to end "
+            f"(IREE cannot stop inside a step): {steps}; nothing unfinished is kept"
+        )
+
+
+@contextlib.contextmanager
+def announce_interrupt(sink: Callable[[Any], None]) -> Iterator[Callable[[Any], None]]:
+    """While the build runs, Ctrl-C prints what the build is waiting for, at once, then raises
+    KeyboardInterrupt as before (the executor cancels and drains; the CLI exits 130)."""
+    steps = _RunningSteps(sink)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        with contextlib.suppress(RuntimeError):  # a write to stderr was under way here
+            print(steps.stopping_message(), file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread (an embedding caller): no handler of ours
+        yield steps
+        return
+    try:
+        yield steps
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _codec_sizes(artifact: Path) -> str:
@@ -126,8 +207,10 @@ def _codec_sizes(artifact: Path) -> str:
 
     with MlnReader(artifact, verify=False) as reader:
         totals = bytes_by_codec(reader.manifest["parameters"])
+    if not totals:
+        return "parameters: 0 (the model has no weights)"
     parts = [f"{codec} {_size(b)} ({n})" for codec, (b, n) in totals.items()]
-    return "parameters by codec: " + (", ".join(parts) or "none")
+    return "parameters by codec: " + ", ".join(parts)
 
 
 def _size(n: int) -> str:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
-import numpy as np
 import typer
 
 from plex.errors import PlexError
@@ -14,6 +14,8 @@ from plex.errors import PlexError
 def _linear_model(name: str) -> str:
     """A dynamic-batch linear layer with inline constant weights (PLeX moves them into
     parameters at build time)."""
+    import numpy as np
+
     rng = np.random.default_rng(0)
     w = np.round(rng.standard_normal((8, 4)), 3)
     rows = ", ".join("[" + ", ".join(f"{v:.3f}" for v in row) + "]" for row in w)
@@ -36,8 +38,12 @@ module @{name} {{
 
 
 def init(
-    folder: Path = typer.Argument(..., help="Folder for the new package (created)."),
-    name: str = typer.Option(None, "--name", help="Package name (default: the folder name)."),
+    folder: Path = typer.Argument(
+        ..., help="Folder for the new package (created).", metavar="FOLDER"
+    ),
+    name: str = typer.Option(
+        None, "--name", help="Package name (default: the folder name).", metavar="NAME"
+    ),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty folder."),
 ) -> None:
     """Create plex.toml, a model and app.toml that `plex build` handles out of the box."""
@@ -58,8 +64,9 @@ def init(
         f'[app]\nname = "{pkg}"\nversion = "0.1.0"\npackages = ["."]\n\n'
         '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\n'
     )
+    # Quoted as a shell needs them: `plex init "My Model"` must print commands that paste.
     typer.echo(
-        f"created {folder}/plex.toml, model.mlir and app.toml. Next:\n"
-        f"  plex build {folder}/app.toml -o {pkg}.mln\n"
-        f"  plex run {pkg}.mln -f forward --input 2x8xf32=1"
+        f"created {shlex.quote(str(folder / 'plex.toml'))}, model.mlir and app.toml. Next:\n"
+        f"  plex build {shlex.quote(str(folder / 'app.toml'))} -o {shlex.quote(pkg + '.mln')}\n"
+        f"  plex run {shlex.quote(pkg + '.mln')} -f forward --input 2x8xf32=1"
     )

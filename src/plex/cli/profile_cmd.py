@@ -1,28 +1,34 @@
-"""`plex profile`: capture one call with IREE's HAL profiling, summarize it, export a trace."""
+"""`plex profile`: capture one call with IREE's HAL profiling, summarize it, export a trace.
+
+The call runs in IREE's own tools, which check inputs only deep inside the VM; so the inputs are
+checked against the signature here first, exactly as `plex run` checks them.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
-
-from plex.cli.tensor_args import parse_dims, parse_tensor_arg, synthetic_inputs
 
 
 def profile(
-    artifact: Path = typer.Argument(..., help="The .mln file."),
-    function: str = typer.Option("forward", "-f", "--function", help="Entrypoint to profile."),
+    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
+    function: str = typer.Option(
+        "forward", "-f", "--function", help="Entrypoint to profile.", metavar="NAME"
+    ),
     inputs: list[str] = typer.Option(
         [],
         "--input",
         "-i",
         help="As for `plex run`; without inputs, random tensors matching "
         "the signature are used (dynamic dims from --dim).",
+        metavar="TENSOR",
     ),
     dims: list[str] = typer.Option(
-        [], "--dim", help="Size of a dynamic dim for random inputs: NAME=N or *=N."
+        [],
+        "--dim",
+        help="Size of a dynamic dim for random inputs: NAME=N or *=N.",
+        metavar="NAME=N",
     ),
     out_dir: Path = typer.Option(
         ...,
@@ -30,9 +36,14 @@ def profile(
         "--output-dir",
         help="Folder for the capture and "
         "trace.json (Chrome trace format: open it in ui.perfetto.dev).",
+        metavar="DIR",
     ),
     repeat: int = typer.Option(
-        1, "--repeat", min=1, help="Calls to capture (more calls, steadier dispatch times)."
+        1,
+        "--repeat",
+        min=1,
+        help="Calls to capture (more calls, steadier dispatch times).",
+        metavar="N",
     ),
     device_timing: bool = typer.Option(
         None,
@@ -40,8 +51,10 @@ def profile(
         help="Device timestamps per dispatch (GPU drivers); "
         "default: the app's runtime.profile device_timing.",
     ),
-    top: int = typer.Option(10, "--top", min=1, help="Rows of the hottest-dispatch table."),
-    variant: str = typer.Option(None, "--variant", help="Variant to profile."),
+    top: int = typer.Option(
+        10, "--top", min=1, help="Rows of the hottest-dispatch table.", metavar="N"
+    ),
+    variant: str = typer.Option(None, "--variant", help="Variant to profile.", metavar="NAME"),
 ) -> None:
     """Capture one call of an entrypoint and show its hottest dispatches.
 
@@ -50,49 +63,89 @@ def profile(
     DIR/capture-{capture}.ireeprof. DIR/trace.json is the same capture as Chrome trace events
     (open it in ui.perfetto.dev).
     """
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     import myelin
     from myelin.runtime.profiling import capture
+    from plex.cli.paths import check_writable_dir
+    from plex.cli.tensor_args import cli_inputs, describe_inputs
+    from plex.errors import PlexError
 
-    if inputs:
-        args = [parse_tensor_arg(t) for t in inputs]
-    else:
-        model = myelin.Instance().load(artifact, variant=variant)
-        try:
-            args = synthetic_inputs(model.entrypoint(function).signature, parse_dims(dims))
-        finally:
-            model.close()
-    result = capture(
-        artifact,
-        function,
-        args,
-        out_dir,
-        variant=variant,
-        device_timing=device_timing,
-        repeat=repeat,
-    )
+    model = myelin.Instance().load(artifact, variant=variant)
+    try:
+        entry = model.entrypoint(function)
+        args = cli_inputs(inputs, dims, entry.signature, entry.name)
+        parameter_bytes = _parameter_bytes(model.manifest, model.variant_name)
+        call_bytes = _call_bytes(entry, args)
+    finally:
+        model.close()
+    check_writable_dir(out_dir, "--output-dir")
+    try:
+        result = capture(
+            artifact,
+            function,
+            args,
+            out_dir,
+            variant=variant,
+            device_timing=device_timing,
+            repeat=repeat,
+        )
+    except OSError as e:  # e.g. the disk filled up while the capture was written
+        where = f" {e.filename}" if e.filename else ""
+        raise PlexError(f"profile capture: cannot write{where}: {e.strerror}") from None
     total = sum(s.total_ns for s in result.dispatches) or 1
     timing = result.dispatches[0].timing if result.dispatches else "host"
     table = Table(
-        title=f"{artifact.name} {function}: hottest dispatches ({timing} timing, "
-        f"{repeat} call{'s' if repeat > 1 else ''})"
+        title=escape(
+            f"{artifact.name} {function}: hottest dispatches ({timing} timing, "
+            f"{repeat} call{'s' if repeat > 1 else ''}; inputs "
+            f"{describe_inputs(entry.signature.inputs, args)})"
+        )
     )
     table.add_column("dispatch", overflow="fold")
     for col in ("count", "total ms", "avg ms", "max ms", "share"):
         table.add_column(col, justify="right")
     for s in result.dispatches[:top]:
         table.add_row(
-            s.name,
+            escape(s.name),
             str(s.count),
             f"{s.total_ns / 1e6:.3f}",
             f"{s.avg_ns / 1e6:.3f}",
             f"{s.max_ns / 1e6:.3f}",
             f"{100 * s.total_ns / total:.1f}%",
         )
-    console = Console()
+    console = Console(emoji=False, highlight=False)
     console.print(table)
     if result.memory_high_water is not None:
         console.print(
-            f"peak queue-ordered memory (transients + results): {result.memory_high_water:,} B"
+            f"peak queue-ordered memory: {result.memory_high_water:,} B (includes the "
+            f"{parameter_bytes:,} B of parameters the profiling tool loads)"
         )
-    console.print(f"capture: {result.profile}")
-    console.print(f"trace:   {result.trace}")
+    if call_bytes is not None:
+        console.print(
+            f"transients + results of one call: {call_bytes:,} B (the build's memory plan)"
+        )
+    console.print(escape(f"capture: {result.profile}"))
+    console.print(escape(f"trace:   {result.trace}"))
+
+
+def _parameter_bytes(manifest: dict, variant: str) -> int:
+    """Bytes of the variant's parameters: IREE's tools load them into queue-ordered memory, so
+    the capture's peak counts them too."""
+    [chosen] = [v for v in manifest["variants"] if v["name"] == variant]
+    scopes = set(chosen.get("parameter_scopes", []))
+    return sum(p["length"] for p in manifest["parameters"] if p["scope"] in scopes)
+
+
+def _call_bytes(entry: object, args: list) -> int | None:
+    """Transient and result bytes of one call with these inputs, from the memory plan the
+    build recorded (None when the build could not bound them)."""
+    from myelin.errors import MyelinError
+
+    try:
+        need = entry.memory.need(entry.name, args)  # type: ignore[attr-defined]
+    except MyelinError:
+        return None
+    return need.transient + need.results

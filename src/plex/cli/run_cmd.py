@@ -4,35 +4,54 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import typer
-
-from plex.cli.tensor_args import format_tensor, parse_tensor_arg
-from plex.errors import PlexError
 
 
 def run(
-    artifact: Path = typer.Argument(..., help="The .mln file."),
-    function: str = typer.Option("forward", "-f", "--function", help="Entrypoint to call."),
+    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
+    function: str = typer.Option(
+        "forward", "-f", "--function", help="Entrypoint to call.", metavar="NAME"
+    ),
     inputs: list[str] = typer.Option(
         [],
         "--input",
         "-i",
         help="An argument: @file.npy or SHAPExTYPE=VALUES (e.g. 2x3xf32=1,2,3,4,5,6; one value "
         "fills the tensor). Repeat in argument order.",
+        metavar="TENSOR",
     ),
     outputs: list[Path] = typer.Option(
-        [], "--output", "-o", help="Save a result as .npy. Repeat for several results."
+        [],
+        "--output",
+        "-o",
+        help="Save a result as .npy. Repeat for several results.",
+        metavar="FILE",
     ),
     variant: str = typer.Option(
-        None, "--variant", help="Use this variant instead of the first that fits this machine."
+        None,
+        "--variant",
+        help="Use this variant instead of the first that fits this machine.",
+        metavar="NAME",
+    ),
+    trust: Path = typer.Option(
+        None,
+        "--trust",
+        help="Run the file only if this public key (PEM) signed it (plex sign).",
+        metavar="PUB",
     ),
 ) -> None:
     """Run one entrypoint and print (or save) its results."""
+    import numpy as np
+
     import myelin
+    from plex.cli.paths import check_writable_file
+    from plex.cli.tensor_args import format_tensor, parse_tensor_arg
+    from plex.errors import PlexError
 
     args = [parse_tensor_arg(text) for text in inputs]
-    model = myelin.Instance().load(artifact, variant=variant)
+    for path in outputs:  # before the call: a long call must not end in an unwritable path
+        check_writable_file(path, "--output")
+    model = myelin.Instance(trust=trust).load(artifact, variant=variant)
     with model.session() as session:
         result = session.call(function, *args)
     results = list(result) if isinstance(result, tuple) else [result]
@@ -43,7 +62,10 @@ def run(
         )
     for i, value in enumerate(results):
         if outputs:
-            np.save(outputs[i], np.asarray(value), allow_pickle=False)
+            try:
+                np.save(outputs[i], np.asarray(value), allow_pickle=False)
+            except OSError as e:
+                raise PlexError(f"--output {outputs[i]}: cannot write it: {e.strerror}") from None
             typer.echo(f"result {i}: saved {outputs[i]}")
         else:
             typer.echo(f"result {i}: {format_tensor(value)}")
