@@ -34,7 +34,7 @@ def _kib(cache) -> str:
 
 
 def test_cache_ls_shows_node_ids_as_they_are(tmp_path):
-    """`memory:...:default` node ids once rendered emoji (":llama:" is one)."""
+    """Node ids such as `compile:llama:decoder:default` once rendered emoji (":llama:" is one)."""
     cache = tmp_path / "cache"
     app = tmp_path / "app.toml"
     app.write_text(f'[app]\nname = "llama"\npackages = ["{EXAMPLES / "mlp"}"]\n')
@@ -42,7 +42,7 @@ def test_cache_ls_shows_node_ids_as_they_are(tmp_path):
     assert built.returncode == 0, built.stderr
     result = _with_cache(cache, "cache", "ls")
     assert result.returncode == 0, result.stderr
-    assert "memory:mlp:mlp:default" in result.stdout
+    assert "compile:mlp:mlp:default" in result.stdout
     assert "🦙" not in result.stdout
 
 
