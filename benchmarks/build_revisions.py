@@ -101,7 +101,7 @@ def main() -> None:
                     results.setdefault(("llama: cold (no cache)", name), []).append(t)
                     print(f"round {i + 1}: {name}: llama cold {t[0]:.1f} s", file=sys.stderr)
     print(f"{platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
-    print("| build | revision | wall s (median) | wall spread | CPU s (median) | after/before CPU |")
+    print("| build | revision | wall s (median) | wall spread | CPU s (median) | CPU vs before |")
     print("|---|---|---|---|---|---|")
     kinds = dict.fromkeys(kind for kind, _ in results)
     for kind in kinds:
