@@ -153,7 +153,7 @@ class CompiledModule:
     flags: tuple[str, ...]
     signatures: dict[str, Signature]
     warnings: tuple[str, ...]
-    devices: dict[str, str] = field(default_factory=dict)  # exported function -> its device
+    function_devices: dict[str, str] = field(default_factory=dict)  # exported function -> device
     # Exported function -> what a call allocates, read from the Stream IR on the way; empty with
     # `footprints_unknown` saying why when the compile did not pass the Stream phase.
     footprints: dict[str, CallFootprint] = field(default_factory=dict)

@@ -302,7 +302,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                     "outputs": sig["outputs"],
                     "memory": meta["footprints"].get(fn, {"unknown": "no memory plan"}),
                 }
-                device = meta.get("devices", {}).get(fn)
+                device = meta["function_devices"].get(fn)
                 if device is not None:  # where it runs: the placement, else the first device
                     entry["device"] = device
                 entrypoints.append(entry)

@@ -346,7 +346,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "footprints": _footprints(job, compiled, functions),
                 "module": job.module_name or "",
                 "stopped_at": stop_at,
-                "devices": compiled.devices,
+                "function_devices": compiled.function_devices,
                 "resumed_from": resume.phase if resume is not None else None,
                 "functions": functions,
                 "warnings": list(compiled.warnings),
