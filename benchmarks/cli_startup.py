@@ -9,7 +9,9 @@ mostly measures the queue for a core, CPU time what the command itself costs. Th
 to a temporary folder first (a build writes `plex.lock` beside its app) and built once into a
 private cache, so every timed build is a no-op: all steps are cache hits. `--importtime` adds, per
 command, the imports that cost most (`python -X importtime`, one extra run each): where the time
-goes when a goal is missed."""
+goes when a goal is missed. `--baseline SRC` also runs every command with SRC (a copy of `src/`,
+e.g. with another revision's `plex/cli`) first on PYTHONPATH, in the same rounds: before/after
+in one run."""
 
 from __future__ import annotations
 
@@ -118,6 +120,9 @@ def main() -> None:
     parser.add_argument(
         "--modules", action="store_true", help="also measure what importing each module costs"
     )
+    parser.add_argument(
+        "--baseline", type=Path, help="a src/ folder to time the same commands with, as a baseline"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="plex-cli-startup-") as tmp:
@@ -127,11 +132,18 @@ def main() -> None:
         )
         env = {**os.environ, "PLEX_CACHE_DIR": str(work / "cache"), "COLUMNS": "120"}
         cmds = commands(work)
+        envs = {name: env for name in cmds}
+        if args.baseline is not None:
+            base_env = {**env, "PYTHONPATH": str(args.baseline.resolve())}
+            for name in list(cmds):
+                if name in GOALS_S:
+                    cmds[f"{name}, baseline"] = cmds[name]
+                    envs[f"{name}, baseline"] = base_env
         timed(cmds["no-op rebuild (examples/mlp)"], env)  # the cold build: fills the cache
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
         for _ in range(args.rounds):
             for name, command in cmds.items():
-                times[name].append(timed(command, env))
+                times[name].append(timed(command, envs[name]))
         load = os.getloadavg()[0]
 
         print(
@@ -145,7 +157,7 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|")
         for name, values in times.items():
-            goal = GOALS_S.get(name)
+            goal = GOALS_S.get(name.removesuffix(", baseline"))
             wall = [w for w, _ in values]
             cpu = [c for _, c in values]
             median = statistics.median(wall)

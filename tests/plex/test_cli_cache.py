@@ -34,15 +34,20 @@ def _kib(cache) -> str:
 
 
 def test_cache_ls_shows_node_ids_as_they_are(tmp_path):
-    """Node ids such as `compile:llama:decoder:default` once rendered emoji (":llama:" is one)."""
+    """Node ids such as `compile:llama:decoder:default` once rendered as emoji (":llama:" is one)."""
+    import shutil
+
     cache = tmp_path / "cache"
-    app = tmp_path / "app.toml"
-    app.write_text(f'[app]\nname = "llama"\npackages = ["{EXAMPLES / "mlp"}"]\n')
-    built = plex("build", str(app), "--cache", str(cache))
+    shutil.copytree(EXAMPLES / "mlp", tmp_path / "llama", ignore=shutil.ignore_patterns("*.mln"))
+    toml = (tmp_path / "llama" / "plex.toml").read_text()
+    toml = toml.replace('name = "mlp"', 'name = "llama"').replace("[graph.mlp]", "[graph.decoder]")
+    (tmp_path / "llama" / "plex.toml").write_text(toml)
+    (tmp_path / "llama" / "app.toml").write_text('[app]\nname = "llama"\npackages = ["."]\n')
+    built = plex("build", str(tmp_path / "llama"), "--cache", str(cache))
     assert built.returncode == 0, built.stderr
     result = _with_cache(cache, "cache", "ls")
     assert result.returncode == 0, result.stderr
-    assert "compile:mlp:mlp:default" in result.stdout
+    assert "compile:llama:decoder:default" in result.stdout
     assert "🦙" not in result.stdout
 
 

@@ -66,7 +66,9 @@ def test_build_help_keeps_the_bracketed_manifest_keys():
     shown = _words(plex("build", "--help").stdout)
     assert "(default: [build] jobs, else the CPU count)" in shown
     assert "(default: [build] cache, else $PLEX_CACHE_DIR" in shown
-    assert 'as if [weights.codec] ended with "*" = CODEC' in _words(plex("accuracy", "--help").stdout)
+    assert 'as if [weights.codec] ended with "*" = CODEC' in _words(
+        plex("accuracy", "--help").stdout
+    )
 
 
 def test_version_names_plex_and_the_pinned_iree():

@@ -63,6 +63,7 @@ def accuracy(
 ) -> None:
     """Build the codec and fp32 variants of an app and compare their outputs on the same inputs:
     max and mean relative error and cosine similarity, plus the parameter bytes of each."""
+    import shutil
     import tempfile
     from dataclasses import replace
 
@@ -100,16 +101,15 @@ def accuracy(
     )
     folder = keep or Path(tempfile.mkdtemp(prefix="plex-accuracy-"))
     folder.mkdir(parents=True, exist_ok=True)
-    built = {"codec": _build(coded, folder / "codec.mln", jobs)}
+    built: dict[str, Path] = {}
     try:
+        built["codec"] = _build(coded, folder / "codec.mln", jobs)
         _check_comparable(built["codec"], codec, function, args)
         built["fp32"] = _build(reference, folder / "fp32.mln", jobs)
         _compare(built["codec"], built["fp32"], function, args)
     finally:
-        if keep is None:
-            for path in built.values():
-                path.unlink(missing_ok=True)
-            folder.rmdir()
+        if keep is None:  # our own temporary folder: nothing in it is the user's
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _check_comparable(coded: Path, codec: str | None, function: str | None, given: list) -> None:
@@ -154,10 +154,11 @@ def _build(app, output: Path, jobs: int | None) -> Path:
     from plex.builder import default_cache_dir
     from plex.builder.plan import BuildRequest, plan_build
     from plex.builder.versions import fingerprint_salt
+    from plex.cli.build_cmd import announce_interrupt
     from synapse import BuildFailed, Cache, Executor, make_progress
 
     plan = plan_build(app, BuildRequest(output=output.resolve()))
-    with make_progress("plain", sys.stderr) as sink:
+    with make_progress("plain", sys.stderr) as plain, announce_interrupt(plain) as sink:
         executor = Executor(
             Cache(default_cache_dir(app)),
             jobs=jobs or app.build.jobs,

@@ -88,9 +88,6 @@ def build(
     ),
 ) -> None:
     """Resolve packages, import graphs, compile each variant and pack one .mln."""
-    from rich.console import Console
-    from rich.markup import escape
-
     from plex.builder import build as run_build
     from plex.builder import check_phase, plan_for
     from plex.cli.paths import resolve_app
@@ -100,9 +97,7 @@ def build(
     app_toml = resolve_app(app_toml)
     quiet_model_progress_bars()
     if output is None:
-        from plex.manifest import load_app
-
-        name = load_app(app_toml).name
+        name = _app_name(app_toml)
         output = app_toml.parent / (f"{name}.{compile_to}" if compile_to else f"{name}.mln")
     options = {
         "dump_phases": dump_phases,
@@ -110,7 +105,6 @@ def build(
         "resume_from": tuple(resume_from or ()),
         "strict": strict,
     }
-    console = Console(stderr=True, soft_wrap=True, emoji=False, highlight=False)
     if plan:
         _, the_plan = plan_for(app_toml, output, **options)
         typer.echo(the_plan.describe())
@@ -136,12 +130,32 @@ def build(
             what = f"{output} ({_size(output.stat().st_size)})"
         if dump_phases is not None:
             what += f", every phase to {dump_phases}"
-        console.print(
-            f"[green]built[/green] {escape(what)} in {result.seconds:.1f} s: "
-            f"{result.built} step(s) ran, {result.hits} cache hit(s); lock: {result.lock_path.name}"
+        # click's styling, not rich: a no-op rebuild in a log should not pay for importing rich.
+        typer.secho("built", fg="green", err=True, nl=False)
+        typer.echo(
+            f" {what} in {result.seconds:.1f} s: {result.built} step(s) ran, "
+            f"{result.hits} cache hit(s); lock: {result.lock_path.name}",
+            err=True,
         )
         if compile_to is None:
-            console.print(escape(_codec_sizes(output)))
+            typer.echo(_codec_sizes(output), err=True)
+
+
+def _app_name(app_toml: Path) -> str:
+    """The app's name, for the default output path, read with tomllib: the build validates the
+    whole manifest right after (a second full load would cost a no-op rebuild its time); a
+    manifest too broken to name is loaded here so its error reads as usual."""
+    import tomllib
+
+    try:
+        name = tomllib.loads(app_toml.read_text())["app"]["name"]
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        name = None
+    if isinstance(name, str) and name:
+        return name
+    from plex.manifest import load_app
+
+    return load_app(app_toml).name
 
 
 def quiet_model_progress_bars() -> None:

@@ -3,8 +3,6 @@ checked before any work starts (a long build or call must not end in "permission
 
 from __future__ import annotations
 
-import tempfile
-import tomllib
 from pathlib import Path
 
 from plex.errors import PlexError
@@ -46,6 +44,8 @@ def resolve_app(path: Path) -> Path:
 
 
 def _is_package_manifest(path: Path) -> bool:
+    import tomllib
+
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -77,6 +77,8 @@ def check_writable_dir(path: Path, option: str) -> None:
 def _probe(folder: Path, what: str) -> None:
     """Create and delete a file in `folder`: the only check that agrees with the later write
     (permission bits do not stop root; read-only mounts and special filesystems do)."""
+    import tempfile
+
     try:
         with tempfile.TemporaryFile(dir=folder, prefix=".plex-write-check-"):
             pass
