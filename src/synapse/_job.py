@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -76,9 +77,15 @@ class Output:
 
 
 class Job:
-    """Base of job dataclasses. `kind` names the kind of node (import, compile, ...)."""
+    """Base of job dataclasses. `kind` names the kind of node (import, compile, ...).
+
+    `step_module` names the module whose import registers the job type's step: `run_job`
+    imports it on first use, so making a plan never loads what only running a step needs, and a
+    job unpickled in a worker process finds its step.
+    """
 
     kind: ClassVar[str] = "job"
+    step_module: ClassVar[str | None] = None
 
 
 J = TypeVar("J", bound=Job)
@@ -105,6 +112,9 @@ def step(job_type: type[J]) -> Callable[[Callable[[J, NodeContext], None]], Call
 def run_job(job: Job, ctx: NodeContext) -> None:
     """Run `job` through its registered step."""
     fn = _STEPS.get(type(job))
+    if fn is None and type(job).step_module is not None:
+        importlib.import_module(type(job).step_module)
+        fn = _STEPS.get(type(job))
     if fn is None:
         raise PlanError(
             f"no step is registered for {type(job).__qualname__}; decorate its step function "

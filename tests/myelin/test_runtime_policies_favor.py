@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import myelin
-from myelin.compiler.pipeline import import_graph, variant_flags
+from myelin.compiler.options import variant_flags
+from myelin.compiler.pipeline import import_graph
 from myelin.compiler.stream_analysis import stream_footprints
 from myelin.compiler.targets import TargetDevice
 from myelin.mln import MlnReader

@@ -23,8 +23,25 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from myelin.compiler.session import PHASES
 from myelin.errors import CompileError
+
+# The phases accepted by --compile-to / --compile-from, in pipeline order (iree-compile --help).
+PHASES: tuple[str, ...] = (
+    "start",
+    "input",
+    "abi",
+    "preprocessing",
+    "global-optimization",
+    "dispatch-creation",
+    "flow",
+    "stream",
+    "executable-sources",
+    "executable-configurations",
+    "executable-targets",
+    "hal",
+    "vm",
+    "end",
+)
 
 PHASE_ATTRIBUTE = "plex.phase"
 HEADER_PREFIX = "// plex-"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from iree.compiler import ir
 
+from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
     ParameterRef,
     export_parameters,
@@ -29,17 +30,13 @@ from myelin.compiler.placement import (
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.compiler.session import PHASES, CompilerSession
 from myelin.compiler.stream_analysis import STREAM_PHASE, CallFootprint, call_footprints
-from myelin.compiler.targets import TargetDevice, target_flags
+from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
 from myelin.signature import Signature, parse_abi_declaration
 
 # The phase at which imported IR is saved. Resuming from any other phase silently miscompiles
 # in IREE 3.13, so the phase travels with the saved IR (ImportedGraph.phase) and is checked.
 IMPORT_PHASE = "input"
-
-# Constants at least this large become parameters; smaller ones (shape constants, tiny tables)
-# stay in the module where the compiler can fold them.
-DEFAULT_MIN_PARAMETER_BYTES = 256
 
 # Flags for the import step: it stops before any target-specific pass, but the session still
 # needs a target device to be configured.
@@ -158,16 +155,6 @@ class CompiledModule:
     # `footprints_unknown` saying why when the compile did not pass the Stream phase.
     footprints: dict[str, CallFootprint] = field(default_factory=dict)
     footprints_unknown: str | None = None
-
-
-# `[runtime] cancellable`: entrypoints take wait/signal fences (IREE's async-external ABI), so
-# the runtime can stop waiting on a running call; costs ~1.5 us per call on the CPU.
-CANCELLABLE_FLAGS = ("--iree-execution-model=async-external",)
-
-
-def variant_flags(devices: Sequence[TargetDevice], *, cancellable: bool = False) -> list[str]:
-    """The compiler flags of one variant: its target devices, then the execution model."""
-    return [*target_flags(devices), *(CANCELLABLE_FLAGS if cancellable else ())]
 
 
 def compile_imported(

@@ -18,9 +18,6 @@ import platformdirs
 
 from myelin.compiler.phases import RESUMABLE_PHASES, read_phase_file
 from myelin.errors import CompileError
-
-# Importing the step modules registers every job's step with SYNaPSe.
-from plex.builder import compose, link, steps  # noqa: F401
 from plex.builder.plan import BuildRequest, plan_build
 from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError

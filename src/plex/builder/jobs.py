@@ -23,6 +23,7 @@ class WeightsJob(Job):
     """Split a safetensors file into one raw file per tensor."""
 
     kind = "weights"
+    step_module = "plex.builder.steps"
     source: InputFile
     format: str
     what: str  # "package:name", for messages
@@ -33,6 +34,7 @@ class ImportJob(Job):
     """Frontend (torch/onnx/jax) to MLIR if needed, then IREE's input phase and weight export."""
 
     kind = "import"
+    step_module = "plex.builder.steps"
     source: InputFile
     frontend: str
     symbol: str | None  # Python sources: the function that returns the model
@@ -51,6 +53,7 @@ class EncodeJob(Job):
     """Weight codecs on the imported IR and the parameter data (myelin.codecs)."""
 
     kind = "encode"
+    step_module = "plex.builder.steps"
     imported: Output
     weights: Output | None  # the weights node, when the graph reads a weights package
     weights_scope: str | None
@@ -67,6 +70,7 @@ class CompileJob(Job):
     """
 
     kind = "compile"
+    step_module = "plex.builder.steps"
     source: Output  # the import node, or the encode node when a codec applies
     devices: tuple[TargetDevice, ...]
     # What the runtime must find to run code compiled for each device (the host CPU's features
@@ -145,6 +149,7 @@ class LinkJob(Job):
     manifest plus the list of sections to pack."""
 
     kind = "link"
+    step_module = "plex.builder.link"
     app: dict  # {"name", "version"}
     policies: dict
     graphs: tuple[ImportedGraph, ...]
@@ -161,6 +166,7 @@ class ComposeJob(Job):
     """Pack the linked manifest and sections into one .mln, atomically (not cached)."""
 
     kind = "compose"
+    step_module = "plex.builder.compose"
     link: Output
     sections: tuple[Output, ...]  # every node whose files become sections
     strict: bool  # a decode IREE did not fuse is an error, not a warning
@@ -172,6 +178,7 @@ class PhasesJob(Job):
     """Copy the IR phase files of every compile to a folder (or one file), not cached."""
 
     kind = "phases"
+    step_module = "plex.builder.compose"
     compiled: tuple[tuple[str, str, Output], ...]  # (module, variant, compile node)
     single_file: bool  # --compile-to with a `.mlir` target
     target: Path = keyless("the user's destination; writing phases is not cached")

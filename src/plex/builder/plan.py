@@ -20,8 +20,8 @@ from pathlib import Path
 from myelin import hostinfo
 from myelin.codecs import FORMAT_VERSION as CODECS_FORMAT
 from myelin.codecs import NO_CODEC, CodecPolicy, CodecRule
+from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
-from myelin.compiler.pipeline import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.scheduling import favor_attributes
 from myelin.compiler.targets import TargetDevice
 from plex.builder import records

@@ -6,9 +6,8 @@ Steps write them, the link step and compose read them; one definition of every f
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-
-import numpy as np
 
 from myelin.codecs import NO_CODEC
 from myelin.dtypes import itemsize
@@ -92,7 +91,7 @@ def read_safetensors_header(source: Path, *, what: str) -> list[dict]:
             raise BuildError(
                 f"weights {what}: {source.name}: tensor '{key}' has an unreadable entry: {e!r}"
             ) from e
-        expected = itemsize(dtype) * int(np.prod(shape, dtype=np.int64))
+        expected = itemsize(dtype) * math.prod(shape)
         if end - begin != expected or begin < 8 + length or end > size:
             raise BuildError(
                 f"weights {what}: {source.name}: tensor '{key}' ({entry['dtype']}{shape}) "
