@@ -7,6 +7,7 @@ one built not to fuse."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,3 +271,70 @@ def _function(text: str, name: str) -> str:
     start = text.index(f"util.func public @{name}(")
     end = text.find("util.func public @", start + 1)
     return text[start : end if end > 0 else len(text)]
+
+
+# A contraction longer than q4's chunk (_ir._CHUNK_K = 256): decoded and contracted in chunks
+# of the axis, one dispatch each, and summed.
+LONG_K, LONG_N = 320, 96
+LONG = f"""module @long {{
+  util.global private @w = #flow.parameter.named<"g"::"long"> : tensor<{LONG_N}x{LONG_K}xf32>
+  func.func @long(%x: tensor<?x{LONG_K}xf32>) -> tensor<?x{LONG_N}xf32> {{
+    %c0 = arith.constant 0 : index
+    %m = tensor.dim %x, %c0 : tensor<?x{LONG_K}xf32>
+    %w = util.global.load @w : tensor<{LONG_N}x{LONG_K}xf32>
+    %et = tensor.empty() : tensor<{LONG_K}x{LONG_N}xf32>
+    %wt = linalg.transpose ins(%w : tensor<{LONG_N}x{LONG_K}xf32>) outs(%et : tensor<{LONG_K}x{LONG_N}xf32>) permutation = [1, 0]
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty(%m) : tensor<?x{LONG_N}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<?x{LONG_N}xf32>) -> tensor<?x{LONG_N}xf32>
+    %y = linalg.matmul ins(%x, %wt : tensor<?x{LONG_K}xf32>, tensor<{LONG_K}x{LONG_N}xf32>) outs(%acc : tensor<?x{LONG_N}xf32>) -> tensor<?x{LONG_N}xf32>
+    return %y : tensor<?x{LONG_N}xf32>
+  }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def long_q4() -> Encoded:
+    return Encoded(LONG, [("long", "q4")])
+
+
+@pytest.mark.parametrize("data_tiling", DATA_TILING, ids=["plain", "data_tiling"])
+def test_a_long_q4_contraction_runs_in_chunks(long_q4, data_tiling):
+    found, text = long_q4.check(data_tiling=data_tiling)
+    assert found == []
+    body = _function(text, "long")
+    assert body.count("linalg.matmul") == 2  # 256 + 64 of the 320 contracted elements
+    assert body.count("tensor.collapse_shape") == 2  # each decodes over (group, element)
+    x = np.random.default_rng(4).standard_normal((3, LONG_K)).astype(np.float32)
+    y = long_q4.session(data_tiling=data_tiling)("long", x)
+    np.testing.assert_allclose(y, x @ long_q4.decoded("long").T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_compile_failure_reads_in_a_few_lines_and_logs_the_rest(long_q4, tmp_path, monkeypatch):
+    """IREE's own diagnostics run to hundreds of lines (each failing dispatch repeats the CPU
+    feature string and its IR); the error names the graph, the op, where it came from and the
+    dispatch, and points to a log holding all of it."""
+    from myelin.compiler.session import Diagnostics
+    from myelin.errors import CompileError
+
+    monkeypatch.setattr(Diagnostics, "log_dir", tmp_path / "logs")
+    # a stack limit no decode tile fits in: IREE's CPU backend refuses the dispatches
+    with pytest.raises(CompileError) as failed:
+        compile_imported(
+            long_q4.graph.module_bytecode,
+            phase="input",
+            devices=[_device(False)],
+            extra_flags=("--iree-llvmcpu-stack-allocation-limit=1024",),
+            what="graph g:long (cpu)",
+        )
+    message = str(failed.value)
+    lines = message.splitlines()
+    assert len(lines) <= 4, message
+    assert lines[0].startswith("compiling graph g:long (cpu) failed: 'func.func' op exceeded")
+    assert re.match(r"  at source\.mlir:\d+:\d+, in dispatch long_dispatch_\d+", lines[1])
+    log = Path(re.search(r"full IREE diagnostics: (\S+)", message).group(1))
+    assert log.parent == tmp_path / "logs"
+    full = log.read_text()
+    assert full.count("error: ") >= 2 and "see current operation" in full
+    assert "cpu_features" in full and "cpu_features" not in message

@@ -358,18 +358,62 @@ def _emit_tensor_decode(
 ) -> list[ir.Operation]:
     """A bit-extend linalg.generic producing `chain.value`'s type from the parts, placed right
     before the consumer; the consumer reads it instead of the layout chain. Returns the ops
-    placed (the decode, and the reshape after it for a split layout).
+    placed (the decode, and the reshape after it for a split layout)."""
+    target = ir.RankedTensorType(chain.value.type)
+    reuse = None
+    if chain.ops and _split_of(layout) is None:
+        last = chain.ops[-1]
+        reuse = last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
+    placed = _decode_ops(
+        layout,
+        parts,
+        target,
+        chain.src,
+        _sizes_source(chain),
+        chain.consumer,
+        what,
+        context,
+        init=reuse,
+    )
+    chain.consumer.operands[chain.operand] = placed[-1].results[0]
+    for op in reversed(chain.ops):
+        op.erase()
+    return placed
+
+
+def _sizes_source(chain: _Chain) -> ir.Value:
+    """A value with the sizes of what the consumer reads that outlives the layout ops (they are
+    erased): their last one's init, or the loaded parameter itself."""
+    if chain.ops:
+        last = chain.ops[-1]
+        return last.operands[len(last.operands) - 1]
+    return chain.value
+
+
+def _decode_ops(
+    layout: Layout,
+    parts: list[ir.Value],
+    target: ir.RankedTensorType,
+    src: list[int],
+    sized: ir.Value,
+    before: ir.Operation,
+    what: str,
+    context: ir.Context,
+    *,
+    init: ir.Value | None = None,
+) -> list[ir.Operation]:
+    """The decode of `parts` into `target` (the consumer's operand, logical dim l at dim
+    src[l]), placed before `before`: a linalg.generic, then for a split layout the reshape.
 
     A layout with `split` (q4: the contracted axis in groups) decodes over an iteration space
     with that axis as two dims, (group, element), then collapses them: every part is then read
     through a plain projection of the loop dims, which IREE's vectorizer needs; a per-group
     scale read at `k floordiv g` inside a 2-D decode compiled to a scalar loop."""
-    target = ir.RankedTensorType(chain.value.type)
     element = str(target.element_type)
     shape = [target.get_dim_size(d) for d in range(target.rank)]
-    src = chain.src
-    if layout.split is not None:
-        axis, group = layout.split
+    split = _split_of(layout)
+    if split is not None:
+        axis, group = split
         at = src[axis]
         decoded_shape = [*shape[:at], shape[at] // group, group, *shape[at + 1 :]]
 
@@ -396,7 +440,7 @@ def _emit_tensor_decode(
     body = "\n".join(f"      {line}" for line in _decode_lines(layout, element))
     result = f"%out : {decoded}"
     tail = ""
-    if layout.split is not None:
+    if split is not None:
         groups = (
             [[d] for d in range(at)]
             + [[at, at + 1]]
@@ -419,32 +463,23 @@ func.func private @decode({args}, %init: {decoded}) -> {target} {{
     template = _parse_template(context, text)
     block, ops = _template_body(template)
     placed = ops[:-1]  # the decode (and its reshape), without the return
-    consumer = chain.consumer
-    init = _decode_init(chain, decoded, context)
+    if init is None:
+        init = _empty(decoded, sized, before, context)
     for op in placed:
-        op.move_before(consumer)
+        op.move_before(before)
     _remap(placed, [*zip(block.arguments, [*parts, init], strict=True)])
     placed[0].attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
-    consumer.operands[chain.operand] = placed[-1].results[0]
-    for op in reversed(chain.ops):
-        op.erase()
     return placed
 
 
-def _decode_init(chain: _Chain, decoded: ir.RankedTensorType, context: ir.Context) -> ir.Value:
-    """An empty tensor of the decode's type, before the consumer; its dynamic sizes (a batch
-    dim a broadcast added) are read from the value the consumer read."""
-    if chain.ops and ir.RankedTensorType(chain.value.type) == decoded:
-        last = chain.ops[-1]
-        return last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
-    target = ir.RankedTensorType(chain.value.type)
-    # the layout ops are erased after this; their last one's init has the same sizes
-    sized = chain.ops[-1].operands[len(chain.ops[-1].operands) - 1] if chain.ops else chain.value
+def _dynamic_sizes(value: ir.Value, before: ir.Operation, context: ir.Context) -> list[ir.Value]:
+    """`tensor.dim`s of `value`'s dynamic dims, placed before `before`."""
+    t = ir.RankedTensorType(value.type)
     index = ir.IndexType.get(context)
-    with ir.InsertionPoint(chain.consumer), ir.Location.unknown(context):
-        sizes = []
-        for d in range(target.rank):
-            if target.is_dynamic_dim(d):
+    sizes = []
+    with ir.InsertionPoint(before), ir.Location.unknown(context):
+        for d in range(t.rank):
+            if t.is_dynamic_dim(d):
                 c = ir.Operation.create(
                     "arith.constant",
                     results=[index],
@@ -452,10 +487,209 @@ def _decode_init(chain: _Chain, decoded: ir.RankedTensorType, context: ir.Contex
                 )
                 sizes.append(
                     ir.Operation.create(
-                        "tensor.dim", results=[index], operands=[sized, c.results[0]]
+                        "tensor.dim", results=[index], operands=[value, c.results[0]]
                     ).results[0]
                 )
-        return ir.Operation.create("tensor.empty", results=[decoded], operands=sizes).results[0]
+    return sizes
+
+
+def _empty(
+    t: ir.RankedTensorType, sized: ir.Value, before: ir.Operation, context: ir.Context
+) -> ir.Value:
+    """A tensor.empty of type `t` whose dynamic sizes are those of `sized` (the same dims)."""
+    sizes = _dynamic_sizes(sized, before, context)
+    with ir.InsertionPoint(before), ir.Location.unknown(context):
+        return ir.Operation.create("tensor.empty", results=[t], operands=sizes).results[0]
+
+
+# The split decode (Layout.split) needs a weight with more outputs than this: with 64 or fewer
+# (measured: 16, 32, 64 fail; 80, 96, 128 and up compile), IREE 3.13 propagates the decode's
+# reshape into the contraction and its CPU backend then refuses the resulting vectors ("large
+# vector sizes"). Such small weights keep the plain decode (correct, not vectorized).
+_SPLIT_MIN_OUTPUTS = 65
+
+
+def _split_of(layout: Layout) -> tuple[int, int] | None:
+    """`layout.split` if the decode of this weight can use it (see _SPLIT_MIN_OUTPUTS)."""
+    if layout.split is None or len(layout.logical_shape) != 2:
+        return layout.split
+    axis, _ = layout.split
+    return layout.split if layout.logical_shape[1 - axis] >= _SPLIT_MIN_OUTPUTS else None
+
+
+# A q4 contraction decodes its weight into a tile of [K, output tile] floats on the stack of each
+# CPU worker (IREE fuses the decode through its reshape only at the output tiling level), and
+# IREE's llvm-cpu backend refuses more than 32 KiB of stack. So a contracted axis longer than
+# this is split into chunks of at most this many elements, one dispatch each, summed after: 256
+# keeps the tile at 32 KiB for output tiles of up to 32 floats (AVX-512 batch matmuls).
+_CHUNK_K = 256
+
+
+def _chunks(layout: Layout) -> list[tuple[int, int]]:
+    """(first group, group count) of each chunk of the contracted axis; one chunk if short."""
+    assert layout.split is not None
+    axis, group = layout.split
+    groups = layout.logical_shape[axis] // group
+    per = max(1, _CHUNK_K // group)
+    return [(g, min(per, groups - g)) for g in range(0, groups, per)]
+
+
+def _slice(
+    value: ir.Value, dim: int, start: int, size: int, before: ir.Operation, context: ir.Context
+) -> ir.Value:
+    """`value`[..., start:start+size, ...] along `dim` (a tensor.extract_slice)."""
+    t = ir.RankedTensorType(value.type)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    sizes = [dynamic if t.is_dynamic_dim(d) else t.get_dim_size(d) for d in range(t.rank)]
+    sizes[dim] = size
+    offsets = [0] * t.rank
+    offsets[dim] = start
+    result = ir.RankedTensorType.get(sizes, t.element_type, loc=ir.Location.unknown(context))
+    dyn = _dynamic_sizes(value, before, context)
+    if t.is_dynamic_dim(dim):
+        raise CompileError("internal error: chunking a dynamic contracted axis")
+    with ir.InsertionPoint(before), ir.Location.unknown(context):
+        return ir.Operation.create(
+            "tensor.extract_slice",
+            results=[result],
+            operands=[value, *dyn],
+            attributes={
+                "static_offsets": ir.DenseI64ArrayAttr.get(offsets),
+                "static_sizes": ir.DenseI64ArrayAttr.get(sizes),
+                "static_strides": ir.DenseI64ArrayAttr.get([1] * t.rank),
+                "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 0, len(dyn), 0]),
+            },
+        ).results[0]
+
+
+def _elementwise(
+    inputs: list[ir.Value], body: list[str], before: ir.Operation, context: ir.Context
+) -> ir.Value:
+    """A linalg.generic over `inputs` (all of one tensor type) with `body` computing %r from
+    %v0, %v1, ..., placed before `before`."""
+    t = ir.RankedTensorType(inputs[0].type)
+    element = str(t.element_type)
+    dims = ", ".join(f"d{i}" for i in range(t.rank))
+    identity = f"affine_map<({dims}) -> ({dims})>"
+    args = ", ".join(f"%a{i}: {t}" for i in range(len(inputs)))
+    text = f"""
+func.func private @f({args}, %init: {t}) -> {t} {{
+  %out = linalg.generic {{indexing_maps = [{", ".join([identity] * (len(inputs) + 1))}],
+      iterator_types = [{", ".join(['"parallel"'] * t.rank)}]}}
+      ins({", ".join(f"%a{i}" for i in range(len(inputs)))} : {", ".join([str(t)] * len(inputs))})
+      outs(%init : {t}) {{
+    ^bb0({", ".join(f"%v{i}: {element}" for i in range(len(inputs)))}, %o: {element}):
+{chr(10).join("      " + line for line in body)}
+      linalg.yield %r : {element}
+  }} -> {t}
+  return %out : {t}
+}}"""
+    template = _parse_template(context, text)  # owns the ops until they are moved
+    block, ops = _template_body(template)
+    init = _empty(t, inputs[0], before, context)
+    ops[0].move_before(before)
+    _remap([ops[0]], [*zip(block.arguments, [*inputs, init], strict=True)])
+    return ops[0].results[0]
+
+
+def _emit_chunked(
+    chain: _Chain, layout: Layout, parts: list[ir.Value], what: str, context: ir.Context
+) -> bool:
+    """A contraction whose contracted axis is longer than _CHUNK_K, as one decode + contraction
+    dispatch per chunk of the axis (the first accumulating into the consumer's init, the others
+    into zeros) and their sum. False (nothing changed) if the consumer's other input or its
+    init is not one this can slice."""
+    assert layout.split is not None
+    consumer = chain.consumer
+    if len(_chunks(layout)) < 2:
+        return False
+    axis, group = layout.split
+    n_inputs = _dps_inputs(consumer)
+    if n_inputs != 2 or len(consumer.results) != 1:
+        return False
+    try:
+        maps = [ir.AffineMapAttr(m).value for m in linalg.get_indexing_maps(_opview(consumer))]
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    weight_dims = _map_dims(maps[chain.operand])
+    other = 1 - chain.operand
+    other_dims = _map_dims(maps[other])
+    if weight_dims is None or other_dims is None:
+        return False
+    k_loop = weight_dims[chain.src[axis]]
+    if k_loop not in other_dims:
+        return False
+    k_dim = other_dims.index(k_loop)
+    activation = consumer.operands[other]
+    init = consumer.operands[len(consumer.operands) - 1]
+    element = str(ir.RankedTensorType(init.type).element_type)
+    target = ir.RankedTensorType(chain.value.type)
+    at = chain.src[axis]
+    sized = _sizes_source(chain)
+    # the dim of each part that runs over groups (q4: "d<axis> floordiv g"), None if none
+    group_dims = [
+        next((i for i, e in enumerate(p.index) if e == f"d{axis} floordiv {group}"), None)
+        for p in layout.parts
+    ]
+    results = []
+    for c, (first, count) in enumerate(_chunks(layout)):
+        chunk_parts = [
+            v if d is None else _slice(v, d, first, count, consumer, context)
+            for v, d in zip(parts, group_dims, strict=True)
+        ]
+        shape = [target.get_dim_size(d) for d in range(target.rank)]
+        shape[at] = count * group
+        chunk_target = ir.RankedTensorType.get(
+            shape, target.element_type, loc=ir.Location.unknown(context)
+        )
+        placed = _decode_ops(
+            layout, chunk_parts, chunk_target, chain.src, sized, consumer, what, context
+        )
+        piece = _slice(activation, k_dim, first * group, count * group, consumer, context)
+        start = init if c == 0 else _zeros(init, consumer, context)
+        clone = consumer.clone(ip=ir.InsertionPoint(consumer))
+        clone.operands[chain.operand] = placed[-1].results[0]
+        clone.operands[other] = piece
+        clone.operands[len(clone.operands) - 1] = start
+        _wrap_in_dispatch_region([*placed, clone], context)
+        results.append(clone.parent.operation.results[0])
+    total = _elementwise(results, _sum_body(len(results), element), consumer, context)
+    consumer.results[0].replace_all_uses_with(total)
+    consumer.erase()
+    for op in reversed(chain.ops):
+        op.erase()
+    return True
+
+
+def _sum_body(n: int, element: str) -> list[str]:
+    """Lines adding %v0 ... %v<n-1> into %r."""
+    add = "arith.addf" if element.startswith(("f", "bf")) else "arith.addi"
+    lines, previous = [], "%v0"
+    for i in range(1, n):
+        name = "%r" if i == n - 1 else f"%s{i}"
+        lines.append(f"{name} = {add} {previous}, %v{i} : {element}")
+        previous = name
+    return lines
+
+
+def _zeros(like: ir.Value, before: ir.Operation, context: ir.Context) -> ir.Value:
+    """A zero-filled tensor of `like`'s type and sizes (a linalg.fill of a tensor.empty)."""
+    t = ir.RankedTensorType(like.type)
+    element = str(t.element_type)
+    zero = "0.0" if isinstance(t.element_type, ir.FloatType) else "0"
+    text = f"""
+func.func private @z(%init: {t}) -> {t} {{
+  %c = arith.constant {zero} : {element}
+  %f = linalg.fill ins(%c : {element}) outs(%init : {t}) -> {t}
+  return %f : {t}
+}}"""
+    template = _parse_template(context, text)  # owns the ops until they are moved
+    block, ops = _template_body(template)
+    init = _empty(t, like, before, context)
+    for op in ops[:-1]:
+        op.move_before(before)
+    _remap(ops[:-1], [(block.arguments[0], init)])
+    return ops[1].results[0]
 
 
 def _emit_scalar_decode(
@@ -682,6 +916,12 @@ def rewrite(
             if kind.kind == "gather":
                 _emit_scalar_decode(chain, layout, parts, context)
             else:
+                if (
+                    kind.kind == "contraction"
+                    and _split_of(layout) is not None
+                    and _emit_chunked(chain, layout, parts, what, context)
+                ):
+                    continue
                 placed = _emit_tensor_decode(chain, layout, parts, what, context)
                 if kind.kind == "contraction":
                     _wrap_in_dispatch_region([*placed, chain.consumer], context)
