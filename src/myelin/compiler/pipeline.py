@@ -164,6 +164,7 @@ def compile_imported(
     devices: Sequence[TargetDevice],
     cancellable: bool = False,
     favor: str = DEFAULT_FAVOR,
+    extra_flags: Sequence[str] = (),
     functions: Sequence[str] | None = None,
     arg_names: dict[str, Sequence[str]] | None = None,
     placement: Sequence[PlacementRule] = (),
@@ -181,6 +182,7 @@ def compile_imported(
         devices=devices,
         cancellable=cancellable,
         favor=favor,
+        extra_flags=extra_flags,
         functions=functions,
         arg_names=arg_names,
         placement=placement,
@@ -195,6 +197,7 @@ def compile_module(
     devices: Sequence[TargetDevice],
     cancellable: bool = False,
     favor: str = DEFAULT_FAVOR,
+    extra_flags: Sequence[str] = (),
     functions: Sequence[str] | None = None,
     arg_names: dict[str, Sequence[str]] | None = None,
     module_name: str | None = None,
@@ -207,7 +210,8 @@ def compile_module(
     """Compile IR at `phase` (bytecode or text) for one variant's devices.
 
     At the import phase the module may first be renamed (`module_name`, the VM module name),
-    restricted to exporting `export_only`, and given the Stream partitioning of `favor`. IR at
+    restricted to exporting `export_only`, and given the Stream partitioning of `favor`;
+    `extra_flags` follow the variant's flags (e.g. a tuning spec). IR at
     any later phase must carry the `plex.phase` attribute with that phase (see
     myelin.compiler.phases): IREE would silently miscompile IR resumed from the wrong phase.
 
@@ -232,7 +236,7 @@ def compile_module(
             f"{what}: cannot stop at phase {stop_at!r}: the IR is at '{phase}' already; "
             f"phases after it: {', '.join(RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :])}"
         )
-    flags = variant_flags(devices, cancellable=cancellable)
+    flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
     with CompilerSession(flags) as session:
         module = session.parse(source, what=what)
         with session.context:
