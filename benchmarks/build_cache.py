@@ -53,7 +53,7 @@ def plex_build(app: Path, out: Path, cache: Path, *extra: str) -> tuple[float, f
 
 
 def in_process_build(app: Path, out: Path, cache: Path) -> tuple[float, float, float]:
-    from plex.build import build
+    from plex.builder import build
 
     start, cpu = time.perf_counter(), time.process_time()
     result = build(app, out, cache_dir=cache)

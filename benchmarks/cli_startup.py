@@ -42,7 +42,7 @@ MODULES = (
     "myelin.mln",
     "synapse",
     "plex.cli",
-    "plex.build",
+    "plex.builder",
 )
 GOALS_S = {"plex --help": 0.25, "no-op rebuild (examples/mlp)": 0.5, "plex run (examples/mlp)": 0.4}
 

@@ -31,7 +31,7 @@ def build_codec(
 ) -> Path:
     """`examples/<example>` built with `[weights.codec] "*" = <codec>` (through the normal build
     cache) to `folder/<prefix><codec>.mln`, with the example's own data tiling setting."""
-    from plex.build import build
+    from plex.builder import build
 
     name = codec.replace(":", "_")
     app = folder / f"app_{prefix}{name}.toml"

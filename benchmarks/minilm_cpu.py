@@ -58,7 +58,7 @@ def inputs(example, batch: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
 
 def plex_session(app: Path, out: Path):
     import myelin
-    from plex.build import build
+    from plex.builder import build
 
     build(app, out)
     model = myelin.Instance().load(out)

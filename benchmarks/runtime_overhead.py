@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 def build_example(folder: Path, cancellable: bool) -> Path:
     """examples/mlp; `cancellable = false` gives the synchronous ABI that a plain
     FunctionInvoker can call, so raw and MyeLiN run the very same module."""
-    from plex.build import build
+    from plex.builder import build
 
     app = folder / f"app-{cancellable}.toml"
     app.write_text(

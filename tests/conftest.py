@@ -26,7 +26,7 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_app(app_toml: Path, output: Path) -> Path:
-    from plex.build import build
+    from plex.builder import build
 
     build(app_toml, output)
     return output

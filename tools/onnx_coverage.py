@@ -184,7 +184,7 @@ def run_plex(test: Path, work: Path) -> dict:
     (package / "app.toml").write_text('[app]\nname = "case"\npackages = ["."]\n')
     result: dict = {"frozen": sorted(frozen)}
     os.environ["PLEX_CACHE_DIR"] = str(work / "cache")
-    from plex.build import build
+    from plex.builder import build
     from plex.errors import PlexError
 
     with warnings.catch_warnings(record=True) as caught:

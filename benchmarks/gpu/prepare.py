@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="*", default=[], help="artifact names not to build")
     args = parser.parse_args(argv)
 
-    from plex.build import build
-    from plex.build.versions import versions
+    from plex.builder import build
+    from plex.builder.versions import versions
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     if argv:
         mln = Path(argv[0])
     else:
-        from plex.build import build
+        from plex.builder import build
 
         mln = build(HERE / "app.toml", Path("placement.mln")).output
     import myelin
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     logits = chain(model, ids)
     expected = reference(ids)
     error = float(np.abs(logits - expected).max() / np.abs(expected).max())
-    for (source, target, method), count in sorted(instance.devices.transfers.items()):
+    for (source, target, method), count in sorted(instance.device_registry.transfers.items()):
         print(f"  moved {count.count}x {count.bytes} B {source} -> {target} ({method})")
     ok = error < 1e-3
     verdict = "OK" if ok else "FAIL"

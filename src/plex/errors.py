@@ -45,3 +45,9 @@ class ManifestError(PlexError):
 
 class BuildError(PlexError):
     """A build step failed (import, compile, compose); the message names the graph and step."""
+
+
+class BuildWarning(UserWarning):
+    """A build succeeded but its result may be wrong (e.g. an op IREE is known to miscompute, or
+    a weight decode IREE did not fuse). Recorded by the step that found it and raised by every
+    build of the artifact, cached or not: a warned-about graph never builds silently."""

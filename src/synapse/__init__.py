@@ -1,10 +1,21 @@
 """SYNaPSe: the build DAG executor under PLeX. Generic: it knows nothing of models or IREE.
 
-Nodes describe work (`Node`), a `Plan` validates them into a DAG, and only the `Executor` decides
-when and where an action runs. Outputs are reused through a content-addressed `Cache` keyed by
-`node_key` (a node's inputs, its dependencies' keys and a global salt). See docs/synapse.md.
+A `Node` holds a `Job`: a frozen dataclass that is both its cache key (every field) and the
+argument of its registered `step` function. A `Plan` validates nodes into a DAG, and only the
+`Executor` decides when and where a step runs. Outputs are reused through a content-addressed
+`Cache` keyed by `node_key` (the job's fields, its dependencies' keys and a global salt). See
+docs/synapse.md.
 
-    plan = Plan([Node("a", "import", make_a), Node("b", "compile", make_b, deps=("a",))])
+    @dataclass(frozen=True)
+    class CompileJob(Job):
+        kind = "compile"
+        source: Output            # a dependency, by construction
+        flags: tuple[str, ...]    # every field enters the key
+
+    @step(CompileJob)
+    def run_compile(job: CompileJob, ctx: NodeContext) -> None: ...
+
+    plan = Plan([Node("a", ImportJob(InputFile(path))), Node("b", CompileJob(Output("a"), flags))])
     with make_progress("auto") as progress:
         results = Executor(Cache(root), jobs=4, salt="iree=3.13.0", on_event=progress).run(plan)
     print("\\n".join(explain(results)))
@@ -15,6 +26,18 @@ from synapse._events import Event, EventKind, EventSink
 from synapse._executor import Executor, NodeResult, NodeStatus, RunResult
 from synapse._explain import explain
 from synapse._fingerprint import bytes_digest, file_digest, json_digest, node_key
+from synapse._job import (
+    InputFile,
+    InputTree,
+    Job,
+    Output,
+    job_inputs,
+    job_outputs,
+    keyed_fields,
+    keyless,
+    run_job,
+    step,
+)
 from synapse._plan import Node, NodeContext, Plan
 from synapse.errors import BuildFailed, CacheError, PlanError, SynapseError
 from synapse.progress import (
@@ -35,11 +58,15 @@ __all__ = [
     "EventSink",
     "Executor",
     "GcResult",
+    "InputFile",
+    "InputTree",
+    "Job",
     "JsonProgress",
     "Node",
     "NodeContext",
     "NodeResult",
     "NodeStatus",
+    "Output",
     "PlainProgress",
     "Plan",
     "PlanError",
@@ -50,7 +77,13 @@ __all__ = [
     "bytes_digest",
     "explain",
     "file_digest",
+    "job_inputs",
+    "job_outputs",
     "json_digest",
+    "keyed_fields",
+    "keyless",
     "make_progress",
     "node_key",
+    "run_job",
+    "step",
 ]

@@ -27,6 +27,7 @@ from synapse import _explain
 from synapse._cache import Cache
 from synapse._events import Event, EventKind, EventSink
 from synapse._fingerprint import node_key
+from synapse._job import run_job
 from synapse._plan import Node, NodeContext, Plan
 from synapse.errors import BuildFailed
 
@@ -343,7 +344,7 @@ class _Run:
                 _log=lambda msg: self.emit("log", node, message=str(msg)),
             )
             self.emit("start", node, message=node.label or node.id)
-            node.action(context)
+            run_job(node.job, context)
             if self.cancelled.is_set():
                 # It may have returned early because it saw the flag: its output is not trusted.
                 raise _Cancelled

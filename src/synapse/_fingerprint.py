@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from synapse._plan import Node
 
 # Bump when the key recipe changes, so old cache entries stop matching instead of lying.
-KEY_SCHEMA = 1
+KEY_SCHEMA = 2
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -47,7 +47,8 @@ def _json_default(obj: Any) -> Any:
 
 
 def node_key(node: Node, dep_keys: Mapping[str, str], salt: str) -> str:
-    """The cache key of `node`: sha256 over its kind, id, inputs, its dependencies' keys and salt.
+    """The cache key of `node`: sha256 over its kind, job type, id, job fields, its
+    dependencies' keys and salt.
 
     `dep_keys` maps each dependency id to that dependency's key, so a change anywhere upstream
     changes the keys of every node downstream and of nothing else. `salt` carries what applies to
@@ -60,6 +61,7 @@ def node_key(node: Node, dep_keys: Mapping[str, str], salt: str) -> str:
         {
             "schema": KEY_SCHEMA,
             "kind": node.kind,
+            "job": type(node.job).__qualname__,
             "id": node.id,
             "inputs": dict(node.inputs),
             "deps": {dep: dep_keys[dep] for dep in node.deps},

@@ -1,4 +1,5 @@
-"""Nodes and plans: what the build is made of. Pure data; nothing here touches the disk or runs."""
+"""Nodes and plans: what the build is made of. Pure data; nothing here runs a step (file
+contents are read only to fingerprint a job's `InputFile` fields)."""
 
 from __future__ import annotations
 
@@ -9,58 +10,58 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from synapse._job import Job, Output, job_inputs, job_outputs
 from synapse.errors import PlanError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Node:
-    """One unit of build work.
+    """One unit of build work: an id and a job (synapse._job), plus scheduling hints.
 
-    `action(ctx)` writes its outputs as files under `ctx.out_dir` and reads its dependencies'
-    outputs from `ctx.dep_outputs`. `inputs` are the named fingerprints (file digests, option
-    digests, versions) that, with the dependencies' keys, define the node's cache key: everything
-    the action reads that is not a dependency's output must be represented there.
+    The job is the whole description of the work: its kind, its dependencies (its `Output`
+    fields) and its fingerprints (`inputs`, one per keyed field) all come from it, so the cache
+    key cannot miss anything the step reads.
     """
 
     id: str
-    kind: str
-    action: Callable[[NodeContext], None] = field(compare=False)
-    deps: tuple[str, ...] = ()
-    inputs: Mapping[str, str] = field(default_factory=dict, hash=False)
+    job: Job
     label: str = ""
     cacheable: bool = True  # False: always runs (e.g. the final compose writing the user's file)
     heavy: bool = False  # e.g. compiles; progress shows these while they run
-    # Estimated peak temporary memory of the action, in bytes (0: negligible or unknown). The
+    # Estimated peak temporary memory of the step, in bytes (0: negligible or unknown). The
     # executor runs such nodes together only while their estimates fit its memory budget. A
     # scheduling hint, not part of the cache key.
     memory: int = 0
+    inputs: Mapping[str, str] = field(init=False, compare=False, hash=False, repr=False)
+    deps: tuple[str, ...] = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.id or not isinstance(self.id, str):
             raise PlanError(f"node id must be a non-empty string, got {self.id!r}")
-        # A list is a common slip; store a tuple so the node stays hashable and immutable.
-        object.__setattr__(self, "deps", tuple(self.deps))
-        inputs = dict(self.inputs)
-        for name, value in inputs.items():
-            if not isinstance(name, str) or not isinstance(value, str):
-                raise PlanError(
-                    f"node '{self.id}': input {name!r} must map a str to a str fingerprint "
-                    f"(use synapse.file_digest / json_digest), got {type(value).__name__}"
-                )
-        object.__setattr__(self, "inputs", inputs)
+        if not isinstance(self.job, Job):
+            raise PlanError(
+                f"node '{self.id}': its job must be a synapse.Job dataclass, "
+                f"got {type(self.job).__name__}"
+            )
+        object.__setattr__(self, "inputs", MappingProxyType(job_inputs(self.job)))
+        object.__setattr__(self, "deps", job_outputs(self.job))
         if not isinstance(self.memory, int) or self.memory < 0:
             raise PlanError(
                 f"node '{self.id}': memory must be a byte count >= 0, got {self.memory!r}"
             )
 
+    @property
+    def kind(self) -> str:
+        return self.job.kind
+
 
 @dataclass
 class NodeContext:
-    """What an action sees while it runs.
+    """What a step sees while it runs.
 
-    `out_dir` is an empty folder owned by this run of the action; it may be moved into the cache
+    `out_dir` is an empty folder owned by this run of the step; it may be moved into the cache
     afterwards, so outputs must not embed its absolute path. `cancelled` is set when the build is
-    stopping (another node failed, or Ctrl-C): long actions may poll it and raise; an action that
+    stopping (another node failed, or Ctrl-C): long steps may poll it and raise; a step that
     returns after it was set has its outputs discarded.
     """
 
@@ -70,6 +71,10 @@ class NodeContext:
     cancelled: threading.Event
     key: str = ""
     _log: Callable[[str], None] | None = field(default=None, repr=False)
+
+    def output(self, ref: Output) -> Path:
+        """The output folder of the dependency `ref` names."""
+        return self.dep_outputs[ref.node_id]
 
     def log(self, msg: str) -> None:
         """Report a progress message for this node (becomes a "log" event)."""

@@ -16,7 +16,7 @@ jax = pytest.importorskip("jax")
 
 import myelin  # noqa: E402
 from myelin.mln import MlnReader  # noqa: E402
-from plex.build import build  # noqa: E402
+from plex.builder import build  # noqa: E402
 from plex.errors import BuildError  # noqa: E402
 
 RTOL = 1e-5  # relative L2 error against jax.jit on CPU, fp32

@@ -18,9 +18,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import myelin  # noqa: E402
 from myelin.mln import MlnReader  # noqa: E402
-from plex.build import build  # noqa: E402
-from plex.build.steps import BuildWarning  # noqa: E402
-from plex.errors import BuildError  # noqa: E402
+from plex.builder import build  # noqa: E402
+from plex.errors import BuildError, BuildWarning  # noqa: E402
 
 RTOL = 1e-5  # relative L2 error against onnxruntime, fp32
 

@@ -317,7 +317,7 @@ def test_dynamic_is_refused_for_an_mlir_source(tmp_path):
 
 
 def test_editing_any_python_file_of_the_package_changes_the_import_key(tmp_path):
-    from plex.build import plan_for
+    from plex.builder import plan_for
 
     write_package(
         tmp_path / "p",

@@ -33,7 +33,7 @@ def test_cpu_and_cuda_placement_runs_correctly(artifacts):
         assert embedded._host_array is None  # never mapped to the host by the runtime
         del embedded, hidden
     assert_close_fp16(logits, reference(ids), "logits vs numpy", rtol=1e-3)
-    transfers = instance.devices.transfers
+    transfers = instance.device_registry.transfers
     nbytes = ids.size * 64 * 4
     assert transfers[("local-task", "cuda", "host-to-device")].bytes == nbytes
     assert transfers[("cuda", "local-task", "device-to-host-visible")].bytes == nbytes

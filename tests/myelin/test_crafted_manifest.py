@@ -309,7 +309,7 @@ def test_built_manifests_round_trip_through_the_records(mlp_mln):
 
 def test_codec_manifest_round_trips_through_the_records(tmp_path):
     """Encoded parameters (int8 and q4 parts, with storage, role, of, rule, order) too."""
-    from plex.build import build as build_app
+    from plex.builder import build as build_app
     from tests.plex.test_codec_build import write_app
 
     artifact = tmp_path / "lm.mln"

@@ -12,10 +12,10 @@ import pytest
 
 import myelin
 from myelin.compiler.pipeline import ImportedGraph, compile_module, import_graph
-from myelin.compiler.placement import Placement, resolve_placement
+from myelin.compiler.placement import PlacementRule, resolve_placement
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
-from plex.build import build
+from plex.builder import build
 from plex.errors import BuildError, ManifestError
 from tests.models import mlp_reference
 
@@ -74,7 +74,9 @@ def dispatch_devices(stream_ir: str) -> dict[str, set[tuple[str, str]]]:
     return out
 
 
-def phases(imported: ImportedGraph, placement: Placement | None, stop_at: str) -> dict[str, str]:
+def phases(
+    imported: ImportedGraph, placement: list[PlacementRule], stop_at: str
+) -> dict[str, str]:
     texts: dict[str, str] = {}
     compile_module(
         imported.module_bytecode,
@@ -105,7 +107,7 @@ def imported(text: str, name: str) -> ImportedGraph:
 
 
 def test_dispatches_land_on_the_placed_devices(imported_mlp):
-    placement = Placement(None, {"hidden": "cpu0", "forward": "cpu1"})
+    placement = [("hidden", "cpu0"), ("forward", "cpu1")]
     texts = phases(imported_mlp, placement, stop_at="stream")
     # PLeX's pass copied each dispatch's one resolved affinity onto it.
     dispatch_ir = texts["dispatch-creation"]
@@ -127,7 +129,7 @@ def test_dispatches_land_on_the_placed_devices(imported_mlp):
 
 
 def test_a_whole_graph_placed_on_the_second_device(imported_mlp):
-    stream_ir = phases(imported_mlp, Placement("cpu1", {}), stop_at="stream")["stream"]
+    stream_ir = phases(imported_mlp, [(None, "cpu1")], stop_at="stream")["stream"]
     assert {d for pairs in dispatch_devices(stream_ir).values() for _, d in pairs} == {"cpu1"}
     assert "on(#hal.device.affinity<@cpu0>)" not in stream_ir
 
@@ -168,12 +170,12 @@ def test_a_transfer_against_the_function_placement_is_refused():
             imported(source, "transfer").module_bytecode,
             phase="input",
             devices=TWO_CPUS,
-            placement=Placement(None, {"f": "cpu1"}),
+            placement=[("f", "cpu1")],
         )
 
 
 def test_transfers_that_agree_compile_and_run_on_two_devices(tmp_path):
-    stream_ir = phases(imported(TRANSFERS, "chain"), None, stop_at="stream")["stream"]
+    stream_ir = phases(imported(TRANSFERS, "chain"), [], stop_at="stream")["stream"]
     assert dispatch_devices(stream_ir)["f"] == {("f_dispatch_0", "cpu0"), ("f_dispatch_1", "cpu1")}
     app = write_app(tmp_path, "chain", TRANSFERS)
     model = myelin.Instance().load(build(app, tmp_path / "chain.mln").output)

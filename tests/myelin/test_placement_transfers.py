@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import myelin
-from plex.build import build
+from plex.builder import build
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -92,7 +92,7 @@ def test_chained_graphs_on_two_local_task_devices(two_local_task):
         np.testing.assert_allclose(blocks_out.to_host(), hidden, rtol=1e-5, atol=1e-5)
         # The runtime never mapped the intermediate to the host: it went device to device.
         assert embedded._host_array is None
-        moved = instance.devices.transfers[("local-task", "local-task", "queue-copy")]
+        moved = instance.device_registry.transfers[("local-task", "local-task", "queue-copy")]
         assert (moved.count, moved.bytes) == (2, 2 * IDS.size * 64 * 4)  # cpu0->cpu1->cpu0
         del embedded, blocks_out
 
@@ -104,7 +104,7 @@ def test_the_copy_is_allocated_by_the_target_device_only(task_and_sync):
     with model.session() as s:
         embedded = s.call("embed", IDS, output="device")
         before = (cpu0.allocator.statistics, cpu1.allocator.statistics)
-        moved = instance.devices.move(embedded, cpu1)
+        moved = instance.device_registry.move(embedded, cpu1)
         after = (cpu0.allocator.statistics, cpu1.allocator.statistics)
         nbytes = IDS.size * 64 * 4
         # One device-local buffer of exactly the tensor's size on cpu1's allocator; nothing on
@@ -114,12 +114,12 @@ def test_the_copy_is_allocated_by_the_target_device_only(task_and_sync):
         for b, a in zip(before, after, strict=True):
             assert a["host_bytes_allocated"] == b["host_bytes_allocated"]
         assert moved._device is cpu1 and embedded._host_array is None
-        assert instance.devices.transfers[("local-task", "local-sync", "queue-copy")].bytes == (
+        assert instance.device_registry.transfers[("local-task", "local-sync", "queue-copy")].bytes == (
             nbytes
         )
         np.testing.assert_array_equal(moved.to_host(), embedding_rows(IDS))
         # The moved array feeds cpu1's graph without another copy.
         hidden = s.call("blocks", moved)
         np.testing.assert_allclose(hidden, reference(IDS)[0], rtol=1e-5, atol=1e-5)
-        assert instance.devices.transfers[("local-task", "local-sync", "queue-copy")].count == 1
+        assert instance.device_registry.transfers[("local-task", "local-sync", "queue-copy")].count == 1
         del embedded, moved

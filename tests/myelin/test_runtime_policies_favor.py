@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import myelin
-from myelin.compiler.pipeline import compile_flags, import_graph
-from myelin.compiler.stream_analysis import plan_module
+from myelin.compiler.options import variant_flags
+from myelin.compiler.pipeline import import_graph
+from myelin.compiler.stream_analysis import stream_footprints
 from myelin.compiler.targets import TargetDevice
 from myelin.mln import MlnReader
 from myelin.runtime.profiling import capture
-from plex.build.plan import FAVOR_ATTRIBUTES
 from tests.conftest import build_app
 from tests.myelin.runtime_policies_models import WIDE_N, wide_reference, write_wide_app
 
@@ -36,13 +36,10 @@ def stream_ir(tmp_path_factory) -> dict[str, tuple[dict, str]]:
     imported = import_graph(
         folder / "wide.mlir", input_type="auto", module_name="wide", scope="wide.wide"
     )
-    flags = compile_flags([TargetDevice("cpu")])
+    flags = variant_flags([TargetDevice("cpu")])
     return {
-        f: plan_module(
-            imported.module_bytecode,
-            phase=imported.phase,
-            flags=flags,
-            module_attributes=FAVOR_ATTRIBUTES[f],
+        f: stream_footprints(
+            imported.module_bytecode, phase=imported.phase, flags=flags, favor=f
         )
         for f in FAVORS
     }

@@ -10,8 +10,8 @@ import pytest
 import myelin
 from myelin.errors import MemoryBudgetExceeded, MemoryNeedUnknown
 from myelin.mln import MlnReader, MlnWriter
-from myelin.size_formulas import evaluate_size
 from myelin.runtime.profiling import capture
+from myelin.size_formulas import evaluate_size
 from tests.conftest import EXAMPLES, build_app
 from tests.models import mlp_reference
 from tests.myelin.runtime_policies_models import build_chain, chain_reference

@@ -13,7 +13,7 @@ import myelin
 from myelin.compiler.pipeline import ImportedGraph, compile_imported, import_graph
 from myelin.compiler.targets import TargetDevice, target_flags
 from myelin.errors import CompileError
-from plex.build import build
+from plex.builder import build
 from tests.models import mlp_reference
 
 MLP = Path(__file__).resolve().parents[2] / "examples" / "mlp" / "mlp.mlir"

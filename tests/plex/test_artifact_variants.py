@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import myelin
-from plex.build import build
+from plex.builder import build
 from tests.models import mlp_reference
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from plex.build import build
+from plex.builder import build
 from synapse import Cache
 from tests.plex.build_helpers import write_chain_app
 

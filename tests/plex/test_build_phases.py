@@ -12,7 +12,7 @@ import pytest
 
 import myelin
 from myelin.compiler.phases import RESUMABLE_PHASES, phase_file_name, read_phase_file
-from plex.build import build
+from plex.builder import build
 from plex.errors import BuildError
 from tests.models import mlp_reference
 from tests.plex.build_helpers import copy_example

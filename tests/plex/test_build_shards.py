@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import myelin
-from plex.build import build
+from plex.builder import build
 from plex.errors import BuildError, ManifestError
 from plex.manifest import load_app, load_package
 from synapse import explain
@@ -75,7 +75,7 @@ def test_touching_one_shard_recompiles_only_that_shard(sharded, tmp_path):
     assert ran == {
         "import:sharded:autoenc_decoder",
         "compile:sharded:autoenc_decoder:default",
-        "memory:sharded:autoenc_decoder:default",
+        "link",
         "compose",
     }
     lines = explain(result.results)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plex.build import plan_for
+from plex.builder import plan_for
 from synapse import Executor, Plan
 
 MiB = 2**20
@@ -93,10 +93,14 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes
 
 
 def test_weights_step_splits_tensors_of_any_dtype_and_refuses_corrupt_files(tmp_path):
+    import threading
+
     import numpy as np
 
-    from plex.build import steps
+    from plex.builder import records
+    from plex.builder.jobs import WeightsJob
     from plex.errors import BuildError
+    from synapse import InputFile, Node, NodeContext, run_job
 
     bf16 = np.arange(6, dtype=np.uint16).tobytes()  # any 2-byte pattern is a bfloat16
     f32 = np.linspace(0, 1, 4, dtype=np.float32).tobytes()
@@ -104,18 +108,19 @@ def test_weights_step_splits_tensors_of_any_dtype_and_refuses_corrupt_files(tmp_
     write_safetensors(source, {"b": ("BF16", [2, 3], bf16), "a": ("F32", [4], f32)})
     out = tmp_path / "out"
     out.mkdir()
-    steps.run_weights(out, source=source, what="p:w")
-    index = steps.read_weights_index(out)
+    job = WeightsJob(InputFile(source), "safetensors", "p:w")
+    run_job(job, NodeContext(Node("w", job), out, {}, threading.Event()))
+    index = records.read_weights_index(out)
     assert [(t["key"], t["dtype"], t["shape"]) for t in index] == [
         ("a", "float32", [4]),
         ("b", "bfloat16", [2, 3]),
     ]
-    files = {t["key"]: (out / steps.WEIGHTS_DIR / t["file"]).read_bytes() for t in index}
+    files = {t["key"]: (out / records.WEIGHTS_DIR / t["file"]).read_bytes() for t in index}
     assert files == {"a": f32, "b": bf16}
 
     write_safetensors(source, {"a": ("F32", [8], f32)})  # claims 32 bytes, holds 16
     with pytest.raises(BuildError, match=r"tensor 'a' \(F32\[8\]\) claims bytes .* corrupt"):
-        steps.read_safetensors_header(source, what="p:w")
+        records.read_safetensors_header(source, what="p:w")
     write_safetensors(source, {"a": ("F8_E4M3", [4], b"1234")})
     with pytest.raises(BuildError, match="has dtype 'F8_E4M3', which PLeX does not read"):
-        steps.read_safetensors_header(source, what="p:w")
+        records.read_safetensors_header(source, what="p:w")

@@ -34,7 +34,7 @@ def _kib(cache) -> str:
 
 
 def test_cache_ls_shows_node_ids_as_they_are(tmp_path):
-    """Node ids such as `memory:llama:decoder:default` once rendered as emoji (":llama:" is one)."""
+    """Node ids such as `compile:llama:decoder:default` once rendered as emoji (":llama:" is one)."""
     import shutil
 
     cache = tmp_path / "cache"
@@ -47,7 +47,7 @@ def test_cache_ls_shows_node_ids_as_they_are(tmp_path):
     assert built.returncode == 0, built.stderr
     result = _with_cache(cache, "cache", "ls")
     assert result.returncode == 0, result.stderr
-    assert "memory:llama:decoder:default" in result.stdout
+    assert "compile:llama:decoder:default" in result.stdout
     assert "🦙" not in result.stdout
 
 

@@ -93,5 +93,5 @@ def test_help_loads_no_verb_machinery():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     loaded = set(json.loads(result.stderr.strip().splitlines()[-1]))
     heavy = {"numpy", "pydantic", "rich", "iree", "synapse", "safetensors", "plex.manifest"}
-    heavy |= {"plex.build", "plex.builder", "myelin.runtime", "myelin.mln", "myelin.compiler"}
+    heavy |= {"plex.builder", "myelin.runtime", "myelin.mln", "myelin.compiler"}
     assert sorted(heavy & loaded) == []

@@ -16,9 +16,8 @@ from safetensors.numpy import save_file
 
 import myelin
 from myelin.codecs import decode, encode, plan_layout
-from plex.build import build
-from plex.build.steps import BuildWarning
-from plex.errors import BuildError, ManifestError
+from plex.builder import build
+from plex.errors import BuildError, BuildWarning, ManifestError
 from plex.manifest import load_app
 
 N, K, V, D = 96, 128, 200, 64

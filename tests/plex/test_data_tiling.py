@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import myelin
-from plex.build import build
+from plex.builder import build
 from plex.errors import ManifestError
 from tests.models import mlp_reference
 

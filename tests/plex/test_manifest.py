@@ -308,7 +308,7 @@ def test_bad_enum_value_lists_the_accepted_values(tmp_path):
     message = error_of(load_app, app_toml)
     assert f":{line_of(app_toml, 'cuda2')}: [devices.gpu] target: unknown value 'cuda2'" in message
     assert "did you mean 'cuda'?" in message
-    assert "(accepted: llvm-cpu, cuda, vulkan-spirv, rocm, metal-spirv, vmvx)" in message
+    assert "(accepted: llvm-cpu, vmvx, cuda, vulkan-spirv, rocm, metal-spirv)" in message
 
     app_toml.write_text(APP_TOML + '\n[scheduling]\nfavor = "speed"\n')
     assert "(accepted: min-memory, max-concurrency, debug)" in error_of(load_app, app_toml)

@@ -1,13 +1,22 @@
 import gc
-import os
 import signal
 import threading
 import time
 
 import pytest
-from synapse_helpers import Recorder, concat_action, diamond_plan
+from synapse_helpers import (
+    CompileJob,
+    ComposeJob,
+    ConcatJob,
+    FailJob,
+    ImportJob,
+    InspectJob,
+    Recorder,
+    WaitForCancelJob,
+    diamond_plan,
+)
 
-from synapse import BuildFailed, Cache, Executor, Node, Plan, explain
+from synapse import BuildFailed, Cache, Executor, Node, Output, Plan, explain
 
 
 def run(cache, plan, **kw):
@@ -48,7 +57,7 @@ def test_first_build_then_all_hits_then_only_the_changed_branch(tmp_path):
     assert (third["compose"].out_dir / "out.txt").read_text() == "(x (c (i2 (r)) (w (r))))"
     assert explain(third) == [
         "resolve  hit",
-        "import   rebuilt: input 'source' changed",
+        "import   rebuilt: input 'source' changed",  # the job field's name
         "weights  hit",
         "compile  rebuilt: dependency 'import' changed",
         "compose  built: not cacheable",
@@ -99,19 +108,14 @@ def test_corrupt_cached_file_is_discarded_and_rebuilt(tmp_path):
     assert (second["compose"].out_dir / "out.txt").read_text() == "(x (c (i (r)) (w (r))))"
 
 
-def test_failing_action_raises_build_failed_and_caches_nothing_of_it(tmp_path):
+def test_failing_step_raises_build_failed_and_caches_nothing_of_it(tmp_path):
     cache = Cache(tmp_path / "cache")
     error = ValueError("no such op: stablehlo.frobnicate")
-
-    def fail(ctx):
-        (ctx.out_dir / "partial.vmfb").write_bytes(b"half")
-        raise error
-
     plan = Plan(
         [
-            Node("import", "import", concat_action("i"), inputs={"s": "1"}),
-            Node("compile", "compile", fail, deps=("import",)),
-            Node("compose", "compose", concat_action("x"), deps=("compile",)),
+            Node("import", ImportJob("i")),
+            Node("compile", FailJob(error, partial="partial.vmfb", deps=(Output("import"),))),
+            Node("compose", ComposeJob("x", (Output("compile"),))),
         ]
     )
     with pytest.raises(BuildFailed) as caught:
@@ -131,20 +135,13 @@ def test_failing_action_raises_build_failed_and_caches_nothing_of_it(tmp_path):
 
 def test_failure_cancels_running_siblings_and_discards_their_output(tmp_path):
     cache = Cache(tmp_path / "cache")
-    sibling_saw_cancel = threading.Event()
-    started = threading.Event()
-
-    def slow(ctx):
-        started.set()
-        (ctx.out_dir / "out.txt").write_text("incomplete")
-        if ctx.cancelled.wait(timeout=10):
-            sibling_saw_cancel.set()  # returns early: its output must not be trusted
-
-    def fail(ctx):
-        started.wait(timeout=10)
-        raise RuntimeError("boom")
-
-    plan = Plan([Node("slow", "compile", slow), Node("fail", "compile", fail)])
+    sibling_saw_cancel, started = threading.Event(), threading.Event()
+    plan = Plan(
+        [
+            Node("slow", WaitForCancelJob(started=started, saw_cancel=sibling_saw_cancel)),
+            Node("fail", FailJob(RuntimeError("boom"), wait_for=started)),
+        ]
+    )
     with pytest.raises(BuildFailed) as caught:
         Executor(cache, jobs=2).run(plan)
     assert sibling_saw_cancel.is_set()
@@ -152,28 +149,23 @@ def test_failure_cancels_running_siblings_and_discards_their_output(tmp_path):
     assert cache.ls() == [] and list((cache.root / "tmp").iterdir()) == []
 
 
-def test_keyboard_interrupt_in_an_action_cleans_up_and_is_reraised(tmp_path):
+def test_keyboard_interrupt_in_a_step_cleans_up_and_is_reraised(tmp_path):
     cache = Cache(tmp_path / "cache")
-    sibling_saw_cancel = threading.Event()
-    sibling_started = threading.Event()
-
-    def slow(ctx):
-        sibling_started.set()
-        (ctx.out_dir / "out.txt").write_text("incomplete")
-        if ctx.cancelled.wait(timeout=10):
-            sibling_saw_cancel.set()
-
-    def interrupted(ctx):
-        sibling_started.wait(timeout=10)
-        (ctx.out_dir / "partial").write_text("half")
-        raise KeyboardInterrupt
-
+    sibling_saw_cancel, sibling_started = threading.Event(), threading.Event()
     plan = Plan(
         [
-            Node("ok", "import", concat_action("ok")),
-            Node("slow", "compile", slow),
-            Node("interrupted", "compile", interrupted, deps=("ok",)),
-            Node("after", "compose", concat_action("a"), deps=("interrupted",)),
+            Node("ok", ImportJob("ok")),
+            Node("slow", WaitForCancelJob(started=sibling_started, saw_cancel=sibling_saw_cancel)),
+            Node(
+                "interrupted",
+                FailJob(
+                    KeyboardInterrupt(),
+                    partial="partial",
+                    deps=(Output("ok"),),
+                    wait_for=sibling_started,
+                ),
+            ),
+            Node("after", ComposeJob("a", (Output("interrupted"),))),
         ]
     )
     events = []
@@ -191,8 +183,8 @@ def test_independent_nodes_overlap_only_when_jobs_allow(tmp_path, jobs):
     recorder = Recorder()
     plan = Plan(
         [
-            Node("compile:a", "compile", concat_action("a", recorder, sleep_s=0.3)),
-            Node("compile:b", "compile", concat_action("b", recorder, sleep_s=0.3)),
+            Node("compile:a", CompileJob("a", recorder=recorder, sleep_s=0.3)),
+            Node("compile:b", CompileJob("b", recorder=recorder, sleep_s=0.3)),
         ]
     )
     Executor(Cache(tmp_path / "cache"), jobs=jobs).run(plan)
@@ -205,7 +197,7 @@ def test_independent_nodes_overlap_only_when_jobs_allow(tmp_path, jobs):
 def test_jobs_bounds_concurrency(tmp_path):
     recorder = Recorder()
     plan = Plan(
-        [Node(f"n{i}", "compile", concat_action(str(i), recorder, sleep_s=0.1)) for i in range(6)]
+        [Node(f"n{i}", CompileJob(str(i), recorder=recorder, sleep_s=0.1)) for i in range(6)]
     )
     Executor(None, jobs=3, workdir=tmp_path).run(plan)
     assert recorder.max_active == 3
@@ -227,13 +219,8 @@ def test_without_cache_outputs_live_as_long_as_the_results(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_actions_can_log_and_see_their_dependencies(tmp_path):
-    def check(ctx):
-        ctx.log(f"deps: {sorted(ctx.dep_outputs)}")
-        assert ctx.key and ctx.out_dir.is_dir() and not any(ctx.out_dir.iterdir())
-        (ctx.out_dir / "out.txt").write_text("ok")
-
-    plan = Plan([Node("a", "import", concat_action("a")), Node("b", "compile", check, deps=("a",))])
+def test_steps_can_log_and_see_their_dependencies(tmp_path):
+    plan = Plan([Node("a", ConcatJob("a")), Node("b", InspectJob(Output("a")))])
     started = time.time()
     results, events = run(Cache(tmp_path / "c"), plan)
     [log] = [e for e in events if e.kind == "log"]
@@ -241,18 +228,11 @@ def test_actions_can_log_and_see_their_dependencies(tmp_path):
     assert log.key == results["b"].key and log.time >= started
 
 
-def test_ctrl_c_while_waiting_cancels_running_actions(tmp_path):
+def test_ctrl_c_while_waiting_cancels_running_steps(tmp_path):
     """A real SIGINT reaches the main thread, which is waiting on the pool."""
     cache = Cache(tmp_path / "cache")
     saw_cancel = threading.Event()
-
-    def long_compile(ctx):
-        (ctx.out_dir / "out.txt").write_text("incomplete")
-        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
-        if ctx.cancelled.wait(timeout=10):
-            saw_cancel.set()
-
-    plan = Plan([Node("compile", "compile", long_compile)])
+    plan = Plan([Node("compile", WaitForCancelJob(saw_cancel=saw_cancel, sigint_after_s=0.1))])
     # Native libraries loaded by earlier tests (LLVM in the IREE compiler) may have taken over
     # SIGINT at the C level; put Python's own handler back for this test, as the CLI process has.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,41 +1,13 @@
 """The memory budget: nodes that declare temporary memory run in batches that fit it."""
 
 import threading
-import time
 
 import pytest
+from synapse_helpers import ConcatJob, MemoryMeter, MeteredJob
 
 from synapse import Executor, Node, Plan, PlanError
 
 MiB = 2**20
-
-
-class MemoryMeter:
-    """Adds up the declared memory of the actions running at each moment."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.in_use = 0
-        self.peak = 0
-        self.max_running = 0
-        self.running = 0
-
-    def action(self, sleep_s: float = 0.05, barrier: threading.Barrier | None = None):
-        def run(ctx) -> None:
-            with self._lock:
-                self.in_use += ctx.node.memory
-                self.running += 1
-                self.peak = max(self.peak, self.in_use)
-                self.max_running = max(self.max_running, self.running)
-            if barrier is not None:
-                barrier.wait(timeout=30)  # all must be running at once, however slow the machine
-            time.sleep(sleep_s)
-            (ctx.out_dir / "out.txt").write_text(ctx.node.id)
-            with self._lock:
-                self.in_use -= ctx.node.memory
-                self.running -= 1
-
-        return run
 
 
 def weights_plan(
@@ -46,10 +18,10 @@ def weights_plan(
     barrier: threading.Barrier | None = None,
 ) -> Plan:
     nodes = [
-        Node(f"weights:{i}", "weights", meter.action(barrier=barrier), memory=size * MiB)
+        Node(f"weights:{i}", MeteredJob(meter, barrier=barrier), memory=size * MiB)
         for i, size in enumerate(sizes_mib)
     ]
-    nodes += [Node(f"compile:{i}", "compile", meter.action()) for i in range(extra_free)]
+    nodes += [Node(f"compile:{i}", MeteredJob(meter)) for i in range(extra_free)]
     return Plan(nodes)
 
 
@@ -77,8 +49,8 @@ def test_a_node_larger_than_the_budget_runs_alone_and_others_still_run(tmp_path)
 
 
 def test_memory_is_a_hint_not_part_of_the_key():
-    plain = Node("w", "weights", lambda ctx: None)
-    hinted = Node("w", "weights", lambda ctx: None, memory=5 * MiB)
+    plain = Node("w", ConcatJob("w"))
+    hinted = Node("w", ConcatJob("w"), memory=5 * MiB)
     executor = Executor(None)
     assert executor.keys(Plan([plain])) == executor.keys(Plan([hinted]))
     assert "mem=5.0MiB" in Plan([hinted]).describe()
@@ -86,4 +58,4 @@ def test_memory_is_a_hint_not_part_of_the_key():
 
 def test_negative_memory_is_rejected():
     with pytest.raises(PlanError, match="memory must be a byte count"):
-        Node("w", "weights", lambda ctx: None, memory=-1)
+        Node("w", ConcatJob("w"), memory=-1)

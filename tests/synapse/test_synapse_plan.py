@@ -1,19 +1,23 @@
+"""Plans: a node's dependencies come from its job's Output fields; the plan orders and checks
+them."""
+
 import pytest
+from synapse_helpers import ConcatJob, diamond_plan
 
-from synapse import Node, Plan, PlanError
+from synapse import Node, Output, Plan, PlanError, job_inputs
 
 
-def noop(ctx):
-    pass
+def job(*deps: str) -> ConcatJob:
+    return ConcatJob("s", tuple(Output(d) for d in deps))
 
 
 def test_plan_orders_dependencies_first_and_keeps_given_order_for_ties():
     plan = Plan(
         [
-            Node("compile", "compile", noop, deps=("import", "weights")),
-            Node("weights", "weights", noop, deps=("resolve",)),
-            Node("import", "import", noop, deps=("resolve",)),
-            Node("resolve", "resolve", noop),
+            Node("compile", job("import", "weights")),
+            Node("weights", job("resolve")),
+            Node("import", job("resolve")),
+            Node("resolve", job()),
         ]
     )
     assert plan.topological_order() == ["resolve", "weights", "import", "compile"]
@@ -23,57 +27,56 @@ def test_plan_orders_dependencies_first_and_keeps_given_order_for_ties():
 
 def test_duplicate_id_is_rejected():
     with pytest.raises(PlanError, match="duplicate node id 'a'"):
-        Plan([Node("a", "k", noop), Node("a", "k", noop)])
+        Plan([Node("a", job()), Node("a", job())])
 
 
 def test_unknown_dependency_is_rejected():
     with pytest.raises(PlanError, match="node 'b' depends on unknown node 'missing'"):
-        Plan([Node("a", "k", noop), Node("b", "k", noop, deps=("missing",))])
+        Plan([Node("a", job()), Node("b", job("missing"))])
 
 
 def test_cycle_is_named():
     with pytest.raises(PlanError, match=r"dependency cycle: (a -> c -> b -> a|b -> a -> c -> b)"):
         Plan(
             [
-                Node("a", "k", noop, deps=("c",)),
-                Node("b", "k", noop, deps=("a",)),
-                Node("c", "k", noop, deps=("b",)),
-                Node("d", "k", noop, deps=("a",)),  # downstream of the cycle, not part of it
+                Node("a", job("c")),
+                Node("b", job("a")),
+                Node("c", job("b")),
+                Node("d", job("a")),  # downstream of the cycle, not part of it
             ]
         )
 
 
 def test_self_dependency_is_a_cycle():
     with pytest.raises(PlanError, match="dependency cycle: a -> a"):
-        Plan([Node("a", "k", noop, deps=("a",))])
+        Plan([Node("a", job("a"))])
 
 
-def test_node_inputs_must_be_string_fingerprints():
-    with pytest.raises(PlanError, match="input 'flags' must map a str to a str"):
-        Node("a", "k", noop, inputs={"flags": ["-O3"]})
+def test_a_node_needs_a_job_value_and_a_non_empty_id():
+    """The job is the whole description of the work: a closure or a dict is not one."""
+    with pytest.raises(PlanError, match=r"node 'a': its job must be a synapse\.Job dataclass"):
+        Node("a", lambda ctx: None)
+    with pytest.raises(PlanError, match="node id must be a non-empty string"):
+        Node("", job())
 
 
-def test_node_is_hashable_and_copies_its_inputs():
-    inputs = {"source": "abc"}
-    node = Node("a", "k", noop, deps=["b"], inputs=inputs)
-    inputs["source"] = "changed"
-    assert node.inputs == {"source": "abc"}
-    assert node.deps == ("b",)
-    assert hash(node) == hash(Node("a", "k", noop, deps=("b",), inputs={"source": "other"}))
+def test_node_inputs_and_deps_are_read_only_and_come_from_the_job():
+    node = Node("a", job("b", "b"))
+    assert node.inputs == job_inputs(node.job) and set(node.inputs) == {"source", "deps"}
+    assert node.deps == ("b",)  # named twice, depended on once
+    assert node.kind == "concat"
+    with pytest.raises(TypeError):
+        node.inputs["source"] = "changed"
+    assert len({node, Node("a", job("b"))}) == 2  # hashable, by identity
 
 
 def test_describe_lists_nodes_in_execution_order():
-    plan = Plan(
-        [
-            Node("resolve:app", "resolve", noop),
-            Node("compile:mlp:cpu", "compile", noop, deps=("resolve:app",), heavy=True),
-            Node("compose", "compose", noop, deps=("compile:mlp:cpu",), cacheable=False),
-        ]
-    )
-    assert plan.describe().splitlines() == [
-        "plan: 3 nodes",
-        "  node             kind     flags     deps",
-        "  resolve:app      resolve  -         -",
-        "  compile:mlp:cpu  compile  heavy     resolve:app",
-        "  compose          compose  uncached  compile:mlp:cpu",
+    assert diamond_plan().describe().splitlines() == [
+        "plan: 5 nodes",
+        "  node     kind     flags     deps",
+        "  resolve  resolve  -         -",
+        "  import   import   -         resolve",
+        "  weights  weights  -         resolve",
+        "  compile  compile  heavy     import, weights",
+        "  compose  compose  uncached  compile",
     ]

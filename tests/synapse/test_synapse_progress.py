@@ -4,7 +4,7 @@ import re
 
 import pytest
 from rich.console import Console
-from synapse_helpers import concat_action
+from synapse_helpers import CompileJob, FailJob, ImportJob
 
 from synapse import (
     BuildFailed,
@@ -12,6 +12,7 @@ from synapse import (
     Executor,
     JsonProgress,
     Node,
+    Output,
     PlainProgress,
     Plan,
     RichProgress,
@@ -19,21 +20,16 @@ from synapse import (
 )
 
 
-def fail(ctx):
-    raise ValueError("bad flag")
-
-
-def two_step(second=None):
+def two_step(fail=False):
+    """import -> compile, as `plex build` of one model shows them; `fail`: the compile fails."""
+    source = Output("import:mlp")
+    compile_job = (
+        FailJob(ValueError("bad flag"), deps=(source,)) if fail else CompileJob("c", (source,))
+    )
     return Plan(
         [
-            Node("import:mlp", "import", concat_action("i"), label="import mlp"),
-            Node(
-                "compile:mlp:cpu",
-                "compile",
-                second or concat_action("c"),
-                deps=("import:mlp",),
-                heavy=True,
-            ),
+            Node("import:mlp", ImportJob("i"), label="import mlp"),
+            Node("compile:mlp:cpu", compile_job, heavy=True),
         ]
     )
 
@@ -61,7 +57,9 @@ def test_plain_progress_prints_one_line_per_start_and_finish(tmp_path):
 def test_plain_progress_reports_failures(tmp_path):
     out = io.StringIO()
     with pytest.raises(BuildFailed):
-        Executor(Cache(tmp_path / "c"), jobs=1, on_event=PlainProgress(out)).run(two_step(fail))
+        Executor(Cache(tmp_path / "c"), jobs=1, on_event=PlainProgress(out)).run(
+            two_step(fail=True)
+        )
     assert plain_lines(out)[-2:] == [
         "[2/2] FAILED    compile:mlp:cpu: ValueError: bad flag",
         "failed: 1 built, 1 failed in T",

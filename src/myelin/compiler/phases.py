@@ -14,7 +14,7 @@ asks for:
 
 The header is a block of `// plex-<field>: <value>` comment lines (MLIR ignores them); the module
 attribute survives editing tools that drop comments. `plex-phase` is required; the other fields
-are what the build checks before it resumes (see plex.build).
+are what the build checks before it resumes (see plex.builder).
 """
 
 from __future__ import annotations
@@ -23,8 +23,25 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from myelin.compiler.session import PHASES
 from myelin.errors import CompileError
+
+# The phases accepted by --compile-to / --compile-from, in pipeline order (iree-compile --help).
+PHASES: tuple[str, ...] = (
+    "start",
+    "input",
+    "abi",
+    "preprocessing",
+    "global-optimization",
+    "dispatch-creation",
+    "flow",
+    "stream",
+    "executable-sources",
+    "executable-configurations",
+    "executable-targets",
+    "hal",
+    "vm",
+    "end",
+)
 
 PHASE_ATTRIBUTE = "plex.phase"
 HEADER_PREFIX = "// plex-"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from iree.compiler import ir
 
+from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
     ParameterRef,
     export_parameters,
@@ -21,22 +22,21 @@ from myelin.compiler.parameters import (
 from myelin.compiler.phases import PHASE_ATTRIBUTE, RESUMABLE_PHASES, PhaseFileError
 from myelin.compiler.placement import (
     PLACEMENT_PHASE,
-    Placement,
+    PlacementRule,
     apply_placement,
     resolve_dispatch_affinities,
+    resolve_placement,
 )
+from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.compiler.session import PHASES, CompilerSession
-from myelin.compiler.targets import TargetDevice, target_flags
+from myelin.compiler.stream_analysis import STREAM_PHASE, CallFootprint, call_footprints
+from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
 from myelin.signature import Signature, parse_abi_declaration
 
 # The phase at which imported IR is saved. Resuming from any other phase silently miscompiles
 # in IREE 3.13, so the phase travels with the saved IR (ImportedGraph.phase) and is checked.
 IMPORT_PHASE = "input"
-
-# Constants at least this large become parameters; smaller ones (shape constants, tiny tables)
-# stay in the module where the compiler can fold them.
-DEFAULT_MIN_PARAMETER_BYTES = 256
 
 # Flags for the import step: it stops before any target-specific pass, but the session still
 # needs a target device to be configured.
@@ -150,11 +150,11 @@ class CompiledModule:
     flags: tuple[str, ...]
     signatures: dict[str, Signature]
     warnings: tuple[str, ...]
-    devices: dict[str, str] = field(default_factory=dict)  # exported function -> its device
-
-
-def compile_flags(devices: Sequence[TargetDevice], extra: Sequence[str] = ()) -> list[str]:
-    return [*target_flags(devices), *extra]
+    function_devices: dict[str, str] = field(default_factory=dict)  # exported function -> device
+    # Exported function -> what a call allocates, read from the Stream IR on the way; empty with
+    # `footprints_unknown` saying why when the compile did not pass the Stream phase.
+    footprints: dict[str, CallFootprint] = field(default_factory=dict)
+    footprints_unknown: str | None = None
 
 
 def compile_imported(
@@ -162,18 +162,15 @@ def compile_imported(
     *,
     phase: str,
     devices: Sequence[TargetDevice],
+    cancellable: bool = False,
+    favor: str = DEFAULT_FAVOR,
     extra_flags: Sequence[str] = (),
-    module_attributes: dict[str, str] | None = None,
     functions: Sequence[str] | None = None,
     arg_names: dict[str, Sequence[str]] | None = None,
-    placement: Placement | None = None,
+    placement: Sequence[PlacementRule] = (),
     what: str = "module",
 ) -> CompiledModule:
-    """Compile imported IR for one variant's devices to VM bytecode and read its signatures.
-
-    `module_attributes` are set on the module before compiling: some options (Stream
-    partitioning) are module attributes because the compiler C API does not register their flags.
-    """
+    """Compile imported IR for one variant's devices to VM bytecode and read its signatures."""
     if phase != IMPORT_PHASE:
         raise CompileError(
             f"{what}: imported IR is at phase '{phase}', expected '{IMPORT_PHASE}'; "
@@ -183,8 +180,9 @@ def compile_imported(
         module_bytecode,
         phase=phase,
         devices=devices,
+        cancellable=cancellable,
+        favor=favor,
         extra_flags=extra_flags,
-        module_attributes=module_attributes,
         functions=functions,
         arg_names=arg_names,
         placement=placement,
@@ -197,36 +195,40 @@ def compile_module(
     *,
     phase: str,
     devices: Sequence[TargetDevice],
+    cancellable: bool = False,
+    favor: str = DEFAULT_FAVOR,
     extra_flags: Sequence[str] = (),
-    module_attributes: dict[str, str] | None = None,
     functions: Sequence[str] | None = None,
     arg_names: dict[str, Sequence[str]] | None = None,
     module_name: str | None = None,
     export_only: Sequence[str] | None = None,
     stop_at: str | None = None,
     on_phase: Callable[[str, str], None] | None = None,
-    placement: Placement | None = None,
+    placement: Sequence[PlacementRule] = (),
     what: str = "module",
 ) -> CompiledModule:
     """Compile IR at `phase` (bytecode or text) for one variant's devices.
 
     At the import phase the module may first be renamed (`module_name`, the VM module name),
-    restricted to exporting `export_only`, and given `module_attributes`. IR at any later phase
-    must carry the `plex.phase` attribute with that phase (see myelin.compiler.phases): IREE
-    would silently miscompile IR resumed from the wrong phase.
+    restricted to exporting `export_only`, and given the Stream partitioning of `favor`;
+    `extra_flags` follow the variant's flags (e.g. a tuning spec). IR at
+    any later phase must carry the `plex.phase` attribute with that phase (see
+    myelin.compiler.phases): IREE would silently miscompile IR resumed from the wrong phase.
 
-    With `on_phase`, the pipeline runs phase by phase and calls `on_phase(phase, text)` with the
-    IR (text, with its `plex.phase` attribute) at the starting phase and after each later one up
-    to `vm`; the VM bytecode is the same as a one-shot compile's. With `stop_at`, compilation
-    ends after that phase and the result has no VM bytecode (`vmfb == b""`, no signatures).
+    The pipeline runs in one session, stopping only where PLeX acts between phases; the VM
+    bytecode is the same as a one-shot compile's. It stops at `stream` to read each function's
+    footprint (what a call allocates, how it is scheduled), so no second compile is needed for
+    it. With `on_phase`, it stops after every phase and calls `on_phase(phase, text)` with the
+    IR (text, with its `plex.phase` attribute). With `stop_at`, compilation ends after that
+    phase and the result has no VM bytecode (`vmfb == b""`, no signatures).
 
-    `placement` (import phase only) places the module and functions on named devices. With
-    several devices the compile passes through the dispatch-creation phase, where PLeX's
-    dispatch pass (myelin.compiler.placement) gives every dispatch its one resolved device.
+    `placement` rules, `(function glob or None, device)` in order, place the module and its
+    public functions on named devices (myelin.compiler.placement). With several devices the
+    compile stops at the dispatch-creation phase, where PLeX's dispatch pass gives every
+    dispatch its one resolved device.
     """
     if phase not in RESUMABLE_PHASES:
         raise CompileError(f"{what}: cannot compile from phase {phase!r}")
-    last = RESUMABLE_PHASES[-1]
     if stop_at is not None and (
         stop_at not in RESUMABLE_PHASES or PHASES.index(stop_at) < PHASES.index(phase)
     ):
@@ -234,62 +236,70 @@ def compile_module(
             f"{what}: cannot stop at phase {stop_at!r}: the IR is at '{phase}' already; "
             f"phases after it: {', '.join(RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :])}"
         )
-    flags = compile_flags(devices, extra_flags)
+    flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
     with CompilerSession(flags) as session:
         module = session.parse(source, what=what)
         with session.context:
             _take_recorded_phase(module, phase, what)
+            placed = resolve_placement(
+                placement, _public_functions(module), [d.name for d in devices], what=what
+            )
             if phase == IMPORT_PHASE:
                 if module_name is not None:
                     module.attributes["sym_name"] = ir.StringAttr.get(module_name)
                 if export_only is not None:
                     _export_only(module, export_only)
-                for name, text in (module_attributes or {}).items():
+                for name, text in favor_attributes(favor).items():
                     module.attributes[name] = ir.Attribute.parse(text)
-                if placement is not None and len(devices) > 1:  # one device: nothing to place
-                    apply_placement(module, placement)
-            elif module_name is not None or export_only is not None or module_attributes:
+                if len(devices) > 1:  # one device: nothing to place
+                    apply_placement(module, placed)
+            elif module_name is not None or export_only is not None:
                 raise CompileError(
-                    f"{what}: renaming, export lists and module attributes apply only to IR at "
-                    f"phase '{IMPORT_PHASE}'"
+                    f"{what}: renaming and export lists apply only to IR at phase "
+                    f"'{IMPORT_PHASE}'"
                 )
-        # Several devices: the dispatch pass runs on IR at PLACEMENT_PHASE (held in memory, so
-        # the phase it resumes from is the one it was advanced to).
-        place = len(devices) > 1 and PHASES.index(phase) <= PHASES.index(PLACEMENT_PHASE)
-        if on_phase is None and stop_at is None and place:
-            if phase != PLACEMENT_PHASE:
-                module = session.advance(
-                    module, compile_from=phase, compile_to=PLACEMENT_PHASE, what=what
-                )
+        stops = _stops(phase, stop_at, every_phase=on_phase is not None, place=len(devices) > 1)
+        footprints: dict[str, CallFootprint] = {}
+        current = phase
+        for step in stops:
+            if step != current:
+                module = session.advance(module, compile_from=current, compile_to=step, what=what)
+                current = step
             with session.context:
-                resolve_dispatch_affinities(module, what=what)
-            vmfb, diagnostics = session.compile(module, compile_from=PLACEMENT_PHASE, what=what)
-        elif on_phase is None and stop_at is None:
-            vmfb, diagnostics = session.compile(module, compile_from=phase, what=what)
-        else:
-            end = stop_at or last
-            current = phase
-            for step in RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :]:
-                if step != current:
-                    module = session.advance(
-                        module, compile_from=current, compile_to=step, what=what
-                    )
-                    current = step
-                if place and step == PLACEMENT_PHASE:
-                    with session.context:
-                        resolve_dispatch_affinities(module, what=what)
+                if step == PLACEMENT_PHASE and len(devices) > 1:
+                    resolve_dispatch_affinities(module, what=what)
+                if step == STREAM_PHASE:
+                    footprints = call_footprints(module, functions)
                 if on_phase is not None:
                     on_phase(step, _text_with_phase(module, step, session.context))
-                if step == end:
-                    break
-            if stop_at is not None:
-                return CompiledModule(b"", tuple(flags), {}, ())
-            vmfb, diagnostics = session.compile(module, compile_from=last, what=what)
+        if stop_at is not None:
+            return CompiledModule(b"", tuple(flags), {}, ())
+        vmfb, diagnostics = session.compile(module, compile_from=current, what=what)
     signatures = read_signatures(vmfb, functions, arg_names or {})
     warnings = tuple(m for s, m in diagnostics.messages if s == "warning")
-    placement = placement or Placement()
-    placed = {name: placement.device_of(name, devices[0].name) for name in signatures}
-    return CompiledModule(vmfb, tuple(flags), signatures, warnings, placed)
+    devices_of = {name: placed.device_of(name, devices[0].name) for name in signatures}
+    unknown = None
+    if PHASES.index(phase) > PHASES.index(STREAM_PHASE):
+        unknown = f"compiled from phase '{phase}', after the Stream phase it is read at"
+    footprints = {name: footprints[name] for name in signatures if name in footprints}
+    return CompiledModule(
+        vmfb, tuple(flags), signatures, warnings, devices_of, footprints, unknown
+    )
+
+
+def _stops(phase: str, stop_at: str | None, *, every_phase: bool, place: bool) -> list[str]:
+    """The phases, from `phase` on, where the compile pauses for PLeX: the placement pass, the
+    footprint read at `stream`, every phase with `every_phase`, and the last one with
+    `stop_at`. The compile resumes from the last stop to the end."""
+    later = RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :]
+    end = stop_at or RESUMABLE_PHASES[-1]
+    wanted = set(later) if every_phase else {phase, STREAM_PHASE}
+    if place:
+        wanted.add(PLACEMENT_PHASE)
+    if stop_at is not None:
+        wanted.add(stop_at)
+    stops = [p for p in later if p in wanted]
+    return stops[: stops.index(end) + 1] if end in stops else stops
 
 
 def _take_recorded_phase(module: ir.Operation, phase: str, what: str) -> None:

@@ -72,8 +72,12 @@ class Placement:
         return self.module_device is None and not self.function_devices
 
 
+# `(function glob or None, device)`: None places the whole module.
+PlacementRule = tuple[str | None, str]
+
+
 def resolve_placement(
-    rules: Sequence[tuple[str | None, str]],
+    rules: Sequence[PlacementRule],
     functions: Sequence[str],
     devices: Sequence[str],
     *,

@@ -23,25 +23,8 @@ from typing import ClassVar
 from iree.compiler import ir
 from iree.compiler.api import Output, Session, Source, ctypes_dl
 
+from myelin.compiler.phases import PHASES
 from myelin.errors import CompileError
-
-# The phases accepted by --compile-to / --compile-from, in pipeline order (iree-compile --help).
-PHASES: tuple[str, ...] = (
-    "start",
-    "input",
-    "abi",
-    "preprocessing",
-    "global-optimization",
-    "dispatch-creation",
-    "flow",
-    "stream",
-    "executable-sources",
-    "executable-configurations",
-    "executable-targets",
-    "hal",
-    "vm",
-    "end",
-)
 
 _DIAGNOSTIC_CALLBACK = ctypes.CFUNCTYPE(
     None, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p

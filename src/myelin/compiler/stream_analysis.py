@@ -7,9 +7,10 @@ gives each function's transient and result bytes as a formula of its input shape
 build records in the .mln and the runtime evaluates before a call (admission control). The same
 walk counts `stream.cmd.concurrent` regions, which is how `scheduling.favor` shows in the IR.
 
-Size formulas use the JSON form `myelin.runtime.admission` evaluates: an integer, `["dim", i, a]`
-(axis a of input i) or `[op, x, y]` with op in `SIZE_OPS`. Anything else (a size read from device
-data, an allocation in a loop) makes the formula unknown, with the reason, never a guess.
+Size formulas use the JSON form of `myelin.size_formulas` (which the runtime's admission
+evaluates): an integer, `["dim", i, a]` (axis a of input i) or `[op, x, y]` with op in
+`SIZE_OPS`. Anything else (a size read from device data, an allocation in a loop) makes the
+formula unknown, with the reason, never a guess.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Any
 
 from iree.compiler import ir
 
-from myelin.compiler.session import CompilerSession, Diagnostics
-from myelin.errors import CompileError
-from myelin.size_formulas import SIZE_OPS, SizeExpr, add_sizes
+from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
+from myelin.compiler.session import CompilerSession
+from myelin.size_formulas import SIZE_OPS, SizeExpr, add_sizes, evaluate_size
 
 STREAM_PHASE = "stream"
 
@@ -61,8 +62,8 @@ class UnknownSize(Exception):
 
 
 @dataclass(frozen=True)
-class FunctionPlan:
-    """One public function's allocations and schedule, as Stream compiled it."""
+class CallFootprint:
+    """What one call of a public function allocates and how Stream scheduled it."""
 
     name: str
     transient: SizeExpr | None  # bytes of transient allocations; None: unknown (see `unknown`)
@@ -98,55 +99,35 @@ class _Walk:
     unknown: str | None = None
 
 
-def plan_module(
+def stream_footprints(
     module_bytecode: bytes,
     *,
     phase: str,
     flags: Sequence[str],
-    module_attributes: dict[str, str] | None = None,
+    favor: str = DEFAULT_FAVOR,
     functions: Sequence[str] | None = None,
     what: str = "module",
-) -> tuple[dict[str, FunctionPlan], str]:
-    """Compile imported IR from `phase` through the Stream phase and plan its functions.
-
-    Pass the flags and module attributes the real compile used, so the plan matches the module.
-    Returns the plans and the Stream IR as text (for people and tests).
+) -> tuple[dict[str, CallFootprint], str]:
+    """Compile imported IR from `phase` through the Stream phase and read its functions'
+    footprints, for tests and tools; a build reads them on the way of its one compile
+    (`myelin.compiler.pipeline.compile_module`). Returns them and the Stream IR as text.
     """
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
-        if module_attributes:
-            with session.context:
-                for name, text in module_attributes.items():
-                    module.attributes[name] = ir.Attribute.parse(text)
-        stream = _compile_to_stream(session, module, phase, what)
         with session.context:
-            return analyze_module(stream, functions), str(stream)
+            for name, text in favor_attributes(favor).items():
+                module.attributes[name] = ir.Attribute.parse(text)
+        # The module stays in memory: IREE 3.13 cannot parse back the `stream.partitioning`
+        # attribute it prints, so a bytecode or text round trip of such a module fails.
+        stream = session.advance(module, compile_from=phase, compile_to=STREAM_PHASE, what=what)
+        with session.context:
+            return call_footprints(stream, functions), str(stream)
 
 
-def _compile_to_stream(session: CompilerSession, module: Any, phase: str, what: str) -> Any:
-    # The module stays in memory: IREE 3.13 cannot parse back the `stream.partitioning`
-    # attribute it prints (#stream.partitioning_config<favor-max-concurrency>), so a bytecode
-    # or text round trip of a max-concurrency/debug module fails.
-    diagnostics = Diagnostics()
-    inv = session._invocation(diagnostics)
-    session._lib.ireeCompilerInvocationSetCompileFromPhase(inv._inv_p, phase.encode())
-    session._lib.ireeCompilerInvocationSetCompileToPhase(inv._inv_p, STREAM_PHASE.encode())
-    inv.import_module(module)
-    if not inv.execute():
-        raise CompileError(f"compiling {what} to the stream phase failed:\n{diagnostics.render()}")
-    session._invocations.append(inv)
-    return inv.export_module()
-
-
-def analyze_stream(text: str, functions: Sequence[str] | None = None) -> dict[str, FunctionPlan]:
-    """Plans of the public functions of a Stream-phase module given as text."""
-    with ir.Context() as ctx:
-        ctx.allow_unregistered_dialects = True
-        return analyze_module(ir.Module.parse(text).operation, functions)
-
-
-def analyze_module(module: Any, functions: Sequence[str] | None = None) -> dict[str, FunctionPlan]:
-    """Plans of the public functions (or just `functions`) of a Stream-phase module op."""
+def call_footprints(
+    module: Any, functions: Sequence[str] | None = None
+) -> dict[str, CallFootprint]:
+    """Footprints of the public functions (or just `functions`) of a Stream-phase module op."""
     top = list(module.regions[0].blocks[0].operations)
     parameters = _parameter_globals(top)
     funcs = {_sym(op): op for op in top if op.operation.name == "util.func"}
@@ -156,19 +137,19 @@ def analyze_module(module: Any, functions: Sequence[str] | None = None) -> dict[
             continue
         if not _is_public(op) or name.startswith("__"):
             continue
-        plans[name] = _plan(name, op, funcs, parameters)
+        plans[name] = _footprint(name, op, funcs, parameters)
     return plans
 
 
-def _plan(
+def _footprint(
     name: str, func: Any, funcs: dict[str, Any], parameters: dict[str, tuple[str, str]]
-) -> FunctionPlan:
+) -> CallFootprint:
     walk = _Walk()
     args = list(func.regions[0].blocks[0].arguments)
     _walk_function(func, walk, args, funcs, set())
     reads = sorted({parameters[g] for g in walk.globals_read if g in parameters})
     known = walk.unknown is None
-    return FunctionPlan(
+    return CallFootprint(
         name=name,
         transient=add_sizes(walk.transient) if known else None,
         results=add_sizes(walk.results) if known else None,
@@ -223,7 +204,9 @@ def _walk_function(
 
 def _record_alloc(op: Any, walk: _Walk, args: list) -> None:
     result_type = str(op.operation.results[0].type)
-    sizes = list(op.operation.operands)
+    # The size is the one `index` operand; under the async-external execution model (fences)
+    # the allocation also awaits a timepoint.
+    sizes = [v for v in op.operation.operands if str(v.type) == "index"]
     if len(sizes) != 1:
         if walk.unknown is None:
             walk.unknown = f"{op.operation.name} with {len(sizes)} size operands"
@@ -267,8 +250,6 @@ def _size_of(value: Any, args: list, depth: int = 0) -> SizeExpr:
 
 def _fold(op: str, a: SizeExpr, b: SizeExpr) -> SizeExpr:
     if isinstance(a, int) and isinstance(b, int):
-        from myelin.size_formulas import evaluate_size
-
         return evaluate_size([op, a, b], ())
     if op == "mul" and (a == 1 or b == 1):
         return b if a == 1 else a

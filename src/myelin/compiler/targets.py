@@ -10,20 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from myelin.errors import CompileError
+from myelin.platforms import DEFAULT_CUDA_ARCH, TARGETS
 
-# target -> (HAL device kind in --iree-hal-target-device, default runtime driver)
-TARGETS: dict[str, tuple[str, str]] = {
-    "llvm-cpu": ("local", "local-task"),
-    "vmvx": ("local", "local-task"),
-    "cuda": ("cuda", "cuda"),
-    "vulkan-spirv": ("vulkan", "vulkan"),
-    "rocm": ("hip", "hip"),
-    "metal-spirv": ("metal", "metal"),
-}
-
-# IREE 3.13 has no sm_90 entry in its CUDA target table (see docs/platforms.md); sm_80 PTX is
-# JIT-compiled by the driver on Hopper.
-DEFAULT_CUDA_ARCH = "sm_80"
 # CUDA archs IREE 3.13 names but cannot generate code for: the compiler fails deep in codegen
 # with "missing GPU target in #hal.executable.target" (docs/platforms.md), so they are refused
 # up front.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnx
 
-from myelin.compiler.pipeline import DEFAULT_MIN_PARAMETER_BYTES
+from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES
 from myelin.errors import CompileError
 from myelin.frontends import DEFAULT_ENTRYPOINT, FrontendRequest, FrontendResult
 from myelin.frontends import _onnx_checks as checks

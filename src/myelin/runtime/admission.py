@@ -31,7 +31,7 @@ def format_bytes(n: int) -> str:
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
+class FootprintFormula:
     """An entrypoint's memory formulas (its MemoryRecord), compiled once so that every budgeted
     call only evaluates them."""
 
@@ -47,7 +47,7 @@ class MemoryPlan:
         object.__setattr__(self, "_compiled", compiled)
 
     @classmethod
-    def from_record(cls, record: MemoryRecord | None) -> MemoryPlan:
+    def from_record(cls, record: MemoryRecord | None) -> FootprintFormula:
         """The plan of an entrypoint's checked record (the reader validated every formula
         against the entrypoint's inputs); None: the build recorded none."""
         if record is None:

@@ -17,9 +17,9 @@ import iree.runtime as rt
 from myelin import hostinfo
 from myelin.errors import DeviceUnavailable
 from myelin.mln import DeviceRecord
+from myelin.platforms import HOST_DRIVERS
 
 # Drivers whose device memory is this process's host memory.
-HOST_MEMORY_DRIVERS = frozenset({"local-task", "local-sync"})
 
 
 def driver_ordinals(drivers: Sequence[str]) -> list[int]:
@@ -88,7 +88,7 @@ class DeviceRegistry:
                 return self._devices[key]
         drv = self._driver(driver)
         try:
-            if ordinal == 0 or driver in HOST_MEMORY_DRIVERS:
+            if ordinal == 0 or driver in HOST_DRIVERS:
                 dev = drv.create_default_device()  # each call creates a distinct device
             else:  # the n-th physical device (GPU n)
                 available = drv.query_available_devices()
@@ -148,8 +148,8 @@ class DeviceRegistry:
         target_driver = self.driver_of(target)
         view = array._buffer_view
         nbytes = view.byte_length
-        source_host = source_driver in HOST_MEMORY_DRIVERS
-        target_host = target_driver in HOST_MEMORY_DRIVERS
+        source_host = source_driver in HOST_DRIVERS
+        target_host = target_driver in HOST_DRIVERS
         if source_driver is None or target_driver is None:
             raise DeviceUnavailable(
                 "a device array from a device this runtime did not create cannot be moved to "

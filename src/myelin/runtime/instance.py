@@ -26,7 +26,7 @@ class Instance:
         # Load the key now: a bad key path fails here, not at the first load.
         self.trust = load_public_key(trust) if trust is not None else None
         self.vm_instance = rt.VmInstance()
-        self.devices = DeviceRegistry()
+        self.device_registry = DeviceRegistry()
 
     def load(
         self,
@@ -49,7 +49,7 @@ class Instance:
         """
         return Model(
             self.vm_instance,
-            self.devices,
+            self.device_registry,
             path,
             variant=variant,
             verify=verify,
@@ -61,4 +61,4 @@ class Instance:
 
     def drivers(self) -> list[str]:
         """Drivers that can create a device on this machine."""
-        return self.devices.usable_drivers()
+        return self.device_registry.usable_drivers()

@@ -19,7 +19,7 @@ from myelin.mln import (
     MlnReader,
     VariantRecord,
 )
-from myelin.runtime.admission import AdmissionBudget, CallNeed, MemoryPlan
+from myelin.runtime.admission import AdmissionBudget, CallNeed, FootprintFormula
 from myelin.runtime.devices import DeviceRegistry
 from myelin.runtime.residency import ParameterResidency
 from myelin.signature import Signature, TensorSpec, parse_abi_declaration
@@ -36,7 +36,7 @@ class Entrypoint:
 
     record: EntrypointRecord
     device: str  # the variant device it runs on (its arguments and results live there)
-    memory: MemoryPlan = field(default_factory=lambda: MemoryPlan.from_record(None))
+    memory: FootprintFormula = field(default_factory=lambda: FootprintFormula.from_record(None))
 
     @property
     def name(self) -> str:
@@ -281,7 +281,7 @@ class Model:
             loaded[e.name] = Entrypoint(
                 e,
                 self.variant_record.device_of(e).name,
-                MemoryPlan.from_record(e.memory),
+                FootprintFormula.from_record(e.memory),
             )
         return {
             name: loaded[e.name] for name, e in self.variant_record.callable_entrypoints().items()

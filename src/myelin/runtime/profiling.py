@@ -28,6 +28,7 @@ import numpy as np
 
 from myelin.errors import EntrypointNotFound, ProfilingUnavailable
 from myelin.mln import EntrypointRecord, MlnReader, ProfileRecord, VariantRecord
+from myelin.platforms import HOST_DRIVERS
 
 # HAL profiling families (iree-run-module --help). CPU drivers record host-side execution;
 # device timestamps need a GPU driver.
@@ -39,7 +40,6 @@ HOST_FAMILIES = (
     "executable-metadata",
 )
 DEVICE_TIMING_FAMILIES = ("dispatch-events", "device-queue-events")
-HOST_DRIVERS = frozenset({"local-task", "local-sync"})
 TRACE_NAME = "trace.json"
 DEFAULT_OUTPUT = "capture-{capture}.ireeprof"
 

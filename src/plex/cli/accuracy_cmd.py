@@ -68,7 +68,7 @@ def accuracy(
     from dataclasses import replace
 
     from myelin.codecs import check_codec_name
-    from plex.build.plan import codec_policy
+    from plex.builder.plan import codec_policy
     from plex.cli.build_cmd import quiet_model_progress_bars
     from plex.cli.paths import resolve_app
     from plex.cli.tensor_args import parse_tensor_arg
@@ -151,9 +151,9 @@ def _entrypoint_names(model, function: str | None) -> list[str]:
 
 
 def _build(app, output: Path, jobs: int | None) -> Path:
-    from plex.build import default_cache_dir
-    from plex.build.plan import BuildRequest, plan_build
-    from plex.build.versions import fingerprint_salt
+    from plex.builder import default_cache_dir
+    from plex.builder.plan import BuildRequest, plan_build
+    from plex.builder.versions import fingerprint_salt
     from plex.cli.build_cmd import announce_interrupt
     from synapse import BuildFailed, Cache, Executor, make_progress
 

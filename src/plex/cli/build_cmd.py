@@ -88,8 +88,8 @@ def build(
     ),
 ) -> None:
     """Resolve packages, import graphs, compile each variant and pack one .mln."""
-    from plex.build import build as run_build
-    from plex.build import check_phase, plan_for
+    from plex.builder import build as run_build
+    from plex.builder import check_phase, plan_for
     from plex.cli.paths import resolve_app
     from synapse import explain, make_progress
 

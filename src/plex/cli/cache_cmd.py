@@ -25,7 +25,7 @@ _CACHE_OPT = typer.Option(
 def _cache(folder: Path | None):
     """The cache to work on, or None when the default one does not exist yet. A folder given
     with --cache must exist: a typo would otherwise show an empty cache without a word."""
-    from plex.build import default_cache_dir
+    from plex.builder import default_cache_dir
     from synapse import Cache
 
     if folder is not None:

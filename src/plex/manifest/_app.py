@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from myelin.platforms import TARGET_OPTIONS
 from plex.errors import ManifestError
 from plex.manifest._document import TomlDocument, unknown
 from plex.manifest._locate import KeyPath
@@ -17,7 +18,6 @@ from plex.manifest._planned import check_planned
 from plex.manifest._schema import (
     DRIVERS_OF_TARGET,
     NAME,
-    TARGET_OPTIONS,
     AppFile,
     DeviceTable,
 )

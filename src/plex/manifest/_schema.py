@@ -13,35 +13,21 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from myelin.codecs import check_codec_name
+from myelin.compiler.scheduling import FAVORS
+from myelin.platforms import DRIVERS, TARGETS
 from myelin.sizes import parse_size
 
 # -- accepted values: one definition each ---------------------------------------------------------
 
-Target = Literal["llvm-cpu", "cuda", "vulkan-spirv", "rocm", "metal-spirv", "vmvx"]
-Driver = Literal["local-task", "local-sync", "cuda", "vulkan", "hip", "metal"]
+# Targets, drivers and target options are myelin.platforms' table; favor is the compiler's.
+Target = Literal[tuple(TARGETS)]  # type: ignore[valid-type]
+Driver = Literal[DRIVERS]  # type: ignore[valid-type]
 Frontend = Literal["mlir", "stablehlo", "onnx", "torch", "jax"]
 FRONTENDS: tuple[str, ...] = typing.get_args(Frontend)
 Residency = Literal["resident", "streamed", "prefetch"]
-Favor = Literal["min-memory", "max-concurrency", "debug"]
-
+Favor = Literal[FAVORS]  # type: ignore[valid-type]
 # target -> drivers that run its code; the first is the default.
-DRIVERS_OF_TARGET: dict[str, tuple[str, ...]] = {
-    "llvm-cpu": ("local-task", "local-sync"),
-    "vmvx": ("local-task", "local-sync"),
-    "cuda": ("cuda",),
-    "vulkan-spirv": ("vulkan",),
-    "rocm": ("hip",),
-    "metal-spirv": ("metal",),
-}
-# target -> its options and their defaults (None: required). Other options are errors.
-TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
-    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False},
-    "vmvx": {},
-    "cuda": {"arch": "sm_80"},  # IREE 3.13's CUDA table has no sm_90; sm_80 PTX JITs on Hopper
-    "vulkan-spirv": {},
-    "rocm": {"arch": None},
-    "metal-spirv": {},
-}
+DRIVERS_OF_TARGET: dict[str, tuple[str, ...]] = {t: ds for t, (_, ds) in TARGETS.items()}
 # weights file extension -> format
 WEIGHTS_FORMATS = {".safetensors": "safetensors", ".irpa": "irpa", ".gguf": "gguf"}
 # graph source extension -> frontend, when `frontend` is omitted

@@ -1,8 +1,9 @@
-"""`plex build`: manifest -> plan (pure data) -> SYNaPSe executor -> one .mln.
+"""Build orchestration: manifest -> plan (jobs, pure data) -> SYNaPSe executor -> one .mln.
 
-The plan's nodes (weights, import, compile per variant, compose) and what each fingerprint covers
-are in `plex.build.plan`; the node actions are in `plex.build.steps`; the file assembly is in
-`plex.build.compose`.
+`plan` turns the resolved app into nodes holding jobs (`jobs`); the executor runs each job's
+registered step (`steps`: weights, import, encode, compile; `link`: decisions from their
+records; `compose`: packing). This module only wires them together. Named `builder`, not
+`build`, so that tools and people do not take it for build output.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import platformdirs
 
 from myelin.compiler.phases import RESUMABLE_PHASES, read_phase_file
 from myelin.errors import CompileError
-from plex.build.plan import BuildRequest, plan_build
-from plex.build.versions import fingerprint_salt
+from plex.builder.plan import BuildRequest, plan_build
+from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
 from plex.manifest import AppSpec, load_app, write_lock
 from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult

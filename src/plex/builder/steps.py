@@ -1,5 +1,8 @@
-"""The work of each build node. Each step reads its inputs, writes files into its node's output
-folder, and decides nothing: what to build and with which options was decided by the plan."""
+"""Steps: run one job each (weights, import, encode, compile), registered with `synapse.step`.
+
+Each step reads its job and its dependencies' records, writes files into its node's output
+folder (plex.builder.records), and decides nothing: the plan made every decision.
+"""
 
 from __future__ import annotations
 
@@ -10,50 +13,48 @@ from pathlib import Path
 
 import numpy as np
 
-from myelin.codecs import NO_CODEC, CodecPolicy, ParameterInput, check_encoded_module, encode_graph
-from myelin.compiler.parameters import ParameterRef
-from myelin.compiler.phases import (
-    HEADER_PREFIX,
-    PhaseFile,
-    phase_file_name,
-    render_phase_file,
-)
-from myelin.compiler.pipeline import compile_module, import_graph
-from myelin.compiler.placement import resolve_placement
-from myelin.compiler.targets import TargetDevice
-from myelin.dtypes import itemsize, numpy_dtype
+from myelin.codecs import NO_CODEC, ParameterInput, check_encoded_module, encode_graph
+from myelin.compiler.phases import HEADER_PREFIX, phase_file_name, render_phase_file
+from myelin.compiler.pipeline import CompiledModule, compile_module, import_graph
+from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
+from myelin.dtypes import numpy_dtype
 from myelin.errors import CompileError
 from myelin.frontends import DIRECT_INPUT_TYPES, FrontendRequest, frontend
+from plex.builder.jobs import CompileJob, EncodeJob, ImportJob, WeightsJob
+from plex.builder.records import (
+    COMPILE_META,
+    COMPILED_MODULE,
+    EXPORTED_DIR,
+    IMPORT_META,
+    IMPORTED_MODULE,
+    PHASES_DIR,
+    WEIGHTS_DIR,
+    WEIGHTS_INDEX,
+    codec_parts,
+    read_import_meta,
+    read_safetensors_header,
+    read_weights_index,
+)
 from plex.errors import BuildError
-
-IMPORTED_MODULE = "module.mlirbc"
-IMPORT_META = "import.json"
-EXPORTED_DIR = "exported"
-WEIGHTS_INDEX = "weights.json"
-WEIGHTS_DIR = "tensors"
-COMPILED_MODULE = "module.vmfb"
-COMPILE_META = "compile.json"
-PHASES_DIR = "phases"
+from synapse import NodeContext, step
 
 
-class BuildWarning(UserWarning):
-    """A build step succeeded but its result may be wrong (e.g. an op IREE is known to miscompute);
-    also recorded as `warnings` in the node's import.json."""
-
-
-def run_import(
-    out_dir: Path,
-    *,
-    request: FrontendRequest,
-    frontend_name: str,
-    min_parameter_bytes: int,
-    what: str,
-) -> None:
+@step(ImportJob)
+def run_import(job: ImportJob, ctx: NodeContext) -> None:
     """Frontend (torch/onnx/jax) to MLIR if needed, then IREE's input phase and weight export.
 
     Weights a frontend externalized and constants PLeX moved out of the IR both land in
     `exported/`, in the graph's own parameter scope.
     """
+    out_dir, what, frontend_name = ctx.out_dir, job.what, job.frontend
+    request = FrontendRequest(
+        source=job.source.path,
+        symbol=job.symbol,
+        module_name=job.module_name,
+        scope=job.scope,
+        entrypoints=job.entrypoints,
+        dynamic=job.dynamic,
+    )
     frontend_warnings: list[str] = []
     dim_names: dict[str, dict[int, str]] = {}
     try:
@@ -75,7 +76,7 @@ def run_import(
             input_type=input_type,
             module_name=request.module_name,
             scope=request.scope,
-            min_parameter_bytes=min_parameter_bytes,
+            min_parameter_bytes=job.min_parameter_bytes,
             what=what,
             source_name=f"{request.module_name}/{request.source.name}",
         )
@@ -107,10 +108,6 @@ def run_import(
     (out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
 
 
-def read_import_meta(out_dir: Path) -> dict:
-    return json.loads((out_dir / IMPORT_META).read_text())
-
-
 def _refuse_phase_file(source: Path, what: str) -> None:
     """IR saved at a later phase, given as a graph source, would go through the input pipeline
     again and silently miscompile; it must be resumed from its recorded phase instead."""
@@ -127,75 +124,18 @@ def _refuse_phase_file(source: Path, what: str) -> None:
         )
 
 
-# safetensors dtype -> numpy dtype name (the names myelin.dtypes uses)
-SAFETENSORS_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
-
-
-def read_safetensors_header(source: Path, *, what: str) -> list[dict]:
-    """The tensors of a safetensors file, sorted by key: key, dtype, shape and the absolute byte
-    range [begin, end), every range checked against the header and the file size."""
-    try:
-        size = source.stat().st_size
-        with source.open("rb") as f:
-            length = int.from_bytes(f.read(8), "little")
-            if not 2 <= length <= size - 8:
-                raise ValueError(f"header length {length} does not fit a {size}-byte file")
-            header = json.loads(f.read(length))
-    except (OSError, ValueError) as e:
-        raise BuildError(f"weights {what}: cannot read {source.name}: {e}") from e
-    if not isinstance(header, dict):
-        raise BuildError(f"weights {what}: {source.name} has no tensor table")
-    tensors = []
-    for key, entry in sorted(header.items()):
-        if key == "__metadata__":
-            continue
-        if isinstance(entry, dict) and entry.get("dtype") not in SAFETENSORS_DTYPES:
-            raise BuildError(
-                f"weights {what}: {source.name}: tensor '{key}' has dtype {entry.get('dtype')!r}, "
-                f"which PLeX does not read (accepted: {', '.join(SAFETENSORS_DTYPES)})"
-            )
-        try:
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-            shape = [int(d) for d in entry["shape"]]
-            begin, end = (8 + length + int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise BuildError(
-                f"weights {what}: {source.name}: tensor '{key}' has an unreadable entry: {e!r}"
-            ) from e
-        expected = itemsize(dtype) * int(np.prod(shape, dtype=np.int64))
-        if end - begin != expected or begin < 8 + length or end > size:
-            raise BuildError(
-                f"weights {what}: {source.name}: tensor '{key}' ({entry['dtype']}{shape}) "
-                f"claims bytes [{begin}, {end}) of a {size}-byte file; the file is corrupt"
-            )
-        tensors.append({"key": key, "dtype": dtype, "shape": shape, "begin": begin, "end": end})
-    return tensors
-
-
-def run_weights(out_dir: Path, *, source: Path, what: str) -> None:
+@step(WeightsJob)
+def run_weights(job: WeightsJob, ctx: NodeContext) -> None:
     """Split a safetensors file into one raw file per tensor (the .mln stores each as a
     page-aligned parameter section, streamed from these files).
 
     One tensor is in memory at a time (a codec's encode needs the whole tensor), so the step's
-    temporary memory is its largest tensor: `plex.build.plan.weights_temp_bytes`, which the
+    temporary memory is its largest tensor: `plex.builder.plan.weights_temp_bytes`, which the
     executor's memory budget (`[build] temp_memory`) schedules by. Each tensor's buffer is an
     anonymous mapping, returned to the OS as soon as the tensor is written (malloc would keep
     freed blocks of large tensors in per-thread arenas).
     """
+    out_dir, source, what = ctx.out_dir, job.source.path, job.what
     tensors_dir = out_dir / WEIGHTS_DIR
     tensors_dir.mkdir()
     index = []
@@ -226,24 +166,16 @@ def run_weights(out_dir: Path, *, source: Path, what: str) -> None:
     (out_dir / WEIGHTS_INDEX).write_text(json.dumps(index, indent=1, sort_keys=True))
 
 
-def read_weights_index(out_dir: Path) -> list[dict]:
-    return json.loads((out_dir / WEIGHTS_INDEX).read_text())
-
-
-def run_encode(
-    out_dir: Path,
-    *,
-    imported_dir: Path,
-    weights_dir: Path | None,
-    weights_scope: str | None,
-    policy: CodecPolicy,
-    what: str,
-) -> None:
+@step(EncodeJob)
+def run_encode(job: EncodeJob, ctx: NodeContext) -> None:
     """Apply weight codecs to an imported graph (myelin.codecs). Writes what an import node
     writes (module, import.json, exported/) for the compile nodes, with `parameters` now the
     stored parts, each `exported` entry carrying its scope, and `codecs`: one record per
     parameter (codec, why, logical and stored shapes). Parameters kept as they are still come
     from the import node or the weights node."""
+    out_dir, what, policy, weights_scope = ctx.out_dir, job.what, job.policy, job.weights_scope
+    imported_dir = ctx.output(job.imported)
+    weights_dir = ctx.output(job.weights) if job.weights is not None else None
     meta = read_import_meta(imported_dir)
     exported = {e["key"]: imported_dir / EXPORTED_DIR / e["file"] for e in meta["exported"]}
     tensors = (
@@ -320,19 +252,6 @@ def run_encode(
     )
 
 
-def codec_parts(meta: dict) -> dict[tuple[str, str], dict]:
-    """(scope, stored key) -> {"record": parameter record, "part": part or None} of an encode
-    node's meta; `part` is None for a parameter kept as it was (the record says why)."""
-    parts: dict[tuple[str, str], dict] = {}
-    for record in meta.get("codecs", []):
-        if record["codec"] == NO_CODEC:
-            parts[(record["scope"], record["key"])] = {"record": record, "part": None}
-            continue
-        for part in record["parts"]:
-            parts[(record["scope"], part["key"])] = {"record": record, "part": part}
-    return parts
-
-
 def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) -> list[str]:
     """The no-materialization check of an encoded graph for one variant's flags: one message
     per dispatch that writes a decoded weight on its own."""
@@ -354,33 +273,20 @@ def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) ->
     return [f"graph {what}: {m.message()}" for m in found]
 
 
-def run_compile(
-    out_dir: Path,
-    *,
-    imported_dir: Path,
-    devices: list[TargetDevice],
-    module_attributes: dict[str, str],
-    entrypoints: list[str] | None,
-    arg_names: dict[str, list[str]],
-    what: str,
-    extra_flags: tuple[str, ...] = (),
-    module_name: str | None = None,
-    export_only: tuple[str, ...] | None = None,
-    dump_phases: bool = False,
-    stop_at: str | None = None,
-    resume: PhaseFile | None = None,
-    phase_fields: dict[str, str] | None = None,
-    placement: list[tuple[str | None, str]] | None = None,
-) -> None:
+@step(CompileJob)
+def run_compile(job: CompileJob, ctx: NodeContext) -> None:
     """Compile one module for one variant: from the imported IR, or from a phase file (`resume`).
 
     `module_name`/`export_only` make a shard's module out of its graph's imported IR. With
     `dump_phases` or `stop_at`, the IR of each phase (or of `stop_at` alone) is written to
     `phases/` with its phase recorded (`phase_fields` go into the header); with `stop_at` no VM
-    bytecode is written.
+    bytecode is written. The footprint of each entrypoint (what a call allocates) is recorded
+    from the same compile's Stream IR.
     """
+    out_dir, what, resume, stop_at = ctx.out_dir, job.what, job.resume, job.stop_at
+    imported_dir = ctx.output(job.source)
     meta = read_import_meta(imported_dir)
-    functions = entrypoints if entrypoints is not None else meta["functions"]
+    functions = list(job.entrypoints) if job.entrypoints is not None else meta["functions"]
     missing = [f for f in functions if f not in meta["functions"]]
     if missing:
         raise BuildError(
@@ -389,49 +295,32 @@ def run_compile(
         )
     phases_dir = out_dir / PHASES_DIR
     on_phase = None
-    if dump_phases or stop_at is not None:
+    if job.dump_phases or stop_at is not None:
         phases_dir.mkdir()
 
         def on_phase(phase: str, text: str) -> None:
-            if dump_phases or phase == stop_at:
-                page = render_phase_file(text, {"phase": phase, **(phase_fields or {})})
+            if job.dump_phases or phase == stop_at:
+                page = render_phase_file(text, {"phase": phase, **job.phase_fields})
                 (phases_dir / phase_file_name(phase)).write_text(page, encoding="utf-8")
 
     try:
-        placed = resolve_placement(
-            placement or [], meta["functions"], [d.name for d in devices], what=what
+        if resume is None and meta["phase"] != "input":
+            raise CompileError(f"imported IR is at phase '{meta['phase']}', not 'input'")
+        compiled = compile_module(
+            resume.text if resume is not None else (imported_dir / IMPORTED_MODULE).read_bytes(),
+            phase=resume.phase if resume is not None else meta["phase"],
+            devices=job.devices,
+            cancellable=job.cancellable,
+            favor=job.favor if resume is None else DEFAULT_FAVOR,  # a phase file has its own
+            functions=functions,
+            arg_names=job.arg_names,
+            module_name=job.module_name if resume is None else None,
+            export_only=job.export_only if resume is None else None,
+            stop_at=stop_at,
+            on_phase=on_phase,
+            placement=job.placement,
+            what=what,
         )
-        if resume is not None:
-            compiled = compile_module(
-                resume.text,
-                phase=resume.phase,
-                devices=devices,
-                extra_flags=extra_flags,
-                functions=functions,
-                arg_names=arg_names,
-                stop_at=stop_at,
-                on_phase=on_phase,
-                placement=placed,
-                what=what,
-            )
-        else:
-            if meta["phase"] != "input":
-                raise CompileError(f"imported IR is at phase '{meta['phase']}', not 'input'")
-            compiled = compile_module(
-                (imported_dir / IMPORTED_MODULE).read_bytes(),
-                phase=meta["phase"],
-                devices=devices,
-                extra_flags=extra_flags,
-                module_attributes=module_attributes,
-                functions=functions,
-                arg_names=arg_names,
-                module_name=module_name,
-                export_only=export_only,
-                stop_at=stop_at,
-                on_phase=on_phase,
-                placement=placed,
-                what=what,
-            )
         codec_violations = (
             _codec_check(meta, imported_dir, list(compiled.flags), what)
             if stop_at is None and resume is None and meta.get("codecs")
@@ -452,11 +341,12 @@ def run_compile(
         json.dumps(
             {
                 "flags": list(compiled.flags),
-                "module_attributes": module_attributes,
+                "module_attributes": favor_attributes(job.favor),
                 "signatures": signatures,
-                "module": module_name or "",
+                "footprints": _footprints(job, compiled, functions),
+                "module": job.module_name or "",
                 "stopped_at": stop_at,
-                "devices": compiled.devices,
+                "function_devices": compiled.function_devices,
                 "resumed_from": resume.phase if resume is not None else None,
                 "functions": functions,
                 "warnings": list(compiled.warnings),
@@ -468,15 +358,17 @@ def run_compile(
     )
 
 
-def read_compile_meta(out_dir: Path) -> dict:
-    return json.loads((out_dir / COMPILE_META).read_text())
-
-
-def parameter_ref(data: dict) -> ParameterRef:
-    return ParameterRef(
-        scope=data["scope"],
-        key=data["key"],
-        dtype=data["dtype"],
-        shape=tuple(data["shape"]),
-        global_name=data["global_name"],
-    )
+def _footprints(job: CompileJob, compiled: CompiledModule, functions: list[str]) -> dict:
+    """Entrypoint -> its recorded footprint (the `memory` field of the .mln), or why unknown, so
+    that a memory budget refuses rather than guesses."""
+    why = compiled.footprints_unknown
+    if job.resume is not None and why is None:
+        why = f"resumed from an edited '{job.resume.phase}' phase file"
+    if why is None and len(job.devices) > 1:
+        why = "memory plans of multi-device variants are not derived yet"
+    return {
+        fn: {"unknown": why}
+        if why is not None or fn not in compiled.footprints
+        else compiled.footprints[fn].to_json()
+        for fn in functions
+    }

@@ -1,0 +1,41 @@
+"""Targets and drivers: which IREE compiler target runs on which runtime HAL driver.
+
+One table for the compiler (`myelin.compiler.targets`), the runtime (`myelin.runtime`) and the
+manifest schema (`plex.manifest`), whose accepted values are derived from it. Standard library
+only: the runtime imports it on devices without the compiler.
+"""
+
+from __future__ import annotations
+
+# target -> (HAL device kind in --iree-hal-target-device, drivers that run its code: the first
+# is the default)
+TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llvm-cpu": ("local", ("local-task", "local-sync")),
+    "vmvx": ("local", ("local-task", "local-sync")),
+    "cuda": ("cuda", ("cuda",)),
+    "vulkan-spirv": ("vulkan", ("vulkan",)),
+    "rocm": ("hip", ("hip",)),
+    "metal-spirv": ("metal", ("metal",)),
+}
+DRIVERS: tuple[str, ...] = tuple(dict.fromkeys(d for _, ds in TARGETS.values() for d in ds))
+# Drivers whose device memory is the host's: their buffers map into numpy without a copy.
+HOST_DRIVERS = frozenset({"local-task", "local-sync"})
+
+# IREE 3.13 has no sm_90 entry in its CUDA target table (see docs/platforms.md); sm_80 PTX is
+# JIT-compiled by the driver on Hopper.
+DEFAULT_CUDA_ARCH = "sm_80"
+
+# target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
+TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
+    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False},
+    "vmvx": {},
+    "cuda": {"arch": DEFAULT_CUDA_ARCH},
+    "vulkan-spirv": {},
+    "rocm": {"arch": None},
+    "metal-spirv": {},
+}
+assert set(TARGET_OPTIONS) == set(TARGETS)
+
+
+def default_driver(target: str) -> str:
+    return TARGETS[target][1][0]

@@ -1,0 +1,392 @@
+"""Link: the decisions only the steps' records can tell, made once, as a cached node.
+
+What a module imports from another, which functions it exports and with which signatures, and
+which parameters it reads are known only after import and compile ran. From those records the
+link step decides the VM registration order (callee first), the entrypoint names (a name two
+modules export stays reachable as `module.function`), binds every parameter to its data
+(checked against what the graph asks for, so a mismatch is a build error, never a wrong answer
+at run time), and writes the artifact manifest plus the list of sections for compose to pack.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from myelin.dtypes import itemsize
+from myelin.mln import module_section_name, parameter_section_name
+from plex.builder.jobs import ImportedGraph, LinkJob, ModuleLink, WeightsSource
+from plex.builder.records import (
+    COMPILED_MODULE,
+    EXPORTED_DIR,
+    WEIGHTS_DIR,
+    codec_parts,
+    read_compile_meta,
+    read_import_meta,
+    read_weights_index,
+    source_digest,
+)
+from plex.errors import BuildError
+from synapse import NodeContext, step
+
+# What the link step writes.
+LINKED_MANIFEST = "manifest.json"
+LINKED_SECTIONS = "sections.json"  # [{"name", "kind", "node", "file"}] in file order
+LINKED_WARNINGS = "warnings.json"  # {"notes": [...], "violations": [...]}
+
+# Modules the runtime registers itself, ahead of the app's modules.
+RUNTIME_MODULES = ("hal", "io_parameters")
+
+
+class _Outputs:
+    """Node outputs as (node id, path) pairs: paths for reading here, ids for compose."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    def dir(self, node_id: str) -> Path:
+        return self.ctx.dep_outputs[node_id]
+
+    def file(self, node_id: str, path: Path) -> dict:
+        return {"node": node_id, "file": path.relative_to(self.dir(node_id)).as_posix()}
+
+
+@step(LinkJob)
+def run_link(job: LinkJob, ctx: NodeContext) -> None:
+    outputs = _Outputs(ctx)
+    notes, violations = _recorded_warnings(job, outputs)
+    manifest, sections = _artifact_manifest(job, outputs)
+    (ctx.out_dir / LINKED_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    (ctx.out_dir / LINKED_SECTIONS).write_text(json.dumps(sections, indent=1))
+    (ctx.out_dir / LINKED_WARNINGS).write_text(
+        json.dumps({"notes": notes, "violations": violations}, indent=1)
+    )
+
+
+def read_link(out_dir: Path) -> tuple[dict, list[dict], dict]:
+    """(manifest, sections, warnings) as the link step wrote them."""
+    return (
+        json.loads((out_dir / LINKED_MANIFEST).read_text()),
+        json.loads((out_dir / LINKED_SECTIONS).read_text()),
+        json.loads((out_dir / LINKED_WARNINGS).read_text()),
+    )
+
+
+def _recorded_warnings(job: LinkJob, outputs: _Outputs) -> tuple[list[str], list[str]]:
+    """(frontend and codec warnings, no-materialization violations), read from the import,
+    encode and compile records so that a cached build reports them again."""
+    notes: list[str] = []
+    for graph in job.graphs:
+        meta = read_import_meta(outputs.dir(graph.imported.node_id))
+        notes += [f"graph {graph.ref}: {w}" for w in meta.get("warnings", [])]
+    for graph in job.graphs:
+        if graph.encoded is not None:
+            meta = read_import_meta(outputs.dir(graph.encoded.node_id))
+            notes += [f"graph {graph.ref}: {w}" for w in meta.get("codec_warnings", [])]
+    violations: list[str] = []
+    for module in job.modules:
+        for variant, compiled in zip(job.variants, module.compiled, strict=True):
+            found = read_compile_meta(outputs.dir(compiled.node_id)).get("codec_violations", [])
+            violations += [f"{v} [variant {variant.name}]" for v in found]
+    return notes, violations
+
+
+def _parameter_sources(
+    job: LinkJob, outputs: _Outputs
+) -> tuple[dict[tuple[str, str], dict], dict[str, list[str]]]:
+    """(scope, key) -> {dtype, shape, file: {node, file}, codec}; plus imported graph ref ->
+    scopes it reads. Shards of one graph, and graphs that share a weights package, read the
+    same (scope, key): it is stored once."""
+    params: dict[tuple[str, str], dict] = {}
+    scopes_by_graph: dict[str, list[str]] = {}
+    for graph in job.graphs:
+        imported_id = graph.imported.node_id
+        meta = read_import_meta(outputs.dir(imported_id))
+        folder = outputs.dir(imported_id) / EXPORTED_DIR
+        exported = {
+            (meta["exported_scope"], e["key"]): (imported_id, folder / e["file"])
+            for e in meta["exported"]
+        }
+        parameters, codecs = meta["parameters"], {}
+        if graph.encoded is not None:  # weight codecs: the stored parts replace them
+            encoded_id = graph.encoded.node_id
+            encode_meta = read_import_meta(outputs.dir(encoded_id))
+            parameters, codecs = encode_meta["parameters"], codec_parts(encode_meta)
+            folder = outputs.dir(encoded_id) / EXPORTED_DIR
+            exported.update(
+                {(e["scope"], e["key"]): (encoded_id, folder / e["file"])
+                 for e in encode_meta["exported"]}
+            )
+        weights = _weights_tensors(graph.weights, outputs)
+        scopes: list[str] = []
+        for p in parameters:
+            scope, key = p["scope"], p["key"]
+            if (scope, key) in exported:
+                node_id, path = exported[(scope, key)]
+            else:
+                node_id, path = _bind_named_parameter(graph, p, weights)
+            expected = itemsize(p["dtype"]) * _count(p["shape"])
+            size = path.stat().st_size
+            if size != expected:
+                raise BuildError(
+                    f"graph {graph.ref}: parameter {scope}::{key} needs {expected} bytes "
+                    f"({p['dtype']}{p['shape']}), its data has {size}"
+                )
+            params.setdefault(
+                (scope, key),
+                {
+                    "dtype": p["dtype"],
+                    "shape": p["shape"],
+                    "file": outputs.file(node_id, path),
+                    "length": size,
+                    "codec": codecs.get((scope, key)),
+                },
+            )
+            if scope not in scopes:
+                scopes.append(scope)
+        scopes_by_graph[graph.ref] = scopes
+    return params, scopes_by_graph
+
+
+def _count(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _weights_tensors(weights: WeightsSource | None, outputs: _Outputs) -> dict[str, dict] | None:
+    if weights is None:
+        return None
+    folder = outputs.dir(weights.output.node_id)
+    return {
+        t["key"]: {**t, "path": folder / WEIGHTS_DIR / t["file"]}
+        for t in read_weights_index(folder)
+    }
+
+
+def _bind_named_parameter(
+    graph: ImportedGraph, p: dict, tensors: dict[str, dict] | None
+) -> tuple[str, Path]:
+    scope, key = p["scope"], p["key"]
+    weights = graph.weights
+    if tensors is None or weights is None:
+        raise BuildError(
+            f"graph {graph.ref} reads parameter {scope}::{key} but declares no weights with a "
+            f'source; add `weights = "<package>:<name>"` to [graph.{graph.name}]'
+        )
+    if scope != weights.scope:
+        raise BuildError(
+            f"graph {graph.ref} reads parameter {scope}::{key}, but its weights "
+            f"{weights.ref} have scope '{weights.scope}'; set scope = \"{scope}\" "
+            f"in [weights.{weights.name}] or change the graph"
+        )
+    tensor = tensors.get(key)
+    if tensor is None:
+        import difflib
+
+        close = difflib.get_close_matches(key, tensors, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise BuildError(
+            f"graph {graph.ref} reads parameter {scope}::{key}, which weights "
+            f"{weights.ref} ({weights.file}) does not have{hint}"
+        )
+    if tensor["dtype"] != p["dtype"] or list(tensor["shape"]) != list(p["shape"]):
+        raise BuildError(
+            f"graph {graph.ref} reads parameter {scope}::{key} as {p['dtype']}{list(p['shape'])}"
+            f", but weights {weights.ref} hold {tensor['dtype']}{list(tensor['shape'])}"
+        )
+    return weights.output.node_id, tensor["path"]
+
+
+def _named_dims(
+    function: str,
+    inputs: list[dict],
+    dynamic: Mapping[str, Mapping[int, str]],
+    source_dims: Mapping[str, Mapping[str, str]],
+) -> list[dict]:
+    """The inputs with their dynamic dims named as the manifest's `dynamic` names them
+    (`input_ids: int64[batch, seq]`), else as the source names them (an ONNX dim_param, from
+    the import record), instead of the compiler's `<arg>.<axis>`; an `"entrypoint.argument"`
+    key wins over a plain `"argument"` one. The runtime checks that dims of one name have one
+    size in a call."""
+    named = []
+    for spec in inputs:
+        from_source = {int(a): n for a, n in source_dims.get(spec["name"], {}).items()}
+        names = dynamic.get(f"{function}.{spec['name']}", dynamic.get(spec["name"], from_source))
+        dims = [
+            names.get(axis, d) if spec["shape"][axis] is None else d
+            for axis, d in enumerate(spec.get("dims", []))
+        ]
+        named.append({**spec, "dims": dims} if names else spec)
+    return named
+
+
+def ordered_modules(job: LinkJob, outputs: _Outputs) -> list[ModuleLink]:
+    """The app's modules in VM registration order: each after the modules it imports functions
+    from (a shard calling `@other_shard.fn`), otherwise in manifest order."""
+    by_name = {m.name: m for m in job.modules}
+    needs: dict[str, list[str]] = {}
+    for module in job.modules:
+        imports = read_import_meta(outputs.dir(module.imported.node_id)).get("imports", [])
+        needs[module.name] = [m for m in imports if m != module.name]
+        for other in needs[module.name]:
+            if other not in by_name and other not in RUNTIME_MODULES:
+                raise BuildError(
+                    f"{module.ref} calls functions of VM module '{other}', which this app does "
+                    f"not build (its modules: {', '.join(by_name)}); a shard's module is named "
+                    "<graph>_<shard>"
+                )
+    ordered: list[ModuleLink] = []
+    state: dict[str, str] = {}  # name -> "visiting" | "done"
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            cycle = " -> ".join([*path[path.index(name) :], name])
+            raise BuildError(f"VM modules import each other in a cycle: {cycle}; break it")
+        state[name] = "visiting"
+        for dep in needs[name]:
+            if dep in by_name:
+                visit(dep, [*path, name])
+        state[name] = "done"
+        ordered.append(by_name[name])
+
+    for module in job.modules:
+        visit(module.name, [])
+    return ordered
+
+
+def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict]]:
+    """The .mln manifest plus the sections to write, module sections first, in order."""
+    params, scopes_by_graph = _parameter_sources(job, outputs)
+    sections: list[dict] = []
+    variants = []
+    modules = ordered_modules(job, outputs)
+    # the source's own names of dynamic dims (ONNX dim_param), per module; the same in all variants
+    source_dims = {
+        m.name: read_import_meta(outputs.dir(m.imported.node_id)).get("dim_names", {})
+        for m in modules
+    }
+    for index, variant in enumerate(job.variants):
+        records, entrypoints, scopes = [], [], []
+        metas = {m.name: read_compile_meta(outputs.dir(m.compiled[index].node_id)) for m in modules}
+        counts: dict[str, int] = {}
+        for module in modules:
+            for fn in metas[module.name]["signatures"]:
+                counts[fn] = counts.get(fn, 0) + 1
+        for module in modules:
+            section = module_section_name(variant.name, module.name)
+            compiled_id = module.compiled[index].node_id
+            sections.append(
+                {
+                    "name": section,
+                    "kind": "module",
+                    **outputs.file(compiled_id, outputs.dir(compiled_id) / COMPILED_MODULE),
+                }
+            )
+            records.append({"name": module.name, "section": section})
+            meta = metas[module.name]
+            for fn, sig in meta["signatures"].items():
+                # A name two modules export stays reachable as `module.function`.
+                name = fn if counts[fn] == 1 else f"{module.name}.{fn}"
+                entry = {
+                    "name": name,
+                    "module": module.name,
+                    "function": fn,
+                    "inputs": _named_dims(
+                        fn, sig["inputs"], module.dynamic, source_dims[module.name]
+                    ),
+                    "outputs": sig["outputs"],
+                    "memory": meta["footprints"].get(fn, {"unknown": "no memory plan"}),
+                }
+                device = meta["function_devices"].get(fn)
+                if device is not None:  # where it runs: the placement, else the first device
+                    entry["device"] = device
+                entrypoints.append(entry)
+            for s in scopes_by_graph[module.imported_ref]:
+                if s not in scopes:
+                    scopes.append(s)
+        variants.append(
+            {
+                "name": variant.name,
+                "devices": [
+                    {
+                        "name": d.name,
+                        "target": d.target,
+                        "driver": d.driver,
+                        "options": dict(d.options),
+                        "requires": dict(d.requires),
+                    }
+                    for d in variant.devices
+                ],
+                "modules": records,
+                "entrypoints": entrypoints,
+                "parameter_scopes": scopes,
+                "flags": list(variant.flags),
+                "module_attributes": dict(variant.module_attributes),
+            }
+        )
+    parameters = []
+    for (scope, key), p in sorted(params.items()):
+        section = parameter_section_name(scope, key)
+        sections.append({"name": section, "kind": "parameter", **p["file"]})
+        parameters.append(
+            {
+                "scope": scope,
+                "key": key,
+                "section": section,
+                "offset": 0,
+                "length": p["length"],
+                "codec": "none",
+                "dtype": p["dtype"],
+                "shape": list(p["shape"]),
+                "layout": "dense",
+                **_codec_fields(p["codec"]),
+            }
+        )
+    manifest = {
+        "app": dict(job.app),
+        "policies": dict(job.policies),
+        "variants": variants,
+        "parameters": parameters,
+        "tuning": None,
+        "provenance": {
+            **{f"{k.replace('-', '_')}_version": v for k, v in job.versions.items()},
+            "sources": {g.ref: source_digest(g.source.path) for g in job.graphs},
+            "packages": dict(job.packages),
+            "favor": job.favor,
+        },
+    }
+    return manifest, sections
+
+
+def _codec_fields(codec: dict | None) -> dict:
+    """Manifest fields of a stored part of an encoded parameter (docs/mln-format.md): the data
+    part carries the parameter's codec, logical dtype and shape and the rule that chose the
+    codec; a scale or zero part names the parameter it belongs to (`of`)."""
+    if codec is None:
+        return {}
+    record, part = codec["record"], codec["part"]
+    if part is None:  # kept as it was; say why
+        return {"rule": record["reason"]}
+    fields = {
+        "codec": record["codec"],
+        "layout": record["layout"],
+        "role": part["role"],
+        "storage": {"dtype": part["dtype"], "shape": part["shape"]},
+    }
+    if part["role"] == "data":
+        fields.update(
+            dtype=record["dtype"],
+            shape=record["shape"],
+            rule=record["reason"],
+            reduce_axes=record["reduce_axes"],
+            order=record.get("order", []),
+        )
+    else:
+        fields.update(dtype=part["dtype"], shape=part["shape"], of=record["key"])
+    return fields
+

@@ -1,0 +1,463 @@
+"""Plan: a resolved app becomes SYNaPSe nodes holding jobs (pure data; every decision is made here).
+
+Node ids:  weights:<pkg>:<name>   import:<pkg>:<unit>   encode:<pkg>:<unit> (only where a codec
+           policy applies)   compile:<pkg>:<module>:<variant>   link (the artifact manifest)
+           compose (writes the .mln)   phases (writes --dump-phases / --compile-to IR)
+
+A graph is one VM module named after it, or, with `shards`, one module per shard named
+`<graph>_<shard>`. A shard with its own source file has its own import node (id: its module
+name), so a change to that file re-imports and recompiles only that shard; shards that split the
+graph's source by entrypoint share the graph's import node and differ only at compile time.
+
+What a node's key covers is its job's fields (plex.builder.jobs): nothing is listed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from myelin import hostinfo
+from myelin.codecs import FORMAT_VERSION as CODECS_FORMAT
+from myelin.codecs import NO_CODEC, CodecPolicy, CodecRule
+from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
+from myelin.compiler.phases import PhaseFile
+from myelin.compiler.scheduling import favor_attributes
+from myelin.compiler.targets import TargetDevice
+from plex.builder import records
+from plex.builder.jobs import (
+    CompileJob,
+    ComposeJob,
+    DeviceLink,
+    EncodeJob,
+    ImportedGraph,
+    ImportJob,
+    LinkJob,
+    ModuleLink,
+    PhasesJob,
+    VariantLink,
+    WeightsJob,
+    WeightsSource,
+)
+from plex.builder.versions import versions
+from plex.errors import BuildError
+from plex.manifest import AppSpec, DeviceSpec, GraphSpec, ShardSpec, VariantSpec, WeightsSpec
+from synapse import InputFile, InputTree, Node, Output, Plan, json_digest
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What the user asked of one build, beyond the manifest.
+
+    output: the .mln; with `compile_to`, a folder of IR files (or one `.mlir` file when the app
+    has a single module and variant).
+    dump_phases: also write the IR of every phase of every module and variant under this folder.
+    compile_to: stop every compile after this phase and write its IR instead of a .mln.
+    resume: phase files to compile from instead of the imported IR, one per module and variant.
+    """
+
+    output: Path
+    strict: bool = False  # codec check violations are errors, not warnings
+    dump_phases: Path | None = None
+    compile_to: str | None = None
+    resume: tuple[PhaseFile, ...] = field(default=(), hash=False)
+
+
+def target_device(device: DeviceSpec) -> TargetDevice:
+    return TargetDevice(
+        name=device.name,
+        target=device.target,
+        cpu=device.cpu,
+        cpu_features=device.cpu_features,
+        arch=device.arch,
+        data_tiling=device.data_tiling,
+    )
+
+
+def device_requirements(device: DeviceSpec) -> dict:
+    """What the runtime must find to run code compiled for this device."""
+    if device.target == "llvm-cpu" and (device.cpu or "host") == "host":
+        return {"cpu_flags": sorted(hostinfo.cpu_flags()), "machine": hostinfo.machine()}
+    return {}
+
+
+def app_variant_flags(app: AppSpec, variant: VariantSpec) -> list[str]:
+    return variant_flags([target_device(d) for d in variant.devices], cancellable=app.cancellable)
+
+
+def graph_scope(graph: GraphSpec) -> str:
+    """Parameter scope of a graph's inline constants: unique per graph, so two graphs'
+    `constant_0` never collide in one artifact."""
+    return f"{graph.package}.{graph.name}"
+
+
+def weights_node_id(weights: WeightsSpec) -> str:
+    return f"weights:{weights.package}:{weights.name}"
+
+
+def import_node_id(graph: GraphSpec) -> str:
+    return f"import:{graph.package}:{graph.name}"
+
+
+def encode_node_id(graph: GraphSpec) -> str:
+    return f"encode:{graph.package}:{graph.name}"
+
+
+def codec_policy(app: AppSpec, graph: GraphSpec) -> CodecPolicy:
+    """The codec intent for a graph's parameters: the default codec of the weights it reads,
+    then the app's `[weights.codec]` globs (myelin.codecs._policy says how they combine)."""
+    weights = graph.weights
+    return CodecPolicy(
+        default=weights.codec if weights is not None else NO_CODEC,
+        default_from=f"[weights.{weights.name}] of package {weights.package}" if weights else "",
+        rules=tuple(CodecRule(pattern, codec) for pattern, codec in app.codecs),
+    )
+
+
+def module_source_id(app: AppSpec, graph: GraphSpec) -> str:
+    """The node holding an imported graph's input-phase IR and parameter list for compiling:
+    its encode node when a codec may apply, else its import node."""
+    return import_node_id(graph) if codec_policy(app, graph).trivial else encode_node_id(graph)
+
+
+@dataclass(frozen=True)
+class ModuleUnit:
+    """One VM module of the artifact: an unsharded graph, or one shard of a graph."""
+
+    graph: GraphSpec  # as declared in the manifest
+    shard: ShardSpec | None
+    imported: GraphSpec  # what its import node imports: the graph, or its shard's own source
+
+    @property
+    def name(self) -> str:
+        """The VM module name; unique in the artifact."""
+        return self.graph.name if self.shard is None else f"{self.graph.name}_{self.shard.name}"
+
+    @property
+    def ref(self) -> str:
+        """`package:graph` or `package:graph.shard`, for messages."""
+        return self.graph.ref if self.shard is None else f"{self.graph.ref}.{self.shard.name}"
+
+    @property
+    def entrypoints(self) -> tuple[str, ...] | None:
+        return self.graph.entrypoints if self.shard is None else self.shard.entrypoints
+
+    @property
+    def export_only(self) -> tuple[str, ...] | None:
+        """A shard that splits its graph's source exports only its entrypoints."""
+        if self.shard is None or self.shard.own_source:
+            return None
+        return self.shard.entrypoints
+
+
+def shard_graph(graph: GraphSpec, shard: ShardSpec) -> GraphSpec:
+    """A shard with its own source, as a graph its import node can import like any other: it
+    takes the module name `<graph>_<shard>` and its own parameter scope for inline constants."""
+    return replace(
+        graph,
+        ref=f"{graph.ref}.{shard.name}",
+        name=f"{graph.name}_{shard.name}",
+        source=shard.source,
+        source_symbol=shard.source_symbol,
+        frontend=shard.frontend,
+        entrypoints=shard.entrypoints,
+        shards=(),
+    )
+
+
+def module_units(app: AppSpec) -> list[ModuleUnit]:
+    """Every VM module of the app, in manifest order; module names are checked to be unique."""
+    units: list[ModuleUnit] = []
+    for graph in app.graphs:
+        if not graph.shards:
+            units.append(ModuleUnit(graph, None, graph))
+        for shard in graph.shards:
+            imported = shard_graph(graph, shard) if shard.own_source else graph
+            units.append(ModuleUnit(graph, shard, imported))
+    seen: dict[str, ModuleUnit] = {}
+    for unit in units:
+        other = seen.setdefault(unit.name, unit)
+        if other is not unit:
+            raise BuildError(
+                f"{other.ref} and {unit.ref} both compile to VM module '{unit.name}'; "
+                "rename a graph or shard so that module names stay unique"
+            )
+    return units
+
+
+def import_units(app: AppSpec) -> list[GraphSpec]:
+    """What the import nodes import, each once: unsharded graphs, graphs whose source shards
+    split, and shards with their own source (as graphs, see `shard_graph`)."""
+    return list({u.imported.ref: u.imported for u in module_units(app)}.values())
+
+
+def compile_node_id(unit: ModuleUnit, variant: VariantSpec) -> str:
+    return f"compile:{unit.graph.package}:{unit.name}:{variant.name}"
+
+
+LINK_NODE = "link"
+COMPOSE_NODE = "compose"
+PHASES_NODE = "phases"
+
+
+def phase_fields(unit: ModuleUnit, variant: VariantSpec, app: AppSpec) -> dict[str, str]:
+    """What a phase file written for this module and variant records (and a resume checks)."""
+    flags = {
+        "flags": app_variant_flags(app, variant),
+        "module_attributes": favor_attributes(app.favor),
+    }
+    source = unit.imported.source
+    assert source is not None
+    return {
+        "module": unit.name,
+        "variant": variant.name,
+        "flags": json_digest(flags),
+        "source": records.source_digest(source),
+    }
+
+
+def weights_temp_bytes(weights: WeightsSpec) -> int:
+    """Peak temporary memory of encoding these weights: one tensor is held at a time."""
+    if weights.source is None or weights.format != "safetensors":
+        return 0
+    tensors = records.read_safetensors_header(weights.source, what=weights.ref)
+    return max((t["end"] - t["begin"] for t in tensors), default=0)
+
+
+def placement_rules(app: AppSpec, unit: ModuleUnit) -> tuple[tuple[str | None, str], ...]:
+    """The `[placement]` rules about this module, as (function glob or None, device), in file
+    order; the compile applies them to the module's functions (myelin.compiler.placement)."""
+    return tuple(
+        (rule.function_glob, rule.device)
+        for rule in app.placement
+        if rule.names_module(unit.graph.name, unit.name)
+    )
+
+
+def _weights_of(graph: GraphSpec) -> WeightsSpec | None:
+    return graph.weights if graph.weights is not None and graph.weights.source else None
+
+
+def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
+    """The build's nodes: weights, import, encode, compile per variant, then link and compose
+    (or phases, for --dump-phases / --compile-to)."""
+    nodes: list[Node] = []
+    weights_seen: dict[str, WeightsSpec] = {}
+    for graph in app.graphs:
+        weights = _weights_of(graph)
+        if weights is not None:
+            weights_seen.setdefault(weights_node_id(weights), weights)
+    for node_id, weights in weights_seen.items():
+        assert weights.source is not None
+        job = WeightsJob(InputFile(weights.source), weights.format or "", weights.ref)
+        label = f"weights {weights.ref}"
+        nodes.append(Node(node_id, job, label=label, memory=weights_temp_bytes(weights)))
+    package_dirs = {p.name: p.path for p in app.packages}
+    for graph in import_units(app):
+        nodes.append(_import_node(graph, package_dirs[graph.package]))
+    for graph in import_units(app):
+        policy = codec_policy(app, graph)
+        if not policy.trivial:
+            nodes.append(_encode_node(graph, policy))
+    resume = _resume_files(app, request)
+    compiled: list[tuple[ModuleUnit, VariantSpec, str]] = []
+    for unit in module_units(app):
+        for variant in app.variants:
+            node = _compile_node(app, request, unit, variant, resume.get((unit.name, variant.name)))
+            nodes.append(node)
+            compiled.append((unit, variant, node.id))
+    if request.dump_phases is not None or request.compile_to is not None:
+        target = request.dump_phases if request.compile_to is None else request.output
+        assert target is not None
+        job = PhasesJob(
+            compiled=tuple((u.name, v.name, Output(i)) for u, v, i in compiled),
+            single_file=request.compile_to is not None and target.suffix == ".mlir",
+            target=target,
+        )
+        label = f"write IR phases to {target.name}"
+        nodes.append(Node(PHASES_NODE, job, label=label, cacheable=False))
+    if request.compile_to is None:
+        nodes.append(Node(LINK_NODE, _link_job(app), label="link the artifact manifest"))
+        compose = ComposeJob(
+            link=Output(LINK_NODE),
+            sections=tuple(Output(n.id) for n in nodes if n.kind in ("weights", "import",
+                                                                      "encode", "compile")),
+            strict=request.strict,
+            output=request.output,
+        )
+        label = f"compose {request.output.name}"
+        nodes.append(Node(COMPOSE_NODE, compose, label=label, cacheable=False))
+    return Plan(nodes)
+
+
+def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
+    assert graph.source is not None
+    job = ImportJob(
+        source=InputFile(graph.source),
+        frontend=graph.frontend,
+        symbol=graph.source_symbol,
+        module_name=graph.name,
+        scope=graph_scope(graph),
+        entrypoints=graph.entrypoints,
+        dynamic={k: dict(v) for k, v in graph.dynamic.items()},
+        min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES,
+        python_sources=InputTree(package_dir, ".py") if graph.source_symbol is not None else None,
+        what=graph.ref,
+    )
+    return Node(import_node_id(graph), job, label=f"import {graph.ref}", heavy=True)
+
+
+def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
+    weights = _weights_of(graph)
+    job = EncodeJob(
+        imported=Output(import_node_id(graph)),
+        weights=Output(weights_node_id(weights)) if weights is not None else None,
+        weights_scope=weights.scope if weights is not None else None,
+        policy=policy,
+        codecs_format=CODECS_FORMAT,
+        what=graph.ref,
+    )
+    return Node(encode_node_id(graph), job, label=f"encode weights of {graph.ref}", heavy=True)
+
+
+def _compile_node(
+    app: AppSpec,
+    request: BuildRequest,
+    unit: ModuleUnit,
+    variant: VariantSpec,
+    resume: PhaseFile | None,
+) -> Node:
+    job = CompileJob(
+        source=Output(module_source_id(app, unit.imported)),
+        devices=tuple(target_device(d) for d in variant.devices),
+        requirements=tuple(device_requirements(d) for d in variant.devices),
+        cancellable=app.cancellable,
+        favor=app.favor,
+        entrypoints=unit.entrypoints,
+        arg_names={k: list(v) for k, v in unit.graph.arg_names.items()},
+        module_name=unit.name if unit.shard is not None else None,
+        export_only=unit.export_only,
+        placement=placement_rules(app, unit),
+        dump_phases=request.dump_phases is not None,
+        stop_at=request.compile_to,
+        resume=replace(resume, path=None) if resume is not None else None,
+        phase_fields=phase_fields(unit, variant, app),
+        what=f"{unit.ref} ({variant.name})",
+    )
+    label = f"compile {unit.ref} for {variant.name}"
+    return Node(compile_node_id(unit, variant), job, label=label, heavy=True)
+
+
+def _link_job(app: AppSpec) -> LinkJob:
+    graphs = []
+    for graph in import_units(app):
+        weights = _weights_of(graph)
+        assert graph.source is not None
+        graphs.append(
+            ImportedGraph(
+                ref=graph.ref,
+                name=graph.name,
+                imported=Output(import_node_id(graph)),
+                encoded=None if codec_policy(app, graph).trivial else Output(encode_node_id(graph)),
+                weights=WeightsSource(
+                    Output(weights_node_id(weights)),
+                    weights.ref,
+                    weights.scope,
+                    weights.name,
+                    weights.source.name if weights.source else "",
+                )
+                if weights is not None
+                else None,
+                source=InputFile(graph.source),
+            )
+        )
+    modules = tuple(
+        ModuleLink(
+            name=unit.name,
+            ref=unit.ref,
+            imported_ref=unit.imported.ref,
+            imported=Output(import_node_id(unit.imported)),
+            compiled=tuple(Output(compile_node_id(unit, v)) for v in app.variants),
+            dynamic={k: dict(v) for k, v in unit.graph.dynamic.items()},
+        )
+        for unit in module_units(app)
+    )
+    variants = tuple(
+        VariantLink(
+            name=variant.name,
+            devices=tuple(
+                DeviceLink(
+                    name=d.name,
+                    target=d.target,
+                    driver=d.driver,
+                    options={
+                        k: v
+                        for k, v in (
+                            ("cpu", d.cpu),
+                            ("cpu_features", d.cpu_features),
+                            ("data_tiling", d.data_tiling),
+                            ("arch", d.arch),
+                        )
+                        if v
+                    },
+                    requires=device_requirements(d),
+                )
+                for d in variant.devices
+            ),
+            flags=tuple(app_variant_flags(app, variant)),
+            module_attributes=favor_attributes(app.favor),
+        )
+        for variant in app.variants
+    )
+    profile = app.profile
+    policies = {
+        "residency": app.residency,
+        "memory_budget": app.memory,
+        "favor": app.favor,
+        "profile": {"output": profile.output, "device_timing": profile.device_timing}
+        if profile is not None
+        else None,
+    }
+    return LinkJob(
+        app={"name": app.name, "version": app.version},
+        policies=policies,
+        graphs=tuple(graphs),
+        modules=modules,
+        variants=variants,
+        packages={p.name: {"version": p.version, "fingerprint": p.fingerprint}
+                  for p in app.packages},
+        favor=app.favor,
+        versions=dict(versions()),
+        compile_records=tuple(o for m in modules for o in m.compiled),
+    )
+
+
+def _resume_files(app: AppSpec, request: BuildRequest) -> dict[tuple[str, str], PhaseFile]:
+    """(module, variant) -> the phase file to resume it from, after checking that each file was
+    written for a module and variant of this app, with today's flags and source."""
+    if not request.resume:
+        return {}
+    units = {u.name: u for u in module_units(app)}
+    variants = {v.name: v for v in app.variants}
+    picked: dict[tuple[str, str], PhaseFile] = {}
+    for phase_file in request.resume:
+        name = phase_file.path or "a phase file"
+        module, variant = phase_file.fields.get("module"), phase_file.fields.get("variant")
+        if module not in units or variant not in variants:
+            known = ", ".join(f"{m}/{v}" for m in units for v in variants)
+            raise BuildError(
+                f"{name} was written for module '{module}', variant '{variant}', which this app "
+                f"does not build (it builds: {known}); resume only from phase files of this app"
+            )
+        expected = phase_fields(units[module], variants[variant], app)
+        for key, what in (("flags", "compile flags or scheduling"), ("source", "graph source")):
+            if phase_file.fields.get(key) != expected[key]:
+                raise BuildError(
+                    f"{name} was written with another {what} than module '{module}' has now; "
+                    f"IR from it would not match. Write it again with `plex build --compile-to "
+                    f"{phase_file.phase}` and redo the edit"
+                )
+        if (module, variant) in picked:
+            raise BuildError(f"two phase files given for module '{module}', variant '{variant}'")
+        picked[(module, variant)] = phase_file
+    return picked
