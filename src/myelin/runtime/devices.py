@@ -18,6 +18,7 @@ from myelin import hostinfo
 from myelin.errors import DeviceUnavailable
 from myelin.mln import DeviceRecord
 from myelin.platforms import HOST_DRIVERS
+from myelin.runtime._iree_private import buffer_view_of
 
 # Drivers whose device memory is this process's host memory.
 
@@ -146,7 +147,7 @@ class DeviceRegistry:
             return array
         source_driver = self.driver_of(source)
         target_driver = self.driver_of(target)
-        view = array._buffer_view
+        view = buffer_view_of(array)
         nbytes = view.byte_length
         source_host = source_driver in HOST_DRIVERS
         target_host = target_driver in HOST_DRIVERS
@@ -242,7 +243,7 @@ def _live_for_the_process(obj: object) -> None:
     we take one extra reference that is never dropped."""
     import ctypes
 
-    from iree.runtime._binding import disable_leak_checker
+    from myelin.runtime._iree_private import disable_leak_checker
 
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
     # nanobind would report the device as leaked at exit; it is kept on purpose.

@@ -32,10 +32,10 @@ from typing import Any, Literal, get_args
 
 import iree.runtime as rt
 import numpy as np
-from iree.runtime._binding import ArgumentPacker, InvokeContext, _invoke_statics
 
 from myelin.dtypes import numpy_dtype
 from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
+from myelin.runtime._iree_private import InvokeContext, argument_packer
 from myelin.runtime.admission import Reservation
 from myelin.runtime.tensors import as_host_array, check_inputs, shared_dims
 
@@ -188,7 +188,7 @@ class ResolvedCall:
         self._session = session
         self._function = module.lookup_function(entry.function)
         self._async = self._function.reflection.get("iree.abi.model") == "coarse-fences"
-        self._packer = ArgumentPacker(_invoke_statics, None)
+        self._packer = argument_packer()
         self._out_dtypes = [
             numpy_dtype(t.dtype) if not t.is_scalar else None for t in self.signature.outputs
         ]

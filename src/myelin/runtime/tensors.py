@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from myelin.errors import InputError
+from myelin.runtime._iree_private import is_device_array
 from myelin.signature import TensorSpec
 
 
@@ -20,7 +21,7 @@ def as_host_array(value: Any, spec: TensorSpec, entrypoint: str) -> Any:
     Python scalars become 0-d values. Device arrays returned by an earlier call pass through."""
     if isinstance(value, np.ndarray):
         return value
-    if hasattr(value, "_buffer_view"):  # iree.runtime.DeviceArray: stays on the device
+    if is_device_array(value):  # stays on its device
         return value
     if hasattr(value, "__dlpack__"):
         try:
@@ -88,7 +89,7 @@ def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:
     if spec.is_scalar:
         return
     shape = tuple(value.shape)
-    dtype = str(value.dtype) if not hasattr(value, "_buffer_view") else _device_dtype(value)
+    dtype = str(value.dtype) if not is_device_array(value) else _device_dtype(value)
     expected_shape = "x".join("?" if d is None else str(d) for d in spec.shape or ())
     if dtype != spec.dtype:
         raise InputError(
