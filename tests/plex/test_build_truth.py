@@ -362,8 +362,8 @@ def test_mlir_changes_rebuild_exactly_the_nodes_that_read_them(tmp_path, monkeyp
 
     # A target option and the scheduling favor: only compile (and link) rebuild.
     for edited, why in (
-        (text.replace('cpu = "host"', 'cpu = "generic"'), "inputs 'devices', 'phase_fields', 'requirements' changed"),
-        (text + '\n[scheduling]\nfavor = "max-concurrency"\n', "inputs 'favor', 'phase_fields' changed"),
+        (text.replace('cpu = "host"', 'cpu = "generic"'), "inputs 'devices', 'requirements' changed"),
+        (text + '\n[scheduling]\nfavor = "max-concurrency"\n', "input 'favor' changed"),
     ):
         app.write_text(edited)
         result = build(app, tmp_path / "5.mln", cache_dir=cache)

@@ -327,6 +327,7 @@ def _compile_node(
     variant: VariantSpec,
     resume: PhaseFile | None,
 ) -> Node:
+    writes_phases = request.dump_phases is not None or request.compile_to is not None
     job = CompileJob(
         source=Output(module_source_id(app, unit.imported)),
         devices=tuple(target_device(d) for d in variant.devices),
@@ -341,7 +342,8 @@ def _compile_node(
         dump_phases=request.dump_phases is not None,
         stop_at=request.compile_to,
         resume=replace(resume, path=None) if resume is not None else None,
-        phase_fields=phase_fields(unit, variant, app),
+        # only phase files record them; a normal compile does not read them
+        phase_fields=phase_fields(unit, variant, app) if writes_phases else {},
         what=f"{unit.ref} ({variant.name})",
     )
     label = f"compile {unit.ref} for {variant.name}"
