@@ -3,7 +3,11 @@ record signatures) and the runtime (to check inputs)."""
 
 from __future__ import annotations
 
-import numpy as np
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy loads only when a dtype object is asked for
+    import numpy as np
 
 # MLIR builtin integer types in IREE's ABI are signless; numpy needs a sign, and IREE's own
 # Python bindings read them as signed. ui* / si* spellings are accepted for completeness.
@@ -60,6 +64,8 @@ ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "flo
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype for a dtype name recorded in a .mln (bfloat16 and float8 need
     ml_dtypes)."""
+    import numpy as np
+
     if name in ML_DTYPES:
         try:
             import ml_dtypes  # type: ignore[import-not-found]
@@ -69,5 +75,15 @@ def numpy_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+_WIDTH = re.compile(r"(?:b?float|u?int)(\d+)(?:_[a-z0-9]+)?")
+
+
 def itemsize(name: str) -> int:
-    return numpy_dtype(name).itemsize
+    """Bytes per element of a dtype name, read from the name (no numpy import: planning a
+    build sizes parameters with it)."""
+    if name == "bool":
+        return 1
+    width = _WIDTH.fullmatch(name)
+    if name not in NUMPY_TO_MLIR or width is None:
+        raise TypeError(f"data type {name!r} not understood")
+    return int(width.group(1)) // 8

@@ -18,11 +18,13 @@ manifest can validate codec names without the compiler installed.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # codec name -> module implementing it
 CODECS: dict[str, str] = {
@@ -58,7 +60,7 @@ class StoredPart:
     @property
     def nbytes(self) -> int:
         bits = {"i4": 4, "i8": 8, "f16": 16, "bf16": 16, "f32": 32}[self.element]
-        return int(np.prod(self.shape, dtype=np.int64)) * bits // 8
+        return math.prod(self.shape) * bits // 8
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class Layout:
     def logical_bytes(self) -> int:
         from myelin.dtypes import itemsize
 
-        return int(np.prod(self.logical_shape, dtype=np.int64)) * itemsize(self.logical_dtype)
+        return math.prod(self.logical_shape) * itemsize(self.logical_dtype)
 
 
 def codec_module(name: str) -> ModuleType:
@@ -147,15 +149,21 @@ def permuted(
 
 def to_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
     """The data in its stored axis order."""
+    import numpy as np
+
     return np.ascontiguousarray(np.transpose(array, layout.order) if layout.order else array)
 
 
 def from_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
     """Stored data back in the logical axis order."""
+    import numpy as np
+
     return np.transpose(array, np.argsort(layout.order)) if layout.order else array
 
 
 def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    import numpy as np
+
     return codec_module(layout.codec).encode(np.asarray(array), layout)
 
 
@@ -241,14 +249,19 @@ __all__ = [
     "plan_layout",
 ]
 
-# The pipeline entry points (they import the compiler only when called).
-from myelin.codecs._apply import (  # noqa: E402
-    EncodedGraph,
-    ParameterInput,
-    ParameterRecord,
-    StoredTensor,
-    encode_graph,
-)
+# The pipeline entry points load numpy and the encoders on first use (`__getattr__`), so that
+# planning a build and checking a codec name stay light.
+_APPLY_NAMES = ("EncodedGraph", "ParameterInput", "ParameterRecord", "StoredTensor", "encode_graph")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _APPLY_NAMES:
+        from myelin.codecs import _apply
+
+        return getattr(_apply, name)
+    raise AttributeError(f"module 'myelin.codecs' has no attribute {name!r}")
+
+
 from myelin.codecs._check import Materialization, check_encoded_module  # noqa: E402
 from myelin.codecs._policy import CodecPolicy, CodecRule, choose  # noqa: E402
 

@@ -8,12 +8,14 @@ import hashlib
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Union
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from myelin.errors import ArtifactError
 from myelin.mln._layout import (
@@ -33,7 +35,7 @@ from myelin.mln._layout import (
 from myelin.mln._manifest import ManifestInvalid, decode_manifest, encode_manifest
 from myelin.mln._records import ArtifactManifest, section_json, validate_manifest
 
-SectionData = bytes | bytearray | memoryview | np.ndarray | os.PathLike[str]
+SectionData = Union[bytes, bytearray, memoryview, "np.ndarray", os.PathLike[str]]
 _WRITER_FILLS = ("format", "sections")
 _PLACEHOLDER_SHA256 = "0" * 64  # hex digests are fixed-length, so the manifest size is known early
 
@@ -175,7 +177,9 @@ def _section_source(data: SectionData) -> tuple[memoryview | Path, int]:
         if not stat.S_ISREG(info.st_mode):
             raise ArtifactError(f"{path}: cannot read section data: not a regular file")
         return path, info.st_size
-    if isinstance(data, np.ndarray):
+    numpy = sys.modules.get("numpy")  # an ndarray exists only if numpy is loaded
+    if numpy is not None and isinstance(data, numpy.ndarray):
+        np = numpy
         if data.dtype.hasobject:
             raise TypeError("an object array has no raw bytes to store")
         # ascontiguousarray copies only when the array is not C-contiguous already.
