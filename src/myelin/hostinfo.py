@@ -40,3 +40,35 @@ def cpu_flags() -> frozenset[str]:
 
 def machine() -> str:
     return platform.machine()
+
+
+def cuda_compute_capability(ordinal: int = 0) -> tuple[int, int] | None:
+    """(major, minor) of this machine's CUDA GPU `ordinal`, read from the driver library
+    (libcuda, which IREE's CUDA driver loads anyway); None without a driver or GPU.
+
+    The runtime compares it with a variant's `requires.cuda_arch`: sm_90a code (library kernels)
+    loads only on compute capability 9.0 and would fail at module load elsewhere."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    device = ctypes.c_int()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+        return None
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+    if cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device) != 0:
+        return None
+    if cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) != 0:
+        return None
+    return major.value, minor.value
+
+
+def cuda_arch_runs_on(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether code for `arch` runs on a GPU of `capability`: `sm_XYa` (arch-specific features
+    such as wgmma) on X.Y exactly, plain `sm_XY` on X.Y and later (as PTX JIT or cubin)."""
+    digits = arch.removeprefix("sm_").rstrip("a")
+    wanted = (int(digits[:-1]), int(digits[-1]))
+    return capability == wanted if arch.endswith("a") else capability >= wanted

@@ -25,11 +25,16 @@ HOST_DRIVERS = frozenset({"local-task", "local-sync"})
 # JIT-compiled by the driver on Hopper.
 DEFAULT_CUDA_ARCH = "sm_80"
 
+# `[devices.<name>] kernels` on a CUDA device: library kernels for the contractions they cover
+# (myelin.kernels, docs/kernels.md). Their code is sm_90a, so it runs on compute capability 9.0.
+KERNEL_LIBRARIES: tuple[str, ...] = ("triton",)
+KERNELS_CUDA_ARCH = "sm_90a"
+
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False},
     "vmvx": {},
-    "cuda": {"arch": DEFAULT_CUDA_ARCH},
+    "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": ""},
     "vulkan-spirv": {},
     "rocm": {"arch": None},
     "metal-spirv": {},

@@ -273,11 +273,19 @@ class DeviceRequirements:
 
     cpu_flags: tuple[str, ...] | None = None
     machine: str | None = None
+    # CUDA code compiled for one arch: `sm_90a` runs on compute capability 9.0 only, `sm_90` on
+    # 9.0 and later (library kernels, myelin.kernels)
+    cuda_arch: str | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, o: _Object) -> DeviceRequirements:
-        return cls(o.optional("cpu_flags", _strings), o.optional("machine", _string), o.extras())
+        return cls(
+            o.optional("cpu_flags", _strings),
+            o.optional("machine", _string),
+            o.optional("cuda_arch", _cuda_arch),
+            o.extras(),
+        )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {}
@@ -285,7 +293,16 @@ class DeviceRequirements:
             data["cpu_flags"] = list(self.cpu_flags)
         if self.machine is not None:
             data["machine"] = self.machine
+        if self.cuda_arch is not None:
+            data["cuda_arch"] = self.cuda_arch
         return _with_extras(data, self.extras)
+
+
+def _cuda_arch(value: Any, where: str) -> str:
+    arch = _string(value, where)
+    if not re.fullmatch(r"sm_\d{2,3}a?", arch):
+        raise ManifestInvalid(where, f"must be a CUDA arch such as 'sm_90a', got {_show(arch)}")
+    return arch
 
 
 @dataclass(frozen=True)
@@ -297,6 +314,9 @@ class DeviceRecord:
     driver: str
     options: Mapping[str, Any] | None = None  # target options (`cpu`, `arch`, ...)
     requires: DeviceRequirements | None = None
+    # with `kernels` in the options: every matmul of the variant, with the library kernel it
+    # went to or why it stayed IREE codegen (plain records: module, function, op, m, n, k, ...)
+    kernels: tuple[Mapping[str, Any], ...] | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -315,12 +335,17 @@ class DeviceRecord:
                         f"must be a string, number or bool, got {_show(value)}",
                     )
         requires = o.optional("requires", lambda v, w: DeviceRequirements.parse(_Object(v, w)))
+        kernels = o.optional(
+            "kernels", lambda v, w: tuple(_json_copy(_dict(x, f"{w}[{i}]")) for i, x in
+                                          enumerate(_list(v, w)))
+        )
         return cls(
             o.string("name"),
             o.string("target"),
             o.string("driver"),
             _json_copy(options),
             requires,
+            kernels,
             o.extras(),
         )
 
@@ -330,6 +355,8 @@ class DeviceRecord:
             data["options"] = _json_copy(dict(self.options))
         if self.requires is not None:
             data["requires"] = self.requires.to_json()
+        if self.kernels is not None:
+            data["kernels"] = [_json_copy(dict(k)) for k in self.kernels]
         return _with_extras(data, self.extras)
 
 

@@ -214,7 +214,22 @@ class DeviceRegistry:
             self._driver(requirement.driver)
         except DeviceUnavailable as e:
             return f"device '{requirement.name}': {e}"
+        arch = requirement.requires.cuda_arch if requirement.requires is not None else None
+        if arch is not None:
+            capability = self.cuda_capability()
+            if capability is None or not hostinfo.cuda_arch_runs_on(arch, capability):
+                found = "no GPU found" if capability is None else (
+                    f"this GPU is compute capability {capability[0]}.{capability[1]}"
+                )
+                return (
+                    f"device '{requirement.name}' holds {arch} code (library kernels), and "
+                    f"{found}; build a variant without kernels for this GPU"
+                )
         return None
+
+    def cuda_capability(self) -> tuple[int, int] | None:
+        """Compute capability of the first CUDA GPU (the one a variant's first CUDA device gets)."""
+        return hostinfo.cuda_compute_capability(0)
 
     def usable_drivers(self) -> list[str]:
         usable = []

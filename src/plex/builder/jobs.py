@@ -63,6 +63,21 @@ class EncodeJob(Job):
 
 
 @dataclass(frozen=True)
+class KernelsJob(Job):
+    """Library kernels (myelin.kernels) for a graph's contractions: the kernels it needs,
+    compiled for `arch`, and its input-phase IR with the matched ops rewritten to them. Writes
+    what an import node writes for the compile nodes, plus the match report."""
+
+    kind = "kernels"
+    step_module = "plex.builder.steps"
+    source: Output  # the import node, or the encode node when a codec applies
+    library: str  # [devices.<gpu>] kernels
+    arch: str  # the kernels' CUDA arch (myelin.platforms.KERNELS_CUDA_ARCH)
+    toolchain: str  # the generator's version (Triton's): new code for the same source
+    what: str
+
+
+@dataclass(frozen=True)
 class CompileJob(Job):
     """Compile one module for one variant's devices, from imported IR or from a phase file.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from myelin.dtypes import itemsize
 from myelin.mln import module_section_name, parameter_section_name
-from plex.builder.jobs import ImportedGraph, LinkJob, ModuleLink, WeightsSource
+from plex.builder.jobs import DeviceLink, ImportedGraph, LinkJob, ModuleLink, WeightsSource
 from plex.builder.records import (
     COMPILED_MODULE,
     EXPORTED_DIR,
@@ -200,6 +200,20 @@ def _bind_named_parameter(
     return weights.output.node_id, tensor["path"]
 
 
+def _kernel_sites(device: DeviceLink, metas: dict[str, dict]) -> dict:
+    """`kernels` of a device record: every matmul of the variant's modules, with the library
+    kernel it went to or why it stayed IREE codegen (the compile records copy the kernels
+    node's report)."""
+    if not device.options.get("kernels"):
+        return {}
+    return {
+        "kernels": [
+            {"module": module, **site}
+            for module, meta in metas.items()
+            for site in meta.get("kernel_sites", [])
+        ]
+    }
+
 def _named_dims(
     function: str,
     inputs: list[dict],
@@ -319,6 +333,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                         "driver": d.driver,
                         "options": dict(d.options),
                         "requires": dict(d.requires),
+                        **_kernel_sites(d, metas),
                     }
                     for d in variant.devices
                 ],

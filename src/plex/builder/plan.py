@@ -24,6 +24,7 @@ from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
 from myelin.compiler.targets import TargetDevice
+from myelin.platforms import KERNELS_CUDA_ARCH
 from plex.builder import records
 from plex.builder.jobs import (
     CompileJob,
@@ -31,6 +32,7 @@ from plex.builder.jobs import (
     DeviceLink,
     EncodeJob,
     ImportedGraph,
+    KernelsJob,
     ImportJob,
     LinkJob,
     ModuleLink,
@@ -78,7 +80,40 @@ def device_requirements(device: DeviceSpec) -> dict:
     """What the runtime must find to run code compiled for this device."""
     if device.target == "llvm-cpu" and (device.cpu or "host") == "host":
         return {"cpu_flags": sorted(hostinfo.cpu_flags()), "machine": hostinfo.machine()}
+    if device.kernels:  # library kernels are sm_90a code: compute capability 9.0 exactly
+        return {"cuda_arch": KERNELS_CUDA_ARCH}
     return {}
+
+
+def kernels_library(variant: VariantSpec) -> str | None:
+    """The kernel library a variant's compile uses (`[devices.<gpu>] kernels`), or None.
+
+    Only a variant of one device takes one: the rewrite puts kernels in place of the graph's
+    ops, and with several devices an op's device is known only after placement."""
+    wanted = [d for d in variant.devices if d.kernels]
+    if not wanted:
+        return None
+    if len(variant.devices) > 1:
+        raise BuildError(
+            f"variant '{variant.name}': device '{wanted[0].name}' asks for kernels = "
+            f"\"{wanted[0].kernels}\", which only a variant of one device can use yet; give it a "
+            "variant of its own or remove kernels"
+        )
+    return wanted[0].kernels
+
+
+def kernels_node_id(graph: GraphSpec, library: str) -> str:
+    return f"kernels:{graph.package}:{graph.name}:{library}"
+
+
+def _kernels_toolchain(library: str) -> str:
+    """The kernel generator's version, part of the kernels node's key."""
+    from importlib import metadata
+
+    try:
+        return f"{library} {metadata.version(library)}"
+    except metadata.PackageNotFoundError:
+        return f"{library} (not installed)"  # the kernels step says how to install it
 
 
 def app_variant_flags(app: AppSpec, variant: VariantSpec) -> list[str]:
@@ -259,6 +294,10 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         policy = codec_policy(app, graph)
         if not policy.trivial:
             nodes.append(_encode_node(graph, policy))
+    libraries = sorted({lib for v in app.variants if (lib := kernels_library(v)) is not None})
+    for graph in import_units(app):
+        for library in libraries:
+            nodes.append(_kernels_node(app, graph, library))
     resume = _resume_files(app, request)
     compiled: list[tuple[ModuleUnit, VariantSpec, str]] = []
     for unit in module_units(app):
@@ -320,6 +359,18 @@ def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
     return Node(encode_node_id(graph), job, label=f"encode weights of {graph.ref}", heavy=True)
 
 
+def _kernels_node(app: AppSpec, graph: GraphSpec, library: str) -> Node:
+    job = KernelsJob(
+        source=Output(module_source_id(app, graph)),
+        library=library,
+        arch=KERNELS_CUDA_ARCH,
+        toolchain=_kernels_toolchain(library),
+        what=graph.ref,
+    )
+    label = f"{library} kernels for {graph.ref}"
+    return Node(kernels_node_id(graph, library), job, label=label, heavy=True)
+
+
 def _compile_node(
     app: AppSpec,
     request: BuildRequest,
@@ -329,7 +380,7 @@ def _compile_node(
 ) -> Node:
     writes_phases = request.dump_phases is not None or request.compile_to is not None
     job = CompileJob(
-        source=Output(module_source_id(app, unit.imported)),
+        source=Output(_compile_source_id(app, unit, variant)),
         devices=tuple(target_device(d) for d in variant.devices),
         requirements=tuple(device_requirements(d) for d in variant.devices),
         cancellable=app.cancellable,
@@ -348,6 +399,15 @@ def _compile_node(
     )
     label = f"compile {unit.ref} for {variant.name}"
     return Node(compile_node_id(unit, variant), job, label=label, heavy=True)
+
+
+def _compile_source_id(app: AppSpec, unit: ModuleUnit, variant: VariantSpec) -> str:
+    """The IR a compile node compiles: its graph's kernels node when the variant uses a kernel
+    library, else the graph's import (or encode) node."""
+    library = kernels_library(variant)
+    if library is not None:
+        return kernels_node_id(unit.imported, library)
+    return module_source_id(app, unit.imported)
 
 
 def _link_job(app: AppSpec) -> LinkJob:
@@ -399,6 +459,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                             ("cpu_features", d.cpu_features),
                             ("data_tiling", d.data_tiling),
                             ("arch", d.arch),
+                            ("kernels", d.kernels),
                         )
                         if v
                     },

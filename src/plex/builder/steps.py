@@ -20,7 +20,7 @@ from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.dtypes import numpy_dtype
 from myelin.errors import CompileError
 from myelin.frontends import DIRECT_INPUT_TYPES, FrontendRequest, frontend
-from plex.builder.jobs import CompileJob, EncodeJob, ImportJob, WeightsJob
+from plex.builder.jobs import CompileJob, EncodeJob, ImportJob, KernelsJob, WeightsJob
 from plex.builder.records import (
     COMPILE_META,
     COMPILED_MODULE,
@@ -252,6 +252,30 @@ def run_encode(job: EncodeJob, ctx: NodeContext) -> None:
     )
 
 
+@step(KernelsJob)
+def run_kernels(job: KernelsJob, ctx: NodeContext) -> None:
+    """Library kernels for one graph (myelin.kernels): writes the source node's `import.json`
+    with `kernel_sites` added (every matmul: where, shape, its kernel or why none) and the
+    rewritten IR. Parameters stay where the source node has them (link reads them there)."""
+    from myelin.kernels import apply_kernels
+
+    source_dir = ctx.output(job.source)
+    meta = read_import_meta(source_dir)
+    try:
+        result = apply_kernels(
+            (source_dir / IMPORTED_MODULE).read_bytes(),
+            library=job.library,
+            arch=job.arch,
+            what=job.what,
+        )
+    except CompileError as e:
+        raise BuildError(f"{job.library} kernels for graph {job.what} failed: {e}") from e
+    (ctx.out_dir / IMPORTED_MODULE).write_bytes(result.module_bytecode)
+    meta = {k: v for k, v in meta.items() if k != "exported"}  # its files are the source's
+    meta.update(kernel_sites=list(result.sites), kernels=list(result.kernels))
+    (ctx.out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
 def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) -> list[str]:
     """The no-materialization check of an encoded graph for one variant's flags: one message
     per dispatch that writes a decoded weight on its own."""
@@ -350,6 +374,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "resumed_from": resume.phase if resume is not None else None,
                 "functions": functions,
                 "warnings": list(compiled.warnings),
+                "kernel_sites": meta.get("kernel_sites", []),
                 "codec_violations": codec_violations,
             },
             indent=1,

@@ -245,6 +245,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "cpu_features": d.cpu_features,
             "data_tiling": d.data_tiling,
             "arch": d.arch,
+            "kernels": d.kernels,
         }
         for option, value in given.items():
             if value is not None and option not in options:
@@ -274,6 +275,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             cpu_features=value["cpu_features"],
             data_tiling=bool(value["data_tiling"]),
             arch=value["arch"],
+            kernels=value["kernels"] or None,
         )
     return devices
 

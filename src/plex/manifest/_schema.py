@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from myelin.codecs import check_codec_name
 from myelin.compiler.scheduling import FAVORS
-from myelin.platforms import DRIVERS, TARGETS
+from myelin.platforms import DRIVERS, KERNEL_LIBRARIES, TARGETS
 from myelin.sizes import parse_size
 
 # -- accepted values: one definition each ---------------------------------------------------------
@@ -110,6 +110,7 @@ class DeviceTable(_Table):
     cpu_features: str | None = None
     data_tiling: bool | None = None
     arch: str | None = None
+    kernels: Literal[KERNEL_LIBRARIES] | None = None  # type: ignore[valid-type]
 
 
 class VariantTable(_Table):

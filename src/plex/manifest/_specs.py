@@ -42,6 +42,7 @@ class DeviceSpec:
     cpu_features: str | None  # llvm-cpu only
     arch: str | None  # cuda: sm_XX; rocm: gfxNNNN
     data_tiling: bool = False  # llvm-cpu only: IREE packs weights for its matmul kernels
+    kernels: str | None = None  # cuda only: a kernel library (myelin.kernels), e.g. "triton"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+// The H200 kernel benchmark's graph: f16 matmuls with f32 accumulation (as torch's cuBLAS does),
+// dynamic M, in both layouts; the same with a caller-provided output; and an identity for the
+// DLPack round trip.
+func.func @matmul(%a: tensor<?x8192xf16>, %b: tensor<8192x8192xf16>) -> tensor<?x8192xf16> {
+  %c0 = arith.constant 0 : index
+  %m = tensor.dim %a, %c0 : tensor<?x8192xf16>
+  %e = tensor.empty(%m) : tensor<?x8192xf32>
+  %z = arith.constant 0.0 : f32
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x8192xf32>) -> tensor<?x8192xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x8192xf16>, tensor<8192x8192xf16>) outs(%f : tensor<?x8192xf32>) -> tensor<?x8192xf32>
+  %e2 = tensor.empty(%m) : tensor<?x8192xf16>
+  %t = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]} ins(%r : tensor<?x8192xf32>) outs(%e2 : tensor<?x8192xf16>) {
+  ^bb0(%x: f32, %y: f16):
+    %q = arith.truncf %x : f32 to f16
+    linalg.yield %q : f16
+  } -> tensor<?x8192xf16>
+  return %t : tensor<?x8192xf16>
+}
+
+func.func @matmul_bt(%a: tensor<?x8192xf16>, %b: tensor<8192x8192xf16>) -> tensor<?x8192xf16> {
+  %c0 = arith.constant 0 : index
+  %m = tensor.dim %a, %c0 : tensor<?x8192xf16>
+  %e = tensor.empty(%m) : tensor<?x8192xf32>
+  %z = arith.constant 0.0 : f32
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x8192xf32>) -> tensor<?x8192xf32>
+  %r = linalg.matmul indexing_maps = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>, affine_map<(m, n, k) -> (m, n)>] ins(%a, %b : tensor<?x8192xf16>, tensor<8192x8192xf16>) outs(%f : tensor<?x8192xf32>) -> tensor<?x8192xf32>
+  %e2 = tensor.empty(%m) : tensor<?x8192xf16>
+  %t = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]} ins(%r : tensor<?x8192xf32>) outs(%e2 : tensor<?x8192xf16>) {
+  ^bb0(%x: f32, %y: f16):
+    %q = arith.truncf %x : f32 to f16
+    linalg.yield %q : f16
+  } -> tensor<?x8192xf16>
+  return %t : tensor<?x8192xf16>
+}
+
+func.func @matmul_into(%a: tensor<?x8192xf16>, %b: tensor<8192x8192xf16>, %out: tensor<?x8192xf16> {iree.abi.output = 0 : index}) -> tensor<?x8192xf16> {
+  %t = call @matmul(%a, %b) : (tensor<?x8192xf16>, tensor<8192x8192xf16>) -> tensor<?x8192xf16>
+  return %t : tensor<?x8192xf16>
+}
+
+func.func @identity(%x: tensor<?xf16>) -> tensor<?xf16> {
+  return %x : tensor<?xf16>
+}

@@ -1,0 +1,271 @@
+"""Matching contractions to library kernels and rewriting them into IREE external dispatches.
+
+Works on IR at IREE's `input` phase, through the MLIR Python API of the compiler in process (the
+same route as PLeX's codec and placement passes). A matched `linalg.matmul` (and the `truncf`
+that narrows its f32 result, when there is one) becomes a `util.call` of a private `util.func`
+holding a `hal.dispatch.extern` whose object is the kernel's cubin, embedded as data. IREE then
+treats it like any dispatch: Stream schedules it, allocates its result, records it in the
+command buffer. Everything a kernel does not cover stays with IREE's codegen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from iree.compiler import ir
+
+from myelin.kernels._triton import CompiledKernel, MatmulConfig
+
+# linalg.matmul's maps for A x B (the default) and A x B^T, as IREE 3.13 prints them.
+_MAPS_AB = (
+    "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
+    "affine_map<(d0, d1, d2) -> (d0, d1)>]"
+)
+_MAPS_ABT = (
+    "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
+    "affine_map<(d0, d1, d2) -> (d0, d1)>]"
+)
+_INPUT_TYPES = ("f16", "bf16")
+
+
+@dataclass(frozen=True)
+class MatmulSite:
+    """One `linalg.matmul` of the graph and what the library does with it."""
+
+    function: str
+    location: str
+    shape: tuple[int | None, int, int] | tuple  # (M, N, K); M None when dynamic
+    dtype: str
+    out_dtype: str
+    b_transposed: bool
+    kernel: str | None  # the kernel it goes to, or None
+    reason: str  # why it goes there, or why it stays IREE codegen
+
+    def to_json(self) -> dict:
+        m, n, k = (list(self.shape) + [None, None, None])[:3]
+        return {
+            "function": self.function,
+            "location": self.location,
+            "op": "matmul_transpose_b" if self.b_transposed else "matmul",
+            "m": m,
+            "n": n,
+            "k": k,
+            "dtype": self.dtype,
+            "out_dtype": self.out_dtype,
+            "kernel": self.kernel,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class _Match:
+    site: MatmulSite
+    config: MatmulConfig | None
+    matmul: ir.Operation
+    root: ir.Operation  # the op whose result the kernel replaces (matmul, or its truncf)
+    a_type: ir.Type = field(default=None)  # type: ignore[assignment]
+    b_type: ir.Type = field(default=None)  # type: ignore[assignment]
+    result_type: ir.Type = field(default=None)  # type: ignore[assignment]
+
+
+def _element(t: ir.Type) -> str:
+    return str(ir.RankedTensorType(t).element_type)
+
+
+def _dims(t: ir.Type) -> list[int | None]:
+    rt = ir.RankedTensorType(t)
+    return [None if rt.is_dynamic_dim(i) else rt.get_dim_size(i) for i in range(rt.rank)]
+
+
+def _is_zero_fill(value: ir.Value) -> bool:
+    owner = value.owner
+    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+        owner = owner.operation
+    if getattr(owner, "name", None) != "linalg.fill":
+        return False
+    scalar = owner.operands[0].owner
+    scalar = getattr(scalar, "operation", scalar)
+    if getattr(scalar, "name", None) != "arith.constant":
+        return False
+    try:
+        return ir.FloatAttr(scalar.attributes["value"]).value == 0.0
+    except (ValueError, KeyError):
+        return False
+
+
+def _truncf_consumer(result: ir.Value) -> tuple[ir.Operation, str] | None:
+    """The elementwise `linalg.generic` that only narrows this f32 result (f16/bf16), when it is
+    the result's one use: the kernel then writes the narrow type itself."""
+    uses = list(result.uses)
+    if len(uses) != 1:
+        return None
+    user = uses[0].owner
+    user = getattr(user, "operation", user)
+    if user.name != "linalg.generic" or len(user.operands) != 2 or len(user.results) != 1:
+        return None
+    if user.operands[0] != result:
+        return None
+    maps = str(user.attributes["indexing_maps"])
+    identity = "affine_map<(d0, d1) -> (d0, d1)>"
+    if maps != f"[{identity}, {identity}]":
+        return None
+    ops = list(user.regions[0].blocks[0].operations)
+    if [o.name for o in ops] != ["arith.truncf", "linalg.yield"]:
+        return None
+    block = user.regions[0].blocks[0]
+    if ops[0].operands[0] != block.arguments[0] or ops[1].operands[0] != ops[0].results[0]:
+        return None
+    out = _element(user.results[0].type)
+    return (user, out) if out in _INPUT_TYPES else None
+
+
+def _function_name(op: ir.Operation) -> str:
+    parent = op.parent
+    while parent is not None and parent.name not in ("util.func", "func.func"):
+        parent = parent.parent
+    if parent is None:
+        return "?"
+    return ir.StringAttr(parent.attributes["sym_name"]).value
+
+
+def find_matmuls(
+    module: ir.Operation, choose: Callable[[str, str, bool, int | None, int, int], MatmulConfig]
+) -> list[_Match]:
+    """Every `linalg.matmul`, with the kernel it goes to or why it stays IREE codegen."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.matmul":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    matches = []
+    for op in found:
+        a, b, init = op.operands[0], op.operands[1], op.operands[2]
+        a_t, b_t, c_t = a.type, b.type, op.results[0].type
+        dtype, acc = _element(a_t), _element(c_t)
+        maps = str(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else None
+        transposed = maps == _MAPS_ABT
+        a_dims, b_dims = _dims(a_t), _dims(b_t)
+        m, k = a_dims
+        n = b_dims[0] if transposed else b_dims[1]
+        root, out = op, acc
+        narrowed = _truncf_consumer(op.results[0]) if acc == "f32" else None
+        if narrowed is not None:
+            root, out = narrowed
+        reason = ""
+        if maps not in (None, _MAPS_AB, _MAPS_ABT):
+            reason = f"layout {maps} is not A x B or A x B^T"
+        elif dtype not in _INPUT_TYPES or _element(b_t) != dtype:
+            reason = f"inputs {dtype} x {_element(b_t)}: kernels take f16 or bf16 pairs"
+        elif acc not in ("f32", dtype):
+            reason = f"accumulates in {acc}"
+        elif not _is_zero_fill(init):
+            reason = "accumulates into an operand that is not a zero fill"
+        elif n is None or k is None:
+            reason = "N and K must be static"
+        elif k % 64 or n % 16:
+            reason = f"N = {n}, K = {k}: kernels need K % 64 == 0 and N % 16 == 0"
+        config = None if reason else choose(dtype, out, transposed, m, n, k)
+        site = MatmulSite(
+            function=_function_name(op),
+            location=str(op.location),
+            shape=(m, n, k),
+            dtype=dtype,
+            out_dtype=out,
+            b_transposed=transposed,
+            kernel=config.name if config is not None else None,
+            reason=reason or ("matched, with its truncf" if narrowed else "matched"),
+        )
+        match = _Match(site, config, op, root)
+        match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
+        matches.append(match)
+    return matches
+
+
+def _hex(data: bytes) -> str:
+    return "0x" + data.hex().upper()
+
+
+def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _Match) -> str:
+    """The kernel's wrapper: sizes as i32 push constants, workgroups from (M, N).
+
+    The object carries the cubin as `data` and a `path` that is never read (IREE prefers
+    `data`): IREE 3.13 prints an object without `path` as `<{, data = ...}>`, which its own
+    parser rejects, and IR bytecode stores this attribute as text, so the IR would not load
+    back."""
+    a_t, b_t, r_t = str(m.a_type), str(m.b_type), str(m.result_type)
+    _, n, k = m.site.shape
+    dynamic_m = m.site.shape[0] is None
+    dims = "{%m}" if dynamic_m else ""
+    m_value = "%m = tensor.dim %a, %c0 : " + a_t if dynamic_m else f"%m = arith.constant {m.site.shape[0]} : index"
+    count = (
+        f"affine_map<()[s0, s1] -> ((s0 ceildiv {config.block_m}) * (s1 ceildiv {config.block_n}))>"
+    )
+    binding = "#hal.pipeline.binding<storage_buffer"
+    return f"""
+util.func private @{name}(%a: {a_t}, %b: {b_t}) -> {r_t} {{
+  %c0 = arith.constant 0 : index
+  {m_value}
+  %n = arith.constant {n} : index
+  %m_i32 = arith.index_cast %m : index to i32
+  %n_i32 = arith.constant {n} : i32
+  %k_i32 = arith.constant {k} : i32
+  %r = hal.dispatch.extern "{kernel.name}"[%m, %n](%m_i32, %n_i32, %k_i32, %a, %b)
+      : (i32, i32, i32, {a_t}{dims}, {b_t}) -> {r_t}{dims}
+    count(%device: !hal.device, %wm: index, %wn: index) -> (index, index, index) {{
+      %x = affine.apply {count}()[%wm, %wn]
+      %one = arith.constant 1 : index
+      hal.return %x, %one, %one : index, index, index
+    }}
+    layout(#hal.pipeline.layout<constants = 3, bindings = [
+      {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
+    objects({{
+      #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
+        #hal.executable.object<{{path = "{kernel.name}.cubin", data = dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>}}>
+      ]
+    }})
+    <{{workgroup_size = [{kernel.threads} : index, 1 : index, 1 : index],
+       workgroup_local_memory = {kernel.shared_bytes} : index}}>
+  util.return %r : {r_t}
+}}
+"""
+
+
+def rewrite(
+    module: ir.Operation,
+    matches: list[_Match],
+    kernels: dict[str, CompiledKernel],
+    context: ir.Context,
+) -> None:
+    """Replace every matched op by a call of its kernel's wrapper (one wrapper per kernel and
+    operand types)."""
+    body = module.regions[0].blocks[0]
+    wrappers: dict[tuple[str, str, str, str], str] = {}
+    for i, m in enumerate(x for x in matches if x.config is not None):
+        assert m.config is not None
+        key = (m.config.name, str(m.a_type), str(m.b_type), str(m.result_type))
+        name = wrappers.get(key)
+        if name is None:
+            name = wrappers[key] = f"__plex_kernel_{len(wrappers)}_{m.config.name}"
+            helper = ir.Module.parse(_wrapper_text(name, kernels[m.config.name], m.config, m))
+            for op in list(helper.body.operations):
+                body.append(op.detach_from_parent())
+        with ir.InsertionPoint(m.root), m.root.location:
+            call = ir.Operation.create(
+                "util.call",
+                results=[m.result_type],
+                operands=[m.matmul.operands[0], m.matmul.operands[1]],
+                attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+            )
+        m.root.results[0].replace_all_uses_with(call.results[0])
+        fill = m.matmul.operands[2].owner
+        m.root.erase()
+        if m.root is not m.matmul:
+            m.matmul.erase()
+        fill = getattr(fill, "operation", fill)
+        if fill.name == "linalg.fill" and not list(fill.results[0].uses):
+            fill.erase()
+        del i
