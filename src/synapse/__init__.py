@@ -48,6 +48,16 @@ from synapse.progress import (
     make_progress,
 )
 
+
+def __getattr__(name: str) -> object:
+    # The Ray executor imports ray: loaded only when asked for, so local builds never pay it.
+    if name == "RayExecutor":
+        from synapse._ray import RayExecutor
+
+        return RayExecutor
+    raise AttributeError(f"module 'synapse' has no attribute {name!r}")
+
+
 __all__ = [
     "BuildFailed",
     "Cache",
@@ -71,6 +81,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "ProgressRenderer",
+    "RayExecutor",
     "RichProgress",
     "RunResult",
     "SynapseError",

@@ -23,7 +23,8 @@ class Event:
       error   a node's action raised: status "failed", `message` is the error
       done    once, at the end of a run (also after a failure or interrupt); `status` is
               "ok", "failed" or "interrupted"
-    `done`/`total`/`hits` are the run's counters at the time of the event.
+    `done`/`total`/`hits` are the run's counters at the time of the event. `worker` names the
+    machine and process a step ran on when it did not run in this process (`RayExecutor`).
     """
 
     kind: EventKind
@@ -38,6 +39,7 @@ class Event:
     label: str = ""
     heavy: bool = False
     seconds: float = 0.0
+    worker: str = ""  # where the step ran, for executors that run steps elsewhere (Ray)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

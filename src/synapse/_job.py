@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from synapse._fingerprint import bytes_digest, file_digest, json_digest
@@ -81,11 +82,17 @@ class Job:
 
     `step_module` names the module whose import registers the job type's step: `run_job`
     imports it on first use, so making a plan never loads what only running a step needs, and a
-    job unpickled in a worker process finds its step.
+    job unpickled in a worker process finds its step. `resources` is what a run of the step
+    claims on a cluster (see `synapse._ray.task_options`).
     """
 
     kind: ClassVar[str] = "job"
     step_module: ClassVar[str | None] = None
+    # What one run of the step occupies where steps are scheduled by resources (RayExecutor):
+    # e.g. {"GPU": 1} for a timing trial, so one trial runs per GPU at a time. Empty: the
+    # node's `heavy` flag decides its CPUs. Not part of the key: where a step runs does not
+    # change what it writes.
+    resources: ClassVar[Mapping[str, float]] = MappingProxyType({})
 
 
 J = TypeVar("J", bound=Job)

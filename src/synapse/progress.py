@@ -68,6 +68,8 @@ class PlainProgress(ProgressRenderer):
             line = f"{counter} start     {event.node_id}"
         elif event.kind == "finish":
             line = f"{counter} {event.status:<9} {event.node_id} ({event.seconds:.2f}s)"
+            if event.worker:
+                line += f" on {event.worker}"
         elif event.kind == "error":
             line = f"{counter} FAILED    {event.node_id}: {event.message}"
         elif event.kind == "cache" and event.status == "discarded":

@@ -21,10 +21,17 @@ from myelin.errors import CompileError
 from plex.builder.plan import BuildRequest, plan_build
 from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
-from plex.manifest import AppSpec, load_app, write_lock
+from plex.manifest import AppSpec, load_app, parse_executor, write_lock
 from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult
 
-__all__ = ["BuildResult", "build", "check_phase", "default_cache_dir", "plan_for"]
+__all__ = [
+    "BuildResult",
+    "build",
+    "check_phase",
+    "default_cache_dir",
+    "make_executor",
+    "plan_for",
+]
 
 
 def default_cache_dir(app: AppSpec | None = None) -> Path:
@@ -86,6 +93,41 @@ def plan_for(
     return app, plan_build(app, request)
 
 
+def make_executor(
+    spec: str,
+    cache: Cache | None,
+    *,
+    jobs: int,
+    salt: str,
+    on_event: Callable[[Event], None] | None,
+    memory_budget: int,
+) -> Executor:
+    """The SYNaPSe executor `spec` names (see plex.manifest's executor grammar). Ray is imported
+    only for a Ray executor, and only here. On Ray, builders share the cache folder
+    $PLEX_CLUSTER_CACHE on the head node (default ~/.cache/synapse/cluster; "none": no sharing)."""
+    try:
+        choice = parse_executor(spec)
+    except ValueError as e:
+        raise BuildError(str(e)) from None
+    if choice.kind == "local":
+        return Executor(cache, jobs=jobs, salt=salt, on_event=on_event, memory_budget=memory_budget)
+    try:
+        from synapse._ray import DEFAULT_SHARED_CACHE, RayExecutor
+    except ImportError:
+        raise BuildError(
+            "the ray executor needs Ray: pip install 'plex[ray]' (ray==2.60.0)"
+        ) from None
+    # jobs is per machine; a cluster queues tasks by their resources, so it is not passed.
+    shared = os.environ.get("PLEX_CLUSTER_CACHE", DEFAULT_SHARED_CACHE)
+    return RayExecutor(
+        cache,
+        salt=salt,
+        on_event=on_event,
+        address=choice.address,
+        shared_cache=None if shared == "none" else shared,
+    )
+
+
 def build(
     app_path: Path,
     output: Path,
@@ -98,6 +140,7 @@ def build(
     compile_to: str | None = None,
     resume_from: Sequence[Path] = (),
     strict: bool = False,
+    executor: str | None = None,
 ) -> BuildResult:
     """Build `app_path` into `output`. Nothing is written at `output` unless the build succeeds.
 
@@ -109,6 +152,8 @@ def build(
         flags or source do not match is refused.
     strict: a weight decode that IREE did not fuse into its consumer (the codec check) fails the
         build instead of warning.
+    executor: where steps run (`local`, `ray`, `ray=ADDRESS`; default `[build] executor`).
+        On Ray, cache misses run as tasks on the cluster and the .mln is written here.
     Weights steps run in batches whose temporary memory fits `[build] temp_memory`.
     """
     start = time.perf_counter()
@@ -121,7 +166,8 @@ def build(
         strict=strict,
     )
     cache = Cache(cache_dir or default_cache_dir(app)) if use_cache else None
-    executor = Executor(
+    runner = make_executor(
+        executor or app.build.executor,
         cache,
         jobs=jobs or app.build.jobs,
         salt=fingerprint_salt(),
@@ -129,7 +175,7 @@ def build(
         memory_budget=app.build.temp_memory,
     )
     try:
-        results = executor.run(plan)
+        results = runner.run(plan)
     except BuildFailed as e:
         cause = e.__cause__
         if isinstance(cause, PlexError):

@@ -86,6 +86,13 @@ def build(
     strict: bool = typer.Option(
         False, "--strict", help="Fail when a weight codec's decode is not fused into its consumer."
     ),
+    executor: str = typer.Option(
+        None,
+        "--executor",
+        help="Where steps run: local, ray (the cluster Ray finds: RAY_ADDRESS or `ray start`), "
+        "ray=ADDRESS (default: [build] executor, else local). See docs/cluster.md.",
+        metavar="NAME",
+    ),
 ) -> None:
     """Resolve packages, import graphs, compile each variant and pack one .mln."""
     from plex.builder import build as run_build
@@ -118,6 +125,7 @@ def build(
             cache_dir=cache,
             use_cache=not no_cache,
             on_event=on_event,
+            executor=executor,
             **options,
         )
     if explain_:

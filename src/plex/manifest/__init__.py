@@ -9,6 +9,7 @@ nothing else from this package. Reference: docs/manifest.md.
 """
 
 from plex.manifest._app import PLEX_PATH, load_app
+from plex.manifest._executor import EXECUTOR_FORMS, ExecutorChoice, parse_executor
 from plex.manifest._lock import write_lock
 from plex.manifest._package import fingerprint_package, load_package
 from plex.manifest._planned import NOT_IMPLEMENTED
@@ -28,11 +29,13 @@ from plex.manifest._specs import (
 )
 
 __all__ = [
+    "EXECUTOR_FORMS",
     "NOT_IMPLEMENTED",
     "PLEX_PATH",
     "AppSpec",
     "BuildOptions",
     "DeviceSpec",
+    "ExecutorChoice",
     "GraphSpec",
     "PackageManifest",
     "PackageSpec",
@@ -44,6 +47,7 @@ __all__ = [
     "fingerprint_package",
     "load_app",
     "load_package",
+    "parse_executor",
     "parse_size",
     "write_lock",
 ]

@@ -106,6 +106,7 @@ def load_app(app_toml: Path | str) -> AppSpec:
             jobs=app.build.jobs or os.cpu_count() or 1,
             temp_memory=app.build.temp_memory,
             cache=(path.parent / cache).resolve() if cache is not None else None,
+            executor=app.build.executor,
         ),
     )
 

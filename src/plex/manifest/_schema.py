@@ -16,6 +16,7 @@ from myelin.codecs import check_codec_name
 from myelin.compiler.scheduling import FAVORS
 from myelin.platforms import DRIVERS, KERNEL_LIBRARIES, TARGETS
 from myelin.sizes import parse_size
+from plex.manifest._executor import parse_executor
 
 # -- accepted values: one definition each ---------------------------------------------------------
 
@@ -142,10 +143,16 @@ class RuntimeTable(_Table):
     profile: ProfileTable | None = None
 
 
+def _check_executor(text: str) -> str:
+    parse_executor(text)  # one grammar for the manifest and --executor
+    return text
+
+
 class BuildTable(_Table):
     jobs: Annotated[int, Field(ge=1)] | None = None
     temp_memory: Size = 2**30
     cache: str | None = None
+    executor: Annotated[str, AfterValidator(_check_executor)] = "local"
 
 
 class AppFile(_Table):

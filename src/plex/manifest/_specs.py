@@ -143,6 +143,7 @@ class BuildOptions:
     jobs: int
     temp_memory: int  # bytes
     cache: Path | None  # None: the caller picks the user cache folder
+    executor: str = "local"  # `[build] executor` (plex.manifest._executor's grammar)
 
 
 @dataclass(frozen=True)
