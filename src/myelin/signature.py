@@ -16,12 +16,15 @@ from myelin.dtypes import MLIR_TO_NUMPY
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One argument or result. `shape` entries are None for dynamic dims; `dims` names them."""
+    """One argument or result. `shape` entries are None for dynamic dims; `dims` names them.
+    `valid_range` is [lo, hi) for an integer input whose values index a table (found at build
+    time, myelin.compiler.index_ranges): the runtime refuses other values before the call."""
 
     name: str
     dtype: str
     shape: tuple[int | None, ...] | None  # None for a scalar
     dims: tuple[int | str, ...] = ()
+    valid_range: tuple[int, int] | None = None
 
     @property
     def is_scalar(self) -> bool:
@@ -36,21 +39,26 @@ class TensorSpec:
         return f"{self.name}: {self.dtype}[{', '.join(dims)}]"
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "name": self.name,
             "dtype": self.dtype,
             "shape": list(self.shape) if self.shape is not None else None,
             "dims": list(self.dims),
         }
+        if self.valid_range is not None:
+            data["range"] = list(self.valid_range)
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> TensorSpec:
         shape = data.get("shape")
+        valid_range = data.get("range")
         return cls(
             name=data["name"],
             dtype=data["dtype"],
             shape=tuple(shape) if shape is not None else None,
             dims=tuple(data.get("dims", ())),
+            valid_range=tuple(valid_range) if valid_range is not None else None,
         )
 
 

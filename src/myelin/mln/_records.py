@@ -519,7 +519,31 @@ def parse_tensor(value: Any, where: str) -> TensorSpec:
         dims = tuple(entries)
     else:  # older files: the compiler's own names for dynamic dims
         dims = tuple(d if d is not None else f"{name}.{a}" for a, d in enumerate(shape or ()))
-    return TensorSpec(name=name, dtype=dtype, shape=shape, dims=dims)
+    # optional (files before it have none): the values an index input may take
+    valid_range = o.optional("range", lambda v, w: _valid_range(v, w, dtype))
+    return TensorSpec(name=name, dtype=dtype, shape=shape, dims=dims, valid_range=valid_range)
+
+
+def _valid_range(value: Any, where: str, dtype: str) -> tuple[int, int]:
+    """[lo, hi) of an integer input: two integers of its dtype's range, lo < hi."""
+    if not dtype.startswith(("int", "uint")):
+        raise ManifestInvalid(where, f"is given for a {dtype} tensor; only integer inputs index")
+    entries = _list(value, where)
+    if len(entries) != 2 or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in entries
+    ):
+        raise ManifestInvalid(where, f"must be two integers [lo, hi), got {_show(value)}")
+    lo, hi = entries
+    bits = STORAGE_BITS[dtype]
+    smallest = 0 if dtype.startswith("uint") else -(1 << (bits - 1))
+    largest = (1 << bits) - 1 if dtype.startswith("uint") else (1 << (bits - 1)) - 1
+    if not smallest <= lo < hi <= largest + 1:
+        raise ManifestInvalid(
+            where,
+            f"must satisfy {smallest} <= lo < hi <= {largest + 1} for {dtype}, "
+            f"got {_show(value)}",
+        )
+    return lo, hi
 
 
 @dataclass(frozen=True)

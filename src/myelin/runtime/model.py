@@ -100,7 +100,13 @@ def check_declared_signature(
     pointing an entrypoint at another function (or lying about a shape) fails here, at load,
     instead of returning wrong shapes unchecked."""
     qualified = f"{record.module}.{record.function}"
-    declaration = function.reflection.get("iree.abi.declaration")
+    try:
+        declaration = function.reflection.get("iree.abi.declaration")
+    except RuntimeError as e:  # reflection strings that are not UTF-8 (a damaged module)
+        raise ArtifactError(
+            f"{path}: manifest field {where}.function: {qualified} has unreadable reflection "
+            f"({e}); the module section is damaged"
+        ) from e
     if declaration is None:
         raise ArtifactError(
             f"{path}: manifest field {where}.function: {qualified} has no "
@@ -197,11 +203,14 @@ class Model:
             view = self._reader.section_view(m.section)
             try:
                 module = rt.VmModule.wrap_buffer(self._vm_instance, view)
+                # a name that is not UTF-8 fails its conversion here (RuntimeError): found by
+                # tools/fuzz.py on a module section changed under verify=False
+                name = module.name
             except Exception as e:
                 raise ArtifactError(
                     f"{self.path}: module '{m.name}' is not valid VM bytecode: {e}"
                 ) from e
-            if module.name != m.name:
+            if name != m.name:
                 raise ArtifactError(
                     f"{self.path}: section of module '{m.name}' holds module '{module.name}'"
                 )

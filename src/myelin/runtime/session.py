@@ -37,7 +37,13 @@ from myelin.dtypes import numpy_dtype
 from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
 from myelin.runtime._iree_private import InvokeContext, argument_packer
 from myelin.runtime.admission import Reservation
-from myelin.runtime.tensors import as_host_array, check_inputs, shared_dims
+from myelin.runtime.tensors import (
+    as_host_array,
+    check_index_ranges,
+    check_inputs,
+    index_checks,
+    shared_dims,
+)
 
 OutputKind = Literal["numpy", "device"]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
@@ -211,6 +217,9 @@ class ResolvedCall:
         ]
         # Dynamic dims that share a name, as ((input, axis), ...) groups, for the fast check.
         self._equal_dims = [members for _, members in shared_dims(self.signature.inputs)]
+        # Integer inputs that index a table, with the [lo, hi) the build found (IREE reads out
+        # of bounds, or faults, on any other value).
+        self._index_checks = index_checks(self.signature.inputs)
 
     def _matches(self, values: tuple[Any, ...]) -> bool:
         if len(values) != len(self._expected):
@@ -254,6 +263,8 @@ class ResolvedCall:
             check_inputs(self.name, specs, values)
             if hasattr(model, "registry"):  # device arrays of another device move HAL-side
                 values = model.registry.onto(values, device)
+        if self._index_checks:
+            check_index_ranges(self.name, self._index_checks, values)
         budget = model.budget
         need = self._memory.need(self.name, values) if budget is not None else None
         stop.check()

@@ -112,3 +112,34 @@ def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:
 
 def _device_dtype(value: Any) -> str:
     return str(np.dtype(value.dtype))
+IndexCheck = tuple[int, str, int, int]  # input position, name, lo, hi
+
+
+def index_checks(specs: Sequence[TensorSpec]) -> tuple[IndexCheck, ...]:
+    """The inputs that carry a valid range (they index a table), as (position, name, lo, hi)."""
+    return tuple(
+        (i, s.name, *s.valid_range) for i, s in enumerate(specs) if s.valid_range is not None
+    )
+
+
+def check_index_ranges(
+    entrypoint: str, checks: Sequence[IndexCheck], values: Sequence[Any]
+) -> None:
+    """Refuse an index outside its table before IREE reads memory with it: one min and one max
+    per input (vectorized), and only on failure a search for the first bad element to name it.
+    Device arrays are not read back (that would cost a download): they are not checked."""
+    for position, name, lo, hi in checks:
+        value = values[position]
+        if is_device_array(value):
+            continue
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.size == 0 or (array.min() >= lo and array.max() < hi):
+            continue
+        flat = int(np.argmax((array < lo) | (array >= hi)))
+        where = ", ".join(str(int(i)) for i in np.unravel_index(flat, array.shape))
+        raise InputError(
+            f"{entrypoint}({name}): value {array.flat[flat]} at [{where}] is out of range "
+            f"[{lo}, {hi})"
+        )
+
+

@@ -237,6 +237,15 @@ def _named_dims(
     return named
 
 
+def _with_ranges(inputs: list[dict], ranges: list[list[int] | None]) -> list[dict]:
+    """The inputs with `range` ([lo, hi)) where the compile step found that the input indexes a
+    table: the runtime checks it before the call."""
+    return [
+        {**spec, "range": bounds} if bounds is not None else spec
+        for spec, bounds in zip(inputs, [*ranges, *[None] * len(inputs)], strict=False)
+    ]
+
+
 def ordered_modules(job: LinkJob, outputs: _Outputs) -> list[ModuleLink]:
     """The app's modules in VM registration order: each after the modules it imports functions
     from (a shard calling `@other_shard.fn`), otherwise in manifest order."""
@@ -310,8 +319,9 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                     "name": name,
                     "module": module.name,
                     "function": fn,
-                    "inputs": _named_dims(
-                        fn, sig["inputs"], module.dynamic, source_dims[module.name]
+                    "inputs": _with_ranges(
+                        _named_dims(fn, sig["inputs"], module.dynamic, source_dims[module.name]),
+                        meta.get("index_ranges", {}).get(fn, {}).get("ranges", []),
                     ),
                     "outputs": sig["outputs"],
                     "memory": meta["footprints"].get(fn, {"unknown": "no memory plan"}),

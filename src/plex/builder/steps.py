@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from myelin.codecs import NO_CODEC, ParameterInput, check_encoded_module, encode_graph
+from myelin.compiler.index_ranges import index_ranges, input_range
 from myelin.compiler.phases import HEADER_PREFIX, phase_file_name, render_phase_file
 from myelin.compiler.pipeline import CompiledModule, compile_module, import_graph
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
@@ -376,11 +377,48 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "warnings": list(compiled.warnings),
                 "kernel_sites": meta.get("kernel_sites", []),
                 "codec_violations": codec_violations,
+                "index_ranges": _index_ranges(job, compiled, imported_dir, functions, what),
             },
             indent=1,
             sort_keys=True,
         )
     )
+
+
+def _index_ranges(
+    job: CompileJob, compiled: CompiledModule, imported_dir: Path, functions: list[str], what: str
+) -> dict:
+    """Entrypoint -> `ranges` (per input, the [lo, hi) its values must lie in because they index
+    a table, or None) and `unchecked` (indices the runtime cannot check at the boundary), from
+    the imported IR (myelin.compiler.index_ranges); the link step writes them into the .mln."""
+    if job.resume is not None or job.stop_at is not None:
+        why = "resumed from a phase file: indices were not analysed"
+        return {fn: {"ranges": [], "unchecked": [why]} for fn in functions}
+    try:
+        found = index_ranges(
+            (imported_dir / IMPORTED_MODULE).read_bytes(), functions, what=what
+        )
+    except CompileError as e:
+        raise BuildError(f"index analysis of graph {what} failed: {e}") from e
+    records = {}
+    for fn in functions:
+        result = found.get(fn)
+        inputs = compiled.signatures[fn].inputs if fn in compiled.signatures else ()
+        ranges: list[list[int] | None] = []
+        unchecked = list(result.unchecked) if result is not None else []
+        for position, spec in enumerate(inputs):
+            valid = result.valid.get(position) if result is not None else None
+            if valid is None:
+                ranges.append(None)
+                continue
+            try:
+                bounds = input_range(valid, result.widths[position], spec.dtype)
+            except ValueError as e:
+                unchecked.append(f"input '{spec.name}': {e}")
+                bounds = None
+            ranges.append(list(bounds) if bounds is not None else None)
+        records[fn] = {"ranges": ranges, "unchecked": unchecked}
+    return records
 
 
 def _footprints(job: CompileJob, compiled: CompiledModule, functions: list[str]) -> dict:
