@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Coverage-guided fuzzing (atheris/libFuzzer) of what PLeX reads from outside: .mln files and
+manifests.
+
+    nice -n 19 .venv/bin/python tools/fuzz.py --minutes 30                  # every harness
+    nice -n 19 .venv/bin/python tools/fuzz.py --harness mln --runs 1000000
+
+Harnesses (each input is one test case; seeds are committed under tools/fuzz_corpus/<harness>/):
+
+- `mln`: the bytes of a whole .mln file. The first byte picks whether the header's manifest hash
+  is recomputed first (so mutations reach the manifest parser and the typed records, not just
+  the hash check). The file is opened by `MlnReader` (verify on) and by
+  `Instance().load(..., verify=False)`, which wraps the modules in IREE and registers parameters.
+- `mln-manifest`: the manifest JSON of a real artifact (examples/mlp), put back into that file
+  with a correct hash: every mutation reaches the typed records and the loader.
+- `manifest`: a `plex.toml` or an `app.toml` (the first byte picks which) in a folder that holds
+  the files examples/mlp refers to, read through `plex.manifest`.
+
+A harness may raise only the project's documented errors (ArtifactError and the other
+MyelinErrors for artifacts, ManifestError for manifests); anything else, a crash or a hang
+(`-timeout`, 10 s) is a defect: libFuzzer writes the input as `crash-*`/`timeout-*` into
+`--artifacts` and stops. The same checks run under hypothesis in
+tests/myelin/test_fuzz_properties.py within CI's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "tools" / "fuzz_corpus"
+HARNESSES = ("mln", "mln-manifest", "manifest")
+
+# The header layout (myelin.mln._layout): the manifest's sha256 is its last 32 bytes, after the
+# magic, versions, flags, offset and length.
+_HEADER = struct.Struct("<8sHHIQQ32s")
+
+
+def repair_manifest_hash(data: bytes) -> bytes:
+    """The file with its header's manifest hash recomputed, where the header places the manifest
+    inside the file; other bytes are left alone."""
+    if len(data) < _HEADER.size:
+        return data
+    magic, major, minor, flags, offset, length, _ = _HEADER.unpack_from(data)
+    if offset + length > len(data):
+        return data
+    digest = hashlib.sha256(data[offset : offset + length]).digest()
+    header = _HEADER.pack(magic, major, minor, flags, offset, length, digest)
+    return header + data[_HEADER.size :]
+
+
+def with_manifest(artifact: bytes, manifest: bytes) -> bytes:
+    """A copy of an unsigned artifact whose manifest is `manifest`, header fixed up to match."""
+    magic, major, minor, flags, offset, _, _ = _HEADER.unpack_from(artifact)
+    digest = hashlib.sha256(manifest).digest()
+    header = _HEADER.pack(magic, major, minor, flags, offset, len(manifest), digest)
+    return header + artifact[_HEADER.size : offset] + manifest
+
+
+class Targets:
+    """The checks, shared by the atheris harnesses and the hypothesis property tests: each takes
+    one input and returns normally or raises only a documented error (the caller decides what an
+    undocumented one means)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.mln_path = workdir / "case.mln"
+        self._instance = None
+        self._package = workdir / "package"
+        if not self._package.exists():
+            self._package.mkdir()
+            for name in ("mlp.mlir", "params.safetensors"):
+                shutil.copy(REPO / "examples" / "mlp" / name, self._package / name)
+            shutil.copy(REPO / "examples" / "mlp" / "plex.toml", self._package / "plex.toml")
+        self._seed_artifact: bytes | None = None
+
+    @property
+    def instance(self):
+        if self._instance is None:
+            import myelin
+
+            self._instance = myelin.Instance()
+        return self._instance
+
+    def seed_artifact(self) -> bytes:
+        if self._seed_artifact is None:
+            self._seed_artifact = (CORPUS / "mlp.mln").read_bytes()
+        return self._seed_artifact
+
+    def mln(self, data: bytes) -> None:
+        """One .mln file: the reader with every check, then the loader without hash checks."""
+        if data[:1] and data[0] & 1:
+            data = data[:1] + repair_manifest_hash(data[1:])
+        self._load(data[1:])
+
+    def mln_manifest(self, data: bytes) -> None:
+        self._load(with_manifest(self.seed_artifact(), data))
+
+    def _load(self, artifact: bytes) -> None:
+        from myelin.errors import ArtifactError, DeviceUnavailable, MemoryBudgetExceeded
+        from myelin.mln import MlnReader
+
+        self.mln_path.write_bytes(artifact)
+        with contextlib.suppress(ArtifactError):
+            MlnReader(self.mln_path, verify=True).close()
+        try:
+            model = self.instance.load(self.mln_path, verify=False)
+        except (ArtifactError, DeviceUnavailable, MemoryBudgetExceeded):
+            return
+        model.close()
+
+    def manifest(self, data: bytes) -> None:
+        """A plex.toml (even first byte) or an app.toml (odd) beside examples/mlp's files."""
+        from plex.errors import ManifestError
+        from plex.manifest import load_app, load_package
+
+        if not data:
+            return
+        kind, text = data[0], data[1:]
+        try:
+            if kind & 1:
+                app = self.workdir / "app" / "app.toml"
+                app.parent.mkdir(exist_ok=True)
+                app.write_bytes(text.replace(b"@PACKAGE@", str(self._package).encode()))
+                load_app(app)
+            else:
+                folder = self.workdir / "fuzzed-package"
+                if not folder.exists():
+                    shutil.copytree(self._package, folder)
+                (folder / "plex.toml").write_bytes(text)
+                load_package(folder)
+        except ManifestError:
+            pass
+
+
+def _run_harness(name: str, args: list[str]) -> None:
+    """Inside the child process: instrument the project's code and hand over to libFuzzer."""
+    import atheris
+
+    with atheris.instrument_imports(include=["myelin", "plex", "synapse"]):
+        import myelin.mln
+        import myelin.runtime  # noqa: F401
+        import plex.manifest  # noqa: F401
+    targets = Targets(Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-", dir=_scratch())))
+    target: Callable[[bytes], None] = {
+        "mln": targets.mln,
+        "mln-manifest": targets.mln_manifest,
+        "manifest": targets.manifest,
+    }[name]
+    atheris.Setup([sys.argv[0], *args], target)
+    atheris.Fuzz()
+
+
+def _scratch() -> str:
+    """Test files go to memory where there is a tmpfs: a case is written per execution."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--harness", choices=[*HARNESSES, "all"], default="all")
+    parser.add_argument("--minutes", type=float, default=None, help="time per harness")
+    parser.add_argument("--runs", type=int, default=None, help="executions per harness")
+    parser.add_argument("--artifacts", type=Path, default=Path("fuzz-findings"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
+    if args.child:
+        _run_harness(args.child, rest)
+        return 0
+    if args.minutes is None and args.runs is None:
+        parser.error("give --minutes or --runs")
+    names = HARNESSES if args.harness == "all" else (args.harness,)
+    args.artifacts.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for name in names:
+        work = Path(tempfile.mkdtemp(prefix=f"fuzz-corpus-{name}-"))
+        command = [
+            sys.executable, __file__, "--child", name,
+            str(work), str(CORPUS / name),  # first folder: written; second: the committed seeds
+            f"-artifact_prefix={args.artifacts.resolve()}/{name}-",
+            "-timeout=10", "-rss_limit_mb=4096", "-print_final_stats=1",
+        ]  # fmt: skip
+        if args.minutes is not None:
+            command.append(f"-max_total_time={int(args.minutes * 60)}")
+        if args.runs is not None:
+            command.append(f"-atheris_runs={args.runs}")
+        started = time.monotonic()
+        rc = subprocess.call(command)
+        print(f"fuzz {name}: exit {rc} after {time.monotonic() - started:.0f} s", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"findings in {args.artifacts}: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO / "src"))
+    sys.exit(main())
