@@ -20,6 +20,7 @@ from myelin.compiler.parameters import (
     outline_constants,
 )
 from myelin.compiler.phases import PHASE_ATTRIBUTE, RESUMABLE_PHASES, PhaseFileError
+from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.placement import (
     PLACEMENT_PHASE,
     PlacementRule,
@@ -155,6 +156,8 @@ class CompiledModule:
     # `footprints_unknown` saying why when the compile did not pass the Stream phase.
     footprints: dict[str, CallFootprint] = field(default_factory=dict)
     footprints_unknown: str | None = None
+    # ops placed on external backends: where each went, or why it stayed codegen
+    backend_calls: tuple[BackendCall, ...] = ()
 
 
 def compile_imported(
@@ -206,6 +209,7 @@ def compile_module(
     on_phase: Callable[[str, str], None] | None = None,
     placement: Sequence[PlacementRule] = (),
     what: str = "module",
+    backend_ops: Sequence[BackendOpRule] = (),
 ) -> CompiledModule:
     """Compile IR at `phase` (bytecode or text) for one variant's devices.
 
@@ -237,6 +241,7 @@ def compile_module(
             f"phases after it: {', '.join(RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :])}"
         )
     flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
+    backend_calls: list[BackendCall] = []
     with CompilerSession(flags) as session:
         module = session.parse(source, what=what)
         with session.context:
@@ -253,6 +258,9 @@ def compile_module(
                     module.attributes[name] = ir.Attribute.parse(text)
                 if len(devices) > 1:  # one device: nothing to place
                     apply_placement(module, placed)
+                if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
+                    host = [d.name for d in devices if d.target in ("llvm-cpu", "vmvx")]
+                    backend_calls = place_backend_ops(module, backend_ops, host, what=what)
             elif module_name is not None or export_only is not None:
                 raise CompileError(
                     f"{what}: renaming and export lists apply only to IR at phase "
@@ -283,7 +291,8 @@ def compile_module(
         unknown = f"compiled from phase '{phase}', after the Stream phase it is read at"
     footprints = {name: footprints[name] for name in signatures if name in footprints}
     return CompiledModule(
-        vmfb, tuple(flags), signatures, warnings, devices_of, footprints, unknown
+        vmfb, tuple(flags), signatures, warnings, devices_of, footprints, unknown,
+        backend_calls=tuple(backend_calls),
     )
 
 

@@ -21,6 +21,7 @@ from myelin.mln._layout import (
 from myelin.mln._manifest import ManifestInvalid
 from myelin.mln._reader import MlnReader
 from myelin.mln._records import (
+    BackendRecord,
     MAX_RANK,
     MAX_TENSOR_BYTES,
     RESIDENCY_MODES,
@@ -67,6 +68,7 @@ __all__ = [
     "TRAILER_SIZE",
     "AppRecord",
     "ArtifactManifest",
+    "BackendRecord",
     "DeviceRecord",
     "DeviceRequirements",
     "EntrypointRecord",

@@ -306,6 +306,40 @@ def _cuda_arch(value: Any, where: str) -> str:
 
 
 @dataclass(frozen=True)
+class BackendRecord:
+    """The external backend a device hosts (myelin.backends): its executable plugin and the
+    vendor libraries that plugin links, as `backend` sections loaded in the listed order."""
+
+    name: str
+    abi: int  # PLeX's backend ABI version the plugin was built for
+    ops: tuple[str, ...]
+    plugin: str  # section
+    libraries: tuple[str, ...]  # sections, loaded before the plugin
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, o: _Object) -> BackendRecord:
+        return cls(
+            o.string("name"),
+            o.count("abi"),
+            o.required("ops", _strings),
+            o.string("plugin"),
+            o.required("libraries", _strings),
+            o.extras(),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "name": self.name,
+            "abi": self.abi,
+            "ops": list(self.ops),
+            "plugin": self.plugin,
+            "libraries": list(self.libraries),
+        }
+        return _with_extras(data, self.extras)
+
+
+@dataclass(frozen=True)
 class DeviceRecord:
     """One device of a variant: the compiler target it was built for, the HAL driver it needs."""
 
@@ -318,6 +352,7 @@ class DeviceRecord:
     # went to or why it stayed IREE codegen (plain records: module, function, op, m, n, k, ...)
     kernels: tuple[Mapping[str, Any], ...] | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    backend: BackendRecord | None = None  # the device of an external backend
 
     @property
     def cpu_flags(self) -> frozenset[str]:
@@ -335,6 +370,7 @@ class DeviceRecord:
                         f"must be a string, number or bool, got {_show(value)}",
                     )
         requires = o.optional("requires", lambda v, w: DeviceRequirements.parse(_Object(v, w)))
+        backend = o.optional("backend", lambda v, w: BackendRecord.parse(_Object(v, w)))
         kernels = o.optional(
             "kernels", lambda v, w: tuple(_json_copy(_dict(x, f"{w}[{i}]")) for i, x in
                                           enumerate(_list(v, w)))
@@ -347,10 +383,13 @@ class DeviceRecord:
             requires,
             kernels,
             o.extras(),
+            backend=backend,
         )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "target": self.target, "driver": self.driver}
+        if self.backend is not None:
+            data["backend"] = self.backend.to_json()
         if self.options is not None:
             data["options"] = _json_copy(dict(self.options))
         if self.requires is not None:
@@ -1066,6 +1105,12 @@ def _check_references(m: ArtifactManifest) -> None:
     for i, v in enumerate(m.variants):
         for j, module in enumerate(v.modules):
             _section_ref(module.section, f"variants[{i}].modules[{j}]", sections, "module")
+        for j, device in enumerate(v.devices):
+            if device.backend is not None:
+                where = f"variants[{i}].devices[{j}].backend"
+                for k, name in enumerate((device.backend.plugin, *device.backend.libraries)):
+                    at = f"{where}.plugin" if k == 0 else f"{where}.libraries[{k - 1}]"
+                    _section_ref(name, at, sections, "backend")
 
 
 def validate_manifest(manifest: Any, *, format_version: tuple[int, int]) -> ArtifactManifest:

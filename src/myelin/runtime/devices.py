@@ -80,6 +80,9 @@ class DeviceRegistry:
                 self._failures[name] = reason
                 raise DeviceUnavailable(reason) from e
             self._drivers[name] = driver
+            from myelin.runtime.backends import note_driver_created
+
+            note_driver_created(name)  # plugins registered later would not reach it
             return driver
 
     def device(self, driver: str, ordinal: int = 0) -> rt.HalDevice:

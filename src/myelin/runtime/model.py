@@ -165,6 +165,8 @@ class Model:
             # The JSON as stored, for tools and tests that print or compare it; the runtime
             # itself reads only the records.
             self.manifest: dict[str, Any] = self._reader.manifest
+            # before any device: IREE reads executable plugins when it creates a driver
+            self.backends = self._load_backends()
             self.variant_record = choose_variant(
                 self.artifact_manifest, registry, variant, self.path
             )
@@ -188,6 +190,20 @@ class Model:
     @property
     def name(self) -> str:
         return self.artifact_manifest.app.name
+
+    def _load_backends(self) -> list:
+        """The external backends of every variant's devices (myelin.runtime.backends)."""
+        records = {
+            d.backend.name: d.backend
+            for v in self.artifact_manifest.variants
+            for d in v.devices
+            if d.backend is not None
+        }
+        if not records:
+            return []
+        from myelin.runtime.backends import load_backend
+
+        return [load_backend(self._reader, r) for r in records.values()]
 
     @property
     def variant_name(self) -> str:

@@ -103,6 +103,30 @@ class CompileJob(Job):
     resume: PhaseFile | None  # --resume-from, its path dropped (only its text and fields count)
     phase_fields: dict  # what a phase file written by this compile records in its header
     what: str
+    # ops placed on external backend devices, rewritten into calls at the input phase
+    # (myelin.compiler.backend_ops): (device, backend, op, min_flops) in [placement] order
+    backend_ops: tuple[tuple[str, str, str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendJob(Job):
+    """Build an external backend's executable plugin with gcc (or take its prebuilt one) and
+    collect the vendor libraries the .mln bundles (myelin.backends). Sources are inputs by
+    content: editing one rebuilds the plugin, and the compile nodes do not depend on it."""
+
+    kind = "backend"
+    step_module = "plex.builder.backends"
+    name: str
+    sources: tuple[InputFile, ...]
+    library: InputFile | None  # a prebuilt plugin instead of sources
+    abi: tuple[InputFile, ...]  # PLeX's plugin shim and backend header (myelin/backends/abi)
+    include_dirs: tuple[InputTree, ...]
+    libraries: tuple[InputFile, ...]  # vendor shared libraries, by content
+    library_names: tuple[str, ...]  # their file names (the plugin links them by soname)
+    cflags: tuple[str, ...]
+    compiler: str  # `gcc --version`, first line: another compiler is another plugin
+    ops: tuple[str, ...]
+    what: str
 
 
 @dataclass(frozen=True)
@@ -147,6 +171,7 @@ class DeviceLink:
     driver: str
     options: dict  # the device's target options that were set
     requires: dict
+    backend: Output | None = None  # the backend node of an external backend's device
 
 
 @dataclass(frozen=True)

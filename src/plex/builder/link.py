@@ -343,6 +343,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                         "driver": d.driver,
                         "options": dict(d.options),
                         "requires": dict(d.requires),
+                        **_backend_fields(d, outputs, sections),
                         **_kernel_sites(d, metas),
                     }
                     for d in variant.devices
@@ -386,6 +387,36 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
         },
     }
     return manifest, sections
+
+
+def _backend_fields(device, outputs: _Outputs, sections: list[dict]) -> dict:
+    """An external backend's device record: the plugin and vendor libraries as `backend`
+    sections (one copy however many variants use it), in the order the runtime loads them."""
+    if device.backend is None:
+        return {}
+    from plex.builder.backends import read_backend_meta
+
+    node = device.backend.node_id
+    meta = read_backend_meta(outputs.dir(node))
+    prefix = f"backend/{meta['name']}"
+
+    def add(name: str, file: str) -> str:
+        if all(s["name"] != name for s in sections):
+            sections.append(
+                {"name": name, "kind": "backend", **outputs.file(node, outputs.dir(node) / file)}
+            )
+        return name
+
+    libraries = [add(f"{prefix}/{f.rpartition('/')[2]}", f) for f in meta["libraries"]]
+    return {
+        "backend": {
+            "name": meta["name"],
+            "abi": meta["abi"],
+            "ops": meta["ops"],
+            "plugin": add(f"{prefix}/plugin", meta["plugin"]),
+            "libraries": libraries,
+        }
+    }
 
 
 def _codec_fields(codec: dict | None) -> dict:

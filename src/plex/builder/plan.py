@@ -27,6 +27,7 @@ from myelin.compiler.targets import TargetDevice
 from myelin.platforms import KERNELS_CUDA_ARCH
 from plex.builder import records
 from plex.builder.jobs import (
+    BackendJob,
     CompileJob,
     ComposeJob,
     DeviceLink,
@@ -43,6 +44,7 @@ from plex.builder.jobs import (
 )
 from plex.builder.versions import versions
 from plex.errors import BuildError
+from plex.manifest import BackendSpec
 from plex.manifest import AppSpec, DeviceSpec, GraphSpec, ShardSpec, VariantSpec, WeightsSpec
 from synapse import InputFile, InputTree, Node, Output, Plan, json_digest
 
@@ -265,8 +267,58 @@ def placement_rules(app: AppSpec, unit: ModuleUnit) -> tuple[tuple[str | None, s
     return tuple(
         (rule.function_glob, rule.device)
         for rule in app.placement
-        if rule.names_module(unit.graph.name, unit.name)
+        if rule.names_module(unit.graph.name, unit.name) and rule.op is None
     )
+
+
+def backend_node_id(backend: BackendSpec) -> str:
+    return f"backend:{backend.package}:{backend.name}"
+
+
+def backend_ops(
+    app: AppSpec, unit: ModuleUnit, variant: VariantSpec
+) -> tuple[tuple[str, str, str, int], ...]:
+    """The `[placement]` op rules about this module whose backend device is in the variant, as
+    (device, backend, op, min_flops) in file order: the compile rewrites those ops into calls."""
+    devices = {d.name: d for d in variant.devices}
+    return tuple(
+        (rule.device, devices[rule.device].backend.name, rule.op,  # type: ignore[union-attr]
+         devices[rule.device].backend.min_flops)  # type: ignore[union-attr]
+        for rule in app.placement
+        if rule.op is not None
+        and rule.device in devices
+        and devices[rule.device].backend is not None
+        and rule.names_module(unit.graph.name, unit.name)
+    )
+
+
+def _backend_nodes(app: AppSpec) -> list[Node]:
+    """One node per backend some variant's device uses: its plugin, built once."""
+    from myelin.backends import ABI_FILES, compiler_version
+
+    backends = {
+        backend_node_id(d.backend): d.backend
+        for v in app.variants
+        for d in v.devices
+        if d.backend is not None
+    }
+    nodes = []
+    for node_id, b in backends.items():
+        job = BackendJob(
+            name=b.name,
+            sources=tuple(InputFile(s) for s in b.sources),
+            library=InputFile(b.library) if b.library is not None else None,
+            abi=tuple(InputFile(f) for f in ABI_FILES),
+            include_dirs=tuple(InputTree(d, ".h") for d in b.include_dirs),
+            libraries=tuple(InputFile(lib) for lib in b.libraries),
+            library_names=tuple(lib.name for lib in b.libraries),
+            cflags=b.cflags,
+            compiler=compiler_version() if b.sources else "",
+            ops=b.ops,
+            what=f"backend {b.ref}",
+        )
+        nodes.append(Node(node_id, job, label=f"build backend {b.ref}"))
+    return nodes
 
 
 def _weights_of(graph: GraphSpec) -> WeightsSpec | None:
@@ -290,6 +342,7 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
     package_dirs = {p.name: p.path for p in app.packages}
     for graph in import_units(app):
         nodes.append(_import_node(graph, package_dirs[graph.package]))
+    nodes.extend(_backend_nodes(app))
     for graph in import_units(app):
         policy = codec_policy(app, graph)
         if not policy.trivial:
@@ -320,7 +373,8 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         compose = ComposeJob(
             link=Output(LINK_NODE),
             sections=tuple(Output(n.id) for n in nodes if n.kind in ("weights", "import",
-                                                                      "encode", "compile")),
+                                                                      "encode", "compile",
+                                                                      "backend")),
             strict=request.strict,
             output=request.output,
         )
@@ -396,6 +450,7 @@ def _compile_node(
         # only phase files record them; a normal compile does not read them
         phase_fields=phase_fields(unit, variant, app) if writes_phases else {},
         what=f"{unit.ref} ({variant.name})",
+        backend_ops=backend_ops(app, unit, variant),
     )
     label = f"compile {unit.ref} for {variant.name}"
     return Node(compile_node_id(unit, variant), job, label=label, heavy=True)
@@ -464,6 +519,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                         if v
                     },
                     requires=device_requirements(d),
+                    backend=Output(backend_node_id(d.backend)) if d.backend else None,
                 )
                 for d in variant.devices
             ),

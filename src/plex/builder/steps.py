@@ -344,6 +344,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
             stop_at=stop_at,
             on_phase=on_phase,
             placement=job.placement,
+            backend_ops=job.backend_ops,
             what=what,
         )
         codec_violations = (
@@ -377,6 +378,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "warnings": list(compiled.warnings),
                 "kernel_sites": meta.get("kernel_sites", []),
                 "codec_violations": codec_violations,
+                "backend_calls": [c.to_json() for c in compiled.backend_calls],
                 "index_ranges": _index_ranges(job, compiled, imported_dir, functions, what),
             },
             indent=1,

@@ -16,6 +16,7 @@ from plex.manifest._planned import NOT_IMPLEMENTED
 from plex.manifest._schema import parse_size
 from plex.manifest._specs import (
     AppSpec,
+    BackendSpec,
     BuildOptions,
     DeviceSpec,
     GraphSpec,
@@ -33,6 +34,7 @@ __all__ = [
     "NOT_IMPLEMENTED",
     "PLEX_PATH",
     "AppSpec",
+    "BackendSpec",
     "BuildOptions",
     "DeviceSpec",
     "ExecutorChoice",

@@ -56,7 +56,7 @@ def load_app(app_toml: Path | str) -> AppSpec:
 
     graphs = _select_graphs(doc, app, packages)
     graphs = [replace(g, weights=packages.weights_of(g)) for g in graphs]
-    devices = _devices(doc, app)
+    devices = _backend_devices(doc, app, packages, _devices(doc, app))
     variants = _variants(doc, app, devices)
     placement = tuple(PlacementRule(glob, device) for glob, device in app.placement.items())
     modules = {
@@ -69,6 +69,7 @@ def load_app(app_toml: Path | str) -> AppSpec:
             raise doc.error(
                 ("placement", rule.pattern), *unknown(rule.device, devices, what="device")
             )
+        _check_backend_rule(doc, rule, devices[rule.device])
         if not any(rule.names_module(graph, module) for graph, module in modules):
             names = sorted({n for pair in modules for n in pair})
             raise doc.error(
@@ -187,7 +188,8 @@ class _Packages:
         table: Mapping[str, Any] = getattr(package, kind)
         if ref[1] not in table:
             accepted = [spec.ref for spec in table.values()]
-            word = {"graphs": "graph", "weights": "weights", "tuning": "tuning spec"}[kind]
+            word = {"graphs": "graph", "weights": "weights", "tuning": "tuning spec",
+                    "backends": "backend"}[kind]
             raise doc.error(at, *unknown(text, accepted, what=word))
         return table[ref[1]]
 
@@ -279,6 +281,57 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             kernels=value["kernels"] or None,
         )
     return devices
+
+
+def _backend_devices(
+    doc: TomlDocument, app: AppFile, packages: _Packages, devices: dict[str, DeviceSpec]
+) -> dict[str, DeviceSpec]:
+    """Devices with `backend`: the backend resolved (`package:name`, or a name that one listed
+    package exports). Such a device is a host-memory local-task device (myelin.backends)."""
+    out = dict(devices)
+    for name, table in app.devices.items():
+        if table.backend is None:
+            continue
+        at = ("devices", name, "backend")
+        if table.target != "llvm-cpu" or (table.driver or "local-task") != "local-task":
+            raise doc.error(
+                at, "a backend device runs on the local-task driver with target llvm-cpu",
+                "remove target and driver",
+            )
+        if ":" in table.backend:
+            backend = packages.resolve(doc, at, table.backend, "backends")
+        else:
+            found = [p.backends[table.backend] for p in packages.listed
+                     if table.backend in p.backends]
+            if len(found) != 1:
+                names = [b.ref for p in packages.listed for b in p.backends.values()]
+                if not found:
+                    raise doc.error(at, *unknown(table.backend, names, what="backend"))
+                raise doc.error(at, f"{len(found)} packages export backend {table.backend!r}",
+                                "name it as 'package:name'")
+            backend = found[0]
+        out[name] = replace(devices[name], backend=backend)
+    return out
+
+
+def _check_backend_rule(doc: TomlDocument, rule: PlacementRule, device: DeviceSpec) -> None:
+    """An op rule needs a backend device that implements the op; a backend device runs only
+    ops its backend implements, so whole graphs or functions cannot be placed on it."""
+    at = ("placement", rule.pattern)
+    backend = device.backend
+    if rule.op is None:
+        if backend is not None:
+            raise doc.error(
+                at, f"device {device.name!r} is backend {backend.ref}: it runs ops, not graphs",
+                f'place ops on it: "{rule.module_glob}:{backend.ops[0]}" = "{device.name}"',
+            )
+        return
+    if backend is None:
+        raise doc.error(at, f"device {device.name!r} has no backend; only a backend device "
+                        "takes op placements", 'add backend = "package:name" to the device')
+    if rule.op not in backend.ops:
+        raise doc.error(at, f"backend {backend.ref} does not implement {rule.op!r}",
+                        f"it implements: {', '.join(backend.ops)}")
 
 
 def _variants(

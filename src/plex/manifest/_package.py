@@ -16,10 +16,12 @@ from plex.manifest._schema import (
     NAME,
     PYTHON_FRONTENDS,
     WEIGHTS_FORMATS,
+    BackendTable,
     GraphTable,
     PackageFile,
 )
 from plex.manifest._specs import (
+    BackendSpec,
     FrozenDict,
     GraphSpec,
     PackageManifest,
@@ -104,12 +106,16 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
     graphs = {
         gname: _graph(doc, folder, name, gname, g, weights) for gname, g in model.graph.items()
     }
+    backends = {
+        bname: _backend(doc, folder, name, bname, b) for bname, b in model.backend.items()
+    }
 
     files = [manifest]
     files += [g.source for g in graphs.values() if g.source is not None]
     files += [s.source for g in graphs.values() for s in g.shards]
     files += [w.source for w in weights.values() if w.source is not None]
     files += [t.path for t in tuning.values()]
+    files += [f for b in backends.values() for f in (*b.sources, *filter(None, [b.library]))]
     ordered = tuple(sorted(set(files), key=lambda f: _relative(folder, f)))
     spec = PackageSpec(
         name=name,
@@ -125,8 +131,69 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
         weights=FrozenDict(weights),
         tuning=FrozenDict(tuning),
         files=ordered,
+        backends=FrozenDict(backends),
     )
     return package, doc
+
+
+def _backend(
+    doc: TomlDocument, folder: Path, package: str, name: str, b: BackendTable
+) -> BackendSpec:
+    """`[backend.<name>]`: sources or a prebuilt plugin, and the vendor files it needs.
+
+    Vendor files (`include_dirs`, `libraries`) live in an installed Python distribution when
+    `vendor_module` names one (a BLAS wheel), else in the package folder. A missing one is an
+    error here, at its line, not a linker error later.
+    """
+    at = ("backend", name)
+    _check_name(doc, at, name, NAME)
+    if bool(b.sources) == (b.library is not None):
+        raise doc.error(at, "give either `sources` (C files) or `library` (a prebuilt plugin)")
+    sources = tuple(
+        _existing(doc, (*at, "sources", i), folder, s) for i, s in enumerate(b.sources)
+    )
+    library = _existing(doc, (*at, "library"), folder, b.library) if b.library else None
+    vendor = folder
+    if b.vendor_module is not None:
+        import importlib.util
+
+        spec = importlib.util.find_spec(b.vendor_module)
+        if spec is None or not spec.submodule_search_locations:
+            raise doc.error(
+                (*at, "vendor_module"),
+                f"vendor module {b.vendor_module!r} is not installed",
+                "install it (pip install 'plex[blas]' for the BLAS backend)",
+            )
+        vendor = Path(next(iter(spec.submodule_search_locations)))
+    include_dirs = []
+    for i, d in enumerate(b.include_dirs):
+        path = (vendor / d).resolve()
+        if not path.is_dir():
+            raise doc.error((*at, "include_dirs", i), f"folder not found: {path}")
+        include_dirs.append(path)
+    libraries = []
+    for i, lib in enumerate(b.libraries):
+        path = (vendor / lib).resolve()
+        if not path.is_file():
+            raise doc.error(
+                (*at, "libraries", i),
+                f"backend library not found: {path}",
+                f"reinstall {b.vendor_module}" if b.vendor_module else "check the path",
+            )
+        libraries.append(path)
+    return BackendSpec(
+        ref=f"{package}:{name}",
+        package=package,
+        name=name,
+        sources=sources,
+        library=library,
+        ops=tuple(dict.fromkeys(b.ops)),
+        device=b.device,
+        include_dirs=tuple(include_dirs),
+        libraries=tuple(libraries),
+        cflags=tuple(b.cflags),
+        min_flops=b.min_flops,
+    )
 
 
 def split_ref(text: str, package: str | None = None) -> tuple[str, str] | None:
@@ -212,6 +279,7 @@ def _graph(
         dynamic=FrozenDict(
             {a: FrozenDict({int(d): n for d, n in dims.items()}) for a, dims in g.dynamic.items()}
         ),
+        host_fallback=g.host_fallback,
     )
 
 

@@ -47,9 +47,6 @@ NOT_IMPLEMENTED: dict[KeyPath, Planned] = {
         used=lambda v: Path(v).suffix in (".irpa", ".gguf"),
         subject=lambda v: f"the {Path(v).suffix} weights format",
     ),
-    ("plex.toml", "backend", "*"): Planned(
-        "the external-backends work", "remove it", used=lambda v: True
-    ),
 }
 
 

@@ -73,6 +73,8 @@ class GraphTable(_Table):
     # shard name -> [entrypoints] or {source, frontend, entrypoints}; checked in _package, where
     # errors can point at the shard's own line
     shards: Any = None
+    # ops IREE cannot lower run in a host VM module instead of failing the build (opt-in)
+    host_fallback: bool = False
 
 
 class WeightsTable(_Table):
@@ -86,12 +88,32 @@ class TuningTable(_Table):
     target: Target
 
 
+# Ops an external backend may implement; myelin.backends rewrites them into calls to it.
+BackendOp = Literal["matmul"]
+BACKEND_DEVICE_KINDS = ("cpu",)  # host memory, run by the local-task driver
+
+
+class BackendTable(_Table):
+    sources: list[str] = []  # C sources, compiled with gcc into the plugin
+    library: str | None = None  # or a prebuilt plugin (.so); exactly one of the two
+    ops: Annotated[list[BackendOp], Field(min_length=1)]
+    device: Literal[BACKEND_DEVICE_KINDS] = "cpu"  # type: ignore[valid-type]
+    # a Python distribution holding the vendor library: include_dirs and libraries are relative
+    # to its module folder (e.g. scipy_openblas32); without it, to the package folder
+    vendor_module: str | None = None
+    include_dirs: list[str] = []
+    libraries: list[str] = []  # shared libraries the plugin links; bundled into the .mln
+    cflags: list[str] = []
+    # smallest op (multiply-adds) worth a call; smaller ones stay with IREE's code generation
+    min_flops: Annotated[int, Field(ge=0)] = 0
+
+
 class PackageFile(_Table):
     package: PackageTable
     graph: dict[str, GraphTable] = {}
     weights: dict[str, WeightsTable] = {}
     tuning: dict[str, TuningTable] = {}
-    backend: dict[str, dict[str, Any]] = {}
+    backend: dict[str, BackendTable] = {}
 
 
 # app.toml
@@ -111,6 +133,7 @@ class DeviceTable(_Table):
     cpu_features: str | None = None
     data_tiling: bool | None = None
     arch: str | None = None
+    backend: str | None = None  # "package:name" or "name" of an external backend: its device
     kernels: Literal[KERNEL_LIBRARIES] | None = None  # type: ignore[valid-type]
 
 

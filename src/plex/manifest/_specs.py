@@ -41,8 +41,27 @@ class DeviceSpec:
     cpu: str | None  # llvm-cpu only: "host", "generic" or an LLVM CPU name
     cpu_features: str | None  # llvm-cpu only
     arch: str | None  # cuda: sm_XX; rocm: gfxNNNN
+    backend: BackendSpec | None = None  # the device of an external backend
     data_tiling: bool = False  # llvm-cpu only: IREE packs weights for its matmul kernels
     kernels: str | None = None  # cuda only: a kernel library (myelin.kernels), e.g. "triton"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A package's `[backend.<name>]`: an external library behind IREE's executable-plugin
+    contract (myelin.backends), the ops it implements, and the device kind that hosts it."""
+
+    ref: str  # "package:name"
+    package: str
+    name: str
+    sources: tuple[Path, ...]  # C sources compiled into the plugin; empty with `library`
+    library: Path | None  # a prebuilt plugin
+    ops: tuple[str, ...]
+    device: str  # the device kind: "cpu" (host memory, local-task)
+    include_dirs: tuple[Path, ...]
+    libraries: tuple[Path, ...]  # vendor shared libraries the plugin links, bundled in the .mln
+    cflags: tuple[str, ...]
+    min_flops: int
 
 
 @dataclass(frozen=True)
@@ -111,6 +130,7 @@ class GraphSpec:
     # argument name (or "entrypoint.argument") -> {dimension index -> dimension name}: dims the
     # frontend keeps dynamic; equal names are equal sizes
     dynamic: FrozenDict[str, FrozenDict[int, str]] = field(default_factory=FrozenDict)
+    host_fallback: bool = False  # ops IREE cannot lower run in a host VM module
 
 
 @dataclass(frozen=True)
@@ -134,6 +154,7 @@ class PackageManifest:
     weights: FrozenDict[str, WeightsSpec]
     tuning: FrozenDict[str, TuningSpec]
     files: tuple[Path, ...]  # plex.toml and every file it references, in fingerprint order
+    backends: FrozenDict[str, BackendSpec] = field(default_factory=FrozenDict)
 
 
 @dataclass(frozen=True)
@@ -159,8 +180,14 @@ class PlacementRule:
     device: str
 
     @property
+    def op(self) -> str | None:
+        """`"<graph glob>:<op>"` places ops of that kind (e.g. `matmul`) on a backend device."""
+        _, colon, op = self.pattern.partition(":")
+        return op if colon else None
+
+    @property
     def module_glob(self) -> str:
-        return self.pattern.partition(".")[0]
+        return self.pattern.partition(":")[0].partition(".")[0]
 
     @property
     def function_glob(self) -> str | None:

@@ -1,0 +1,356 @@
+"""Ops placed on an external backend become dispatches that call it (at the `input` phase).
+
+Each covered op (today `matmul`: f32 `linalg.matmul` and `linalg.batch_matmul` whose output
+starts as zeros) is replaced by a `flow.dispatch` of one `stream.executable` per backend device,
+whose single workgroup calls the import `plex_<backend>_matmul` with the bindings' base pointers,
+offsets and sizes (IREE's executable-plugin calling convention, `llvm.bareptr`). The dispatch
+carries the backend device's `stream.affinity`, which IREE honours on `flow.dispatch` ops; the
+plugin resolves the import when the device loads the executable (myelin.runtime.backends).
+
+What the rewrite looks through, so the vendor call sees the model's own weights: a
+`linalg.transpose` of a 2-D B (the call transposes instead: no transposed copy of the weight),
+and a batch_matmul whose B is a 2-D matrix broadcast over the batch (one [batch*M, K] x [K, N]
+call instead of `batch` calls). An op that does not fit (another dtype, an accumulating output,
+fewer multiply-adds than the backend's `min_flops`) stays with IREE's code generation, and the
+report says why.
+
+Every device of the variant is host memory (a backend device is a local-task device), so the
+module gets a `stream.topology` with unified-memory links between them: Stream then passes the
+same buffers across devices instead of copying them (measured: without it, every call copied
+its inputs and weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from iree.compiler import ir
+
+from myelin.backends import import_symbol
+from myelin.errors import CompileError
+
+TRANSPOSE_B = 1  # PLEX_MATMUL_TRANSPOSE_B
+SHARED_B = 2  # PLEX_MATMUL_SHARED_B
+
+# (device, backend, op, min_flops), in [placement] order
+BackendOpRule = tuple[str, str, str, int]
+
+_MATMULS = ("linalg.matmul", "linalg.batch_matmul")
+
+
+@dataclass(frozen=True)
+class BackendCall:
+    """One op the rewrite looked at: where it went, or why it stayed with codegen."""
+
+    function: str
+    op: str
+    device: str | None  # None: kept by IREE's code generation
+    shape: str  # "batch x m x n x k", with ? for dynamic sizes
+    note: str  # how it was called (flags) or why it was kept
+
+    def to_json(self) -> dict:
+        return {
+            "function": self.function,
+            "op": self.op,
+            "device": self.device,
+            "shape": self.shape,
+            "note": self.note,
+        }
+
+
+def _executable_text(name: str, backend: str) -> str:
+    symbol = import_symbol(backend, "matmul")
+    return f"""
+stream.executable private @{name} {{
+  stream.executable.export public @matmul workgroups(%w: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    stream.return %c1, %c1, %c1 : index, index, index
+  }}
+  builtin.module {{
+    func.func private @{symbol}(memref<f32>, index, memref<f32>, index, memref<f32>, index,
+        index, index, index, index, index) attributes {{llvm.bareptr = true}}
+    func.func @matmul(%ba: !stream.binding, %bb: !stream.binding, %bc: !stream.binding,
+        %batch: index, %m: index, %n: index, %k: index, %flags: index, %lb: index) {{
+      %c0 = arith.constant 0 : index
+      %bm = arith.muli %batch, %m : index
+      %la = arith.muli %bm, %k : index
+      %lc = arith.muli %bm, %n : index
+      %a = stream.binding.subspan %ba[%c0] : !stream.binding -> memref<?xf32>{{%la}}
+      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{{%lb}}
+      %c = stream.binding.subspan %bc[%c0] : !stream.binding -> memref<?xf32>{{%lc}}
+      %a0, %ao, %as, %ast = memref.extract_strided_metadata %a
+          : memref<?xf32> -> memref<f32>, index, index, index
+      %b0, %bo, %bs, %bst = memref.extract_strided_metadata %b
+          : memref<?xf32> -> memref<f32>, index, index, index
+      %c0p, %co, %cs, %cst = memref.extract_strided_metadata %c
+          : memref<?xf32> -> memref<f32>, index, index, index
+      func.call @{symbol}(%a0, %ao, %b0, %bo, %c0p, %co, %batch, %m, %n, %k, %flags)
+          : (memref<f32>, index, memref<f32>, index, memref<f32>, index, index, index, index,
+             index, index) -> ()
+      return
+    }}
+  }}
+}}
+"""
+
+
+def _functions(module: ir.Operation) -> Iterator[ir.Operation]:
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name in ("util.func", "func.func") and op.regions and op.regions[0].blocks:
+            yield op
+
+
+def _walk(region: ir.Region) -> Iterator[ir.Operation]:
+    for block in region.blocks:
+        for op in block.operations:
+            op = op.operation
+            yield op
+            for inner in op.regions:
+                yield from _walk(inner)
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
+def _is_zero_fill(value: ir.Value) -> bool:
+    fill = _producer(value)
+    if fill is None or fill.name != "linalg.fill":
+        return False
+    scalar = _producer(fill.operands[0])
+    if scalar is None or scalar.name != "arith.constant":
+        return False
+    attr = scalar.attributes["value"]
+    return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value == 0.0
+
+
+def _transposed_2d(value: ir.Value) -> ir.Value | None:
+    """The source of a `linalg.transpose` with permutation [1, 0], else None."""
+    op = _producer(value)
+    if op is None or op.name != "linalg.transpose":
+        return None
+    if list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) != [1, 0]:
+        return None
+    return op.operands[0]
+
+
+def _broadcast_2d(value: ir.Value) -> ir.Value | None:
+    """The 2-D source of a linalg.generic that copies it along a new leading dim, else None."""
+    op = _producer(value)
+    if op is None or op.name != "linalg.generic" or len(op.operands) != 2:
+        return None
+    maps = [str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if maps != [
+        "affine_map<(d0, d1, d2) -> (d1, d2)>",
+        "affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
+    ]:
+        return None
+    body = list(op.regions[0].blocks[0].operations)
+    block = op.regions[0].blocks[0]
+    if len(body) != 1 or body[0].operation.name != "linalg.yield":
+        return None
+    if body[0].operation.operands[0] != block.arguments[0]:
+        return None
+    return op.operands[0]
+
+
+def _f32_tensor(value: ir.Value) -> ir.RankedTensorType | None:
+    t = value.type
+    if not isinstance(t, ir.RankedTensorType):
+        return None
+    t = ir.RankedTensorType(t)
+    return t if isinstance(t.element_type, ir.F32Type) else None
+
+
+class _Builder:
+    """Index values and ops inserted before one op."""
+
+    def __init__(self, before: ir.Operation) -> None:
+        self.point = ir.InsertionPoint(before)
+        self.location = before.location
+        self.index = ir.IndexType.get()
+
+    def _create(self, name: str, operands: list, results: list, attributes: dict) -> ir.Operation:
+        op = ir.Operation.create(
+            name, results=results, operands=operands, attributes=attributes, loc=self.location
+        )
+        self.point.insert(op)
+        return op
+
+    def constant(self, value: int) -> ir.Value:
+        attr = ir.IntegerAttr.get(self.index, value)
+        return self._create("arith.constant", [], [self.index], {"value": attr}).result
+
+    def dim(self, tensor: ir.Value, axis: int) -> ir.Value:
+        size = ir.RankedTensorType(tensor.type).shape[axis]
+        if size != ir.ShapedType.get_dynamic_size():
+            return self.constant(size)
+        return self._create("tensor.dim", [tensor, self.constant(axis)], [self.index], {}).result
+
+    def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self._create("arith.muli", [a, b], [self.index], {}).result
+
+    def dynamic_dims(self, tensor: ir.Value) -> list[ir.Value]:
+        t = ir.RankedTensorType(tensor.type)
+        return [self.dim(tensor, i) for i in range(t.rank) if t.is_dynamic_dim(i)]
+
+    def dispatch(
+        self, executable: str, operands: list[ir.Value], init: ir.Value, device: str
+    ) -> ir.Value:
+        """The call; its result has the type and dims of `init` (the op's zero output)."""
+        tensors = operands[:2]
+        scalars = operands[2:]
+        argument_dims = [d for t in tensors for d in self.dynamic_dims(t)]
+        result_dims = self.dynamic_dims(init)
+        workload = [self.constant(1)]
+        attributes = {
+            "entry_points": ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, "matmul"])]),
+            "operandSegmentSizes": ir.DenseI32ArrayAttr.get(
+                [len(workload), len(tensors) + len(scalars), len(argument_dims), len(result_dims)]
+            ),
+            "tied_operands": ir.ArrayAttr.get([ir.IntegerAttr.get(self.index, -1)]),
+            "stream.affinity": ir.Attribute.parse(f"#hal.device.affinity<@{device}>"),
+        }
+        op = self._create(
+            "flow.dispatch",
+            [*workload, *tensors, *scalars, *argument_dims, *result_dims],
+            [init.type],
+            attributes,
+        )
+        return op.result
+
+
+def _static(t: ir.RankedTensorType, axis: int) -> int | None:
+    return None if t.is_dynamic_dim(axis) else t.shape[axis]
+
+
+def _shape_text(*sizes: int | None) -> str:
+    return " x ".join("?" if s is None else str(s) for s in sizes)
+
+
+def place_backend_ops(
+    module: ir.Operation,
+    rules: Sequence[BackendOpRule],
+    devices: Sequence[str],
+    *,
+    what: str = "module",
+) -> list[BackendCall]:
+    """Rewrite the ops `rules` place on backend devices into calls of their backends.
+
+    Call inside the module's context, on IR at the `input` phase. Returns one record per op of
+    a placed kind, placed or kept (the build reports them).
+    """
+    matmul_rule = next((r for r in rules if r[2] == "matmul"), None)
+    if matmul_rule is None:
+        return []
+    device, backend, _, min_flops = matmul_rule
+    # Ops are created by name: their dialects must be loaded, or they are built unregistered
+    # (and come back from bytecode as other ops).
+    for dialect in ("arith", "tensor", "flow", "stream", "hal"):
+        ir.Context.current.dialects[dialect]
+    if device not in devices:
+        raise CompileError(f"{what}: backend device '{device}' is not a device of this variant")
+    executable = f"plex_backend_{device}"
+    calls: list[BackendCall] = []
+    rewritten = 0
+    for fn in list(_functions(module)):
+        fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
+        for op in [o for o in _walk(fn.regions[0]) if o.name in _MATMULS]:
+            call = _rewrite_matmul(op, fn_name, executable, device, min_flops)
+            calls.append(call)
+            rewritten += call.device is not None
+    if rewritten:
+        block = module.regions[0].blocks[0]
+        parsed = ir.Module.parse(_executable_text(executable, backend))
+        for op in list(parsed.body.operations):
+            op.operation.detach_from_parent()
+            ir.InsertionPoint.at_block_begin(block).insert(op)
+        _unified_memory(module, devices)
+    return calls
+
+
+def _rewrite_matmul(
+    op: ir.Operation, fn_name: str, executable: str, device: str, min_flops: int
+) -> BackendCall:
+    a, b, out = op.operands[0], op.operands[1], op.operands[2]
+    result = op.results[0]
+    types = [_f32_tensor(v) for v in (a, b, out)]
+    batched = op.name == "linalg.batch_matmul"
+
+    def kept(why: str, shape: str = "") -> BackendCall:
+        return BackendCall(fn_name, op.name, None, shape, why)
+
+    if any(t is None for t in types):
+        return kept("not f32")
+    ta = types[0]
+    assert ta is not None
+    if not _is_zero_fill(out):
+        return kept("its output accumulates into a value that is not zeros")
+    flags = 0
+    shared = None
+    if batched:
+        shared = _broadcast_2d(b)
+        if shared is not None:
+            b, flags = shared, SHARED_B
+    if not batched or shared is not None:
+        source = _transposed_2d(b)
+        if source is not None and _f32_tensor(source) is not None:
+            b, flags = source, flags | TRANSPOSE_B
+    tb = ir.RankedTensorType(b.type)
+    m_axis = 1 if batched else 0
+    sizes = {
+        "batch": _static(ta, 0) if batched else 1,
+        "m": _static(ta, m_axis),
+        "k": _static(ta, m_axis + 1),
+        "n": _static(tb, tb.rank - 2 if flags & TRANSPOSE_B else tb.rank - 1),
+    }
+    shape = _shape_text(sizes["batch"], sizes["m"], sizes["n"], sizes["k"])
+    if all(v is not None for v in sizes.values()):
+        flops = sizes["batch"] * sizes["m"] * sizes["n"] * sizes["k"]  # type: ignore[operator]
+        if flops < min_flops:
+            return kept(f"{flops} multiply-adds, below the backend's min_flops", shape)
+
+    build = _Builder(op)
+    batch = build.dim(a, 0) if batched else build.constant(1)
+    m = build.dim(a, m_axis)
+    k = build.dim(a, m_axis + 1)
+    n = build.dim(b, tb.rank - 2 if flags & TRANSPOSE_B else tb.rank - 1)
+    if flags & SHARED_B:  # one [batch*m, k] x [k, n] call: A and C are contiguous row-major
+        m, batch = build.mul(batch, m), build.constant(1)
+    b_length = build.constant(1)
+    for axis in range(tb.rank):
+        b_length = build.mul(b_length, build.dim(b, axis))
+    called = build.dispatch(
+        executable, [a, b, batch, m, n, k, build.constant(flags), b_length], out, device
+    )
+    result.replace_all_uses_with(called)
+    op.erase()
+    notes = [n for bit, n in ((TRANSPOSE_B, "transposed B"), (SHARED_B, "shared B")) if flags & bit]
+    return BackendCall(fn_name, op_name_of(batched), device, shape, ", ".join(notes) or "plain")
+
+
+def op_name_of(batched: bool) -> str:
+    return "linalg.batch_matmul" if batched else "linalg.matmul"
+
+
+def _unified_memory(module: ir.Operation, devices: Sequence[str]) -> None:
+    """Every device of a variant with a backend is host memory: tell Stream so (no copies), and
+    keep code nobody placed on the variant's first device (IREE would pick one itself)."""
+    links = ", ".join(
+        f"(@{a} -> @{b} = {{unified_memory = true, transparent_access = true}})"
+        for a in devices
+        for b in devices
+        if a != b
+    )
+    module.attributes["stream.topology"] = ir.Attribute.parse(
+        f"#hal.device.topology<links = [{links}]>"
+    )
+    if "stream.affinity" not in module.attributes:
+        module.attributes["stream.affinity"] = ir.Attribute.parse(
+            f"#hal.device.promise<@{devices[0]}>"
+        )
