@@ -110,6 +110,18 @@ def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:
             )
 
 
+def _within(array: np.ndarray, lo: int, hi: int) -> bool:
+    """All of `array` in [lo, hi): for lo == 0 (embeddings) one pass, the maximum of the bits
+    read as unsigned (a negative value reads as a huge one); else a minimum and a maximum. The
+    reductions are compared as Python ints: comparing numpy scalars costs microseconds."""
+    if lo == 0 and array.dtype.kind == "i":
+        unsigned = array.view(np.dtype(f"u{array.dtype.itemsize}"))
+        return int(np.maximum.reduce(unsigned, axis=None)) < hi
+    return int(np.minimum.reduce(array, axis=None)) >= lo and (
+        int(np.maximum.reduce(array, axis=None)) < hi
+    )
+
+
 def _device_dtype(value: Any) -> str:
     return str(np.dtype(value.dtype))
 IndexCheck = tuple[int, str, int, int]  # input position, name, lo, hi
@@ -125,15 +137,15 @@ def index_checks(specs: Sequence[TensorSpec]) -> tuple[IndexCheck, ...]:
 def check_index_ranges(
     entrypoint: str, checks: Sequence[IndexCheck], values: Sequence[Any]
 ) -> None:
-    """Refuse an index outside its table before IREE reads memory with it: one min and one max
-    per input (vectorized), and only on failure a search for the first bad element to name it.
+    """Refuse an index outside its table before IREE reads memory with it: one vectorized
+    reduction per input (`_within`), and only on failure a search for the first bad element.
     Device arrays are not read back (that would cost a download): they are not checked."""
     for position, name, lo, hi in checks:
         value = values[position]
         if is_device_array(value):
             continue
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        if array.size == 0 or (array.min() >= lo and array.max() < hi):
+        if array.size == 0 or _within(array, lo, hi):
             continue
         flat = int(np.argmax((array < lo) | (array >= hi)))
         where = ", ".join(str(int(i)) for i in np.unravel_index(flat, array.shape))
