@@ -60,6 +60,12 @@ def repair_manifest_hash(data: bytes) -> bytes:
     return header + data[_HEADER.size :]
 
 
+def split_manifest(artifact: bytes) -> bytes:
+    """The manifest JSON of an artifact, where its header places it."""
+    _, _, _, _, offset, length, _ = _HEADER.unpack_from(artifact)
+    return artifact[offset : offset + length]
+
+
 def with_manifest(artifact: bytes, manifest: bytes) -> bytes:
     """A copy of an unsigned artifact whose manifest is `manifest`, header fixed up to match."""
     magic, major, minor, flags, offset, _, _ = _HEADER.unpack_from(artifact)
@@ -99,16 +105,17 @@ class Targets:
             self._seed_artifact = (CORPUS / "mlp.mln").read_bytes()
         return self._seed_artifact
 
-    def mln(self, data: bytes) -> None:
-        """One .mln file: the reader with every check, then the loader without hash checks."""
+    def mln(self, data: bytes) -> bool:
+        """One .mln file: the reader with every check, then the loader without hash checks.
+        True when the loader accepted it."""
         if data[:1] and data[0] & 1:
             data = data[:1] + repair_manifest_hash(data[1:])
-        self._load(data[1:])
+        return self._load(data[1:])
 
-    def mln_manifest(self, data: bytes) -> None:
-        self._load(with_manifest(self.seed_artifact(), data))
+    def mln_manifest(self, data: bytes) -> bool:
+        return self._load(with_manifest(self.seed_artifact(), data))
 
-    def _load(self, artifact: bytes) -> None:
+    def _load(self, artifact: bytes) -> bool:
         from myelin.errors import ArtifactError, DeviceUnavailable, MemoryBudgetExceeded
         from myelin.mln import MlnReader
 
@@ -118,16 +125,18 @@ class Targets:
         try:
             model = self.instance.load(self.mln_path, verify=False)
         except (ArtifactError, DeviceUnavailable, MemoryBudgetExceeded):
-            return
+            return False
         model.close()
+        return True
 
-    def manifest(self, data: bytes) -> None:
-        """A plex.toml (even first byte) or an app.toml (odd) beside examples/mlp's files."""
+    def manifest(self, data: bytes) -> bool:
+        """A plex.toml (even first byte) or an app.toml (odd) beside examples/mlp's files; True
+        when it was read without error."""
         from plex.errors import ManifestError
         from plex.manifest import load_app, load_package
 
         if not data:
-            return
+            return False
         kind, text = data[0], data[1:]
         try:
             if kind & 1:
@@ -142,7 +151,8 @@ class Targets:
                 (folder / "plex.toml").write_bytes(text)
                 load_package(folder)
         except ManifestError:
-            pass
+            return False
+        return True
 
 
 def _run_harness(name: str, args: list[str]) -> None:
@@ -154,7 +164,7 @@ def _run_harness(name: str, args: list[str]) -> None:
         import myelin.runtime  # noqa: F401
         import plex.manifest  # noqa: F401
     targets = Targets(Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-", dir=_scratch())))
-    target: Callable[[bytes], None] = {
+    target: Callable[[bytes], bool] = {
         "mln": targets.mln,
         "mln-manifest": targets.mln_manifest,
         "manifest": targets.manifest,
