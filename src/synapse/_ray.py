@@ -113,7 +113,9 @@ class RayExecutor(Executor):
         shared cache; what a task builds goes to both.
     memory_budget: accepted for the same interface; on a cluster each node's `memory` resource
         plays that role (`task_options`).
-    After `run`, `placements` maps each node that ran as a task to where it ran.
+    After `run`, `placements` maps each node that ran as a task to where it ran, and
+    `step_seconds` to how long its step took there (the rest of the node's time is the
+    cluster's: scheduling, moving tars, committing).
     """
 
     def __init__(
@@ -132,11 +134,12 @@ class RayExecutor(Executor):
         self.address = address
         self.shared_cache_root = shared_cache
         self.placements: dict[str, Placement] = {}
+        self.step_seconds: dict[str, float] = {}  # the step alone, on its worker
         self._shared: Any = None
 
     def run(self, plan: Plan) -> RunResult:
         self._connect()
-        self.placements = {}
+        self.placements, self.step_seconds = {}, {}
         keys = self.keys(plan)
         return _RayRun(self, plan, keys, self._triage(plan, keys)).execute()
 
@@ -266,6 +269,7 @@ class _RayRun(_Run):
             return self._failed(node, key, exc, f"{type(exc).__name__}: {exc}", start, placement)
         seconds = time.monotonic() - start
         self.executor.placements[node.id] = placement
+        self.executor.step_seconds[node.id] = record["seconds"]
         self._record(node)
         self.emit(
             "finish",
@@ -338,12 +342,14 @@ def _run_step(
             key=key,
             _log=logs.append,
         )
+        start = time.perf_counter()
         try:
             run_job(job, ctx)
         except Exception as exc:
             return b"", {"placement": placement, "logs": logs, "error": _picklable(exc)}
         packed = pack_folder(out_dir)
-        record = {"placement": placement, "logs": logs, "error": None}
+        seconds = time.perf_counter() - start
+        record = {"placement": placement, "logs": logs, "error": None, "seconds": seconds}
         return packed, {**record, "digest": bytes_digest(packed)}
     finally:
         shutil.rmtree(work, ignore_errors=True)

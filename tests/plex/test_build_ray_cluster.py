@@ -258,6 +258,60 @@ def test_gpu_trials_run_one_per_gpu_at_a_time(ray_cluster, tmp_path):
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(held)), held
 
 
+@dataclass(frozen=True)
+class SleepOrFailJob(Job):
+    """A step that sleeps `seconds`, then raises if `fail`: a stand-in for a long compile."""
+
+    kind: ClassVar[str] = "sleep"
+    step_module: ClassVar[str] = __name__
+    seconds: float
+    fail: bool = False
+
+
+@step(SleepOrFailJob)
+def run_sleep_or_fail(job: SleepOrFailJob, ctx: NodeContext) -> None:
+    time.sleep(job.seconds)
+    if job.fail:
+        raise ValueError("candidate 3 does not compile")
+    (ctx.out_dir / "slept").write_text(str(job.seconds))
+
+
+def test_a_failed_task_names_its_node_and_worker(ray_cluster, tmp_path):
+    from synapse import BuildFailed, RayExecutor
+
+    events: list[Event] = []
+    plan = Plan([Node("compile:bad", SleepOrFailJob(0.0, fail=True), heavy=True)])
+    executor = RayExecutor(Cache(tmp_path / "cache"), shared_cache=None, on_event=events.append)
+    with pytest.raises(BuildFailed) as failed:
+        executor.run(plan)
+    assert failed.value.node_id == "compile:bad"
+    assert isinstance(failed.value.__cause__, ValueError)  # the step's own exception, not Ray's
+    (error,) = [e for e in events if e.kind == "error"]
+    assert error.message.startswith(
+        "ValueError: candidate 3 does not compile (on worker 127.0.0.1/"
+    )
+    assert ray_cluster.worker_of(error.worker) in ("a", "b")
+    assert Cache(tmp_path / "cache").ls() == []
+
+
+def test_ctrl_c_cancels_running_tasks_instead_of_waiting(ray_cluster, tmp_path):
+    import _thread
+
+    from synapse import RayExecutor
+
+    plan = Plan([Node(f"compile:{i}", SleepOrFailJob(30.0 + i), heavy=True) for i in range(2)])
+    events: list[Event] = []
+    executor = RayExecutor(Cache(tmp_path / "cache"), shared_cache=None, on_event=events.append)
+    timer = threading.Timer(3.0, _thread.interrupt_main)  # Ctrl-C 3 s in
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        executor.run(plan)
+    assert time.monotonic() - start < 20, "the 30 s steps were cancelled, not awaited"
+    assert [e.status for e in events if e.kind == "done"] == ["interrupted"]
+    assert Cache(tmp_path / "cache").ls() == []
+
+
 def test_a_worker_killed_mid_build_still_gives_the_same_artifact(
     ray_cluster, app, local_mln, tmp_path, monkeypatch
 ):
