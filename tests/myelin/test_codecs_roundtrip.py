@@ -110,7 +110,7 @@ def test_q4_rows_stay_contiguous_low_nibble_first():
 
 
 def test_q4_matmul_weight_is_stored_k_major():
-    """Format 6: a torch Linear's [N, K] weight, read by the matmul as [K, N], is stored
+    """Format 7: a torch Linear's [N, K] weight, read by the matmul as [K, N], is stored
     [K, N] with two output columns a byte and groups along K; it decodes to the same weight
     as the row-major layout of the same codes."""
     layout, (data, scale8, offset8, _rs, _ro), back = roundtrip_ordered("q4", W, (1,), (1, 0))
@@ -125,7 +125,7 @@ def test_q4_matmul_weight_is_stored_k_major():
 
 
 def test_q4_format4_parameters_still_read():
-    """Format 4 stored every weight [output, group, block]: that is the format-6 layout with
+    """Format 4 stored every weight [output, group, block]: that is the format-7 layout with
     the output axis first, byte for byte, so its parts decode through `format4_layout`."""
     w = W.T.copy()  # [K=128, N=96] read by x @ w: contracted axis 0
     old = format4_layout(w.shape, 0, 32)
@@ -134,7 +134,7 @@ def test_q4_format4_parameters_still_read():
     _, _, direct = roundtrip("q4", W, (1,))  # the same codes, stored row-major
     np.testing.assert_array_equal(decode(parts, old), direct.T)
     new = plan_layout("q4", w.shape, "float32", (0,))
-    assert new.parts[0].storage_shape == (128, 96)  # format 6: the consumer's [K, N]
+    assert new.parts[0].storage_shape == (128, 96)  # format 7: the consumer's [K, N]
 
 
 def test_q4_size_at_default_group_is_under_0_15_of_fp32():

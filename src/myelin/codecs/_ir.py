@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 from iree.compiler.dialects import linalg
 
-from myelin.codecs import Layout
+from myelin.codecs import Layout, StoredPart
 from myelin.errors import CompileError
 
 DECODE_ATTRIBUTE = "plex.decode"  # on decode generics: "scope::key" (for people reading IR)
@@ -696,7 +696,9 @@ def _emit_scalar_decode(
     chain: _Chain, layout: Layout, parts: list[ir.Value], context: ir.Context
 ) -> None:
     """Replace `tensor.extract %weight[...]` by extracts of the parts at the same logical
-    element and the scalar decode: only the elements read are ever decoded."""
+    element and the scalar decode: only the elements read are ever decoded. A 4-bit part is
+    read through its byte view (an i8 global over the same bytes): a scalar i4 extract does not
+    compile for CUDA in IREE 3.13 ("failed to emulate bit width")."""
     extract = chain.consumer
     indices = list(extract.operands)[1:]
     rank = len(chain.src)
@@ -719,7 +721,22 @@ def _emit_scalar_decode(
                 f"({', '.join(f'%i{d}' for d in range(rank))})"
             )
             names.append(name)
-        lines.append(f"%p{i} = tensor.extract %t{i}[{', '.join(names)}] : {parts[i].type}")
+        if part.element != "i4":
+            lines.append(f"%p{i} = tensor.extract %t{i}[{', '.join(names)}] : {parts[i].type}")
+            continue
+        # `parts[i]` is the byte view of 4-bit data (_byte_view): extract the byte holding the
+        # element and shift its nibble down (the even element is the low nibble)
+        last = part.index[-1]
+        operands = ", ".join(f"%i{d}" for d in range(rank))
+        apply = f"affine.apply affine_map<({dims}) -> (EXPR)>({operands})"
+        lines += [
+            f"%y{i} = {apply.replace('EXPR', f'({last}) floordiv 2')}",
+            f"%z{i} = {apply.replace('EXPR', f'(({last}) mod 2) * 4')}",
+            f"%w{i} = arith.index_cast %z{i} : index to i8",
+            f"%b{i} = tensor.extract %t{i}[{', '.join([*names[:-1], f'%y{i}'])}] : {parts[i].type}",
+            f"%s{i} = arith.shrui %b{i}, %w{i} : i8",
+            f"%p{i} = arith.trunci %s{i} : i8 to i4",
+        ]
     lines += _decode_lines(layout, element)
     body = "\n".join(f"  {line}" for line in lines)
     text = (
@@ -888,6 +905,23 @@ def _replace_global(
     return created
 
 
+def _byte_view(
+    old: ir.Operation, scope: str, key: str, part: StoredPart, context: ir.Context
+) -> tuple[str, ir.Type]:
+    """A global of i8 over a 4-bit part's bytes (the same parameter, its innermost dim
+    halved): (name, type)."""
+    shape = (*part.shape[:-1], part.shape[-1] // 2)
+    view_type = ir.Type.parse(_tensor_type(shape, "i8"), context)
+    new = old.clone(ip=ir.InsertionPoint(old))
+    name = ir.StringAttr(old.attributes["sym_name"]).value
+    new.attributes["sym_name"] = ir.StringAttr.get(f"{name}.bytes.encoded", context)
+    new.attributes["type"] = ir.TypeAttr.get(view_type, context)
+    new.attributes["initial_value"] = ir.Attribute.parse(
+        f'#flow.parameter.named<"{scope}"::"{key}{part.suffix}"> : {view_type}', context
+    )
+    return ir.StringAttr(new.attributes["sym_name"]).value, view_type
+
+
 def rewrite(
     module: ir.Operation, name: str, scope: str, key: str, layout: Layout, context: ir.Context
 ) -> list[str]:
@@ -899,6 +933,7 @@ def rewrite(
     part_globals = _replace_global(old, scope, key, layout, context)
     loads = symbol_users(module).get(name, [])
     report: list[str] = []
+    byte_views: dict[int, tuple[str, ir.Type]] = {}  # part index -> its i8 global (gathers)
     for load in loads:
         for use in list(load.results[0].uses):
             chain = _follow(load.results[0], use.owner, use.operand_number, rank)
@@ -914,6 +949,13 @@ def rewrite(
                 parts = [_load(g, t, chain.consumer) for g, t in part_globals]
             what = f"{scope}::{key}"
             if kind.kind == "gather":
+                for i, part in enumerate(layout.parts):
+                    if part.element == "i4":
+                        if i not in byte_views:
+                            byte_views[i] = _byte_view(old, scope, key, part, context)
+                        stale = parts[i].owner  # where the part's load was placed
+                        parts[i] = _load(*byte_views[i], stale)
+                        stale.erase()
                 _emit_scalar_decode(chain, layout, parts, context)
             else:
                 if (

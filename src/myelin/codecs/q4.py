@@ -1,7 +1,7 @@
 """q4: 4-bit unsigned integers in groups along the contracted axis; each group has its own
 scale and offset: w ~= q * scale + offset, q in [0, 15].
 
-Storage (format 6) keeps the axes in the order the consumer reads them, like int8 and fp16 do,
+Storage (format 7) keeps the axes in the order the consumer reads them, like int8 and fp16 do,
 two values per byte along the innermost stored axis (the even element in the low nibble):
 
 - a matmul weight is stored [K, N]: the consumer walks the contraction axis K and reads a
@@ -16,7 +16,7 @@ Format 4 stored every weight [output, group, block] (output-major): the matvec r
 output rows, one nibble at a time, which compiled to a scalar unpacking loop (2.6x slower than
 fp32 on the Llama decode step). A format-4 .mln still runs as it is (its module decodes its own
 layout); `decode` reads its parts through `format4_layout` (their recorded data shape is rank 3:
-[output, group, block]; format 6 records the rank-2 stored shape).
+[output, group, block]; format 7 records the rank-2 stored shape).
 
 The IR sees the data as [..., groups, group, ...] (the same bytes) and decodes over those two
 loop dims, so every part is read through a plain projection and IREE vectorizes the unpacking
@@ -123,7 +123,7 @@ def layout(
             "%qs = arith.mulf %qf, %s : f32",
             "%r = arith.addf %qs, %b : f32",
         ),
-        f"4-bit values stored [{axes}] (format 6), two per byte along {names[order[-1]]}, "
+        f"4-bit values stored [{axes}] (format 7), two per byte along {names[order[-1]]}, "
         f"groups of {group} along {names[axis]}; per group an 8-bit scale and an 8-bit offset "
         "(each times a float32 factor per output)",
         {"group": group},
@@ -156,7 +156,7 @@ def _output_major(stored: np.ndarray, layout: Layout) -> np.ndarray:
 
 def format4_layout(shape: tuple[int, ...], reduce_axis: int, group: int) -> Layout:
     """The layout of a q4 parameter written by codec format 4 ([output, group, block]): the
-    format-6 layout with the output axis stored first, the same bytes."""
+    format-7 layout with the output axis stored first, the same bytes."""
     found = layout(
         tuple(shape),
         "float32",
