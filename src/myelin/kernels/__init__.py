@@ -12,9 +12,10 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from myelin.kernels._triton import MatmulConfig
 from myelin.platforms import KERNEL_LIBRARIES, KERNELS_CUDA_ARCH
 
-__all__ = ["KERNEL_LIBRARIES", "KERNELS_CUDA_ARCH", "KernelizedGraph", "apply_kernels"]
+__all__ = ["KERNELS_CUDA_ARCH", "KERNEL_LIBRARIES", "KernelizedGraph", "apply_kernels"]
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,11 @@ class KernelizedGraph:
     kernels: tuple[str, ...]  # the kernels embedded, by name
 
 
-def choose_matmul_config(dtype: str, out_dtype: str, b_transposed: bool, m, n: int, k: int):
+def choose_matmul_config(
+    dtype: str, out_dtype: str, b_transposed: bool, m: int | None, n: int, k: int
+) -> MatmulConfig:
     """The kernel config for one matmul. One tile shape today (128x256x64, 8 warps, 3 stages:
     741 TFLOP/s at 8192^3 on an H200); decode-sized M gets no kernel of its own yet."""
-    from myelin.kernels._triton import MatmulConfig
-
     return MatmulConfig(dtype=dtype, out_dtype=out_dtype, b_transposed=b_transposed)
 
 

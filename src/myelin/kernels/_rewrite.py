@@ -35,7 +35,7 @@ class MatmulSite:
 
     function: str
     location: str
-    shape: tuple[int | None, int, int] | tuple  # (M, N, K); M None when dynamic
+    shape: tuple[int | None, int | None, int | None]  # (M, N, K); M None when dynamic
     dtype: str
     out_dtype: str
     b_transposed: bool
@@ -43,7 +43,7 @@ class MatmulSite:
     reason: str  # why it goes there, or why it stays IREE codegen
 
     def to_json(self) -> dict:
-        m, n, k = (list(self.shape) + [None, None, None])[:3]
+        m, n, k = self.shape
         return {
             "function": self.function,
             "location": self.location,
@@ -200,7 +200,12 @@ def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _M
     _, n, k = m.site.shape
     dynamic_m = m.site.shape[0] is None
     dims = "{%m}" if dynamic_m else ""
-    m_value = "%m = tensor.dim %a, %c0 : " + a_t if dynamic_m else f"%m = arith.constant {m.site.shape[0]} : index"
+    m_value = (
+        f"%m = tensor.dim %a, %c0 : {a_t}"
+        if dynamic_m
+        else f"%m = arith.constant {m.site.shape[0]} : index"
+    )
+    data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
     count = (
         f"affine_map<()[s0, s1] -> ((s0 ceildiv {config.block_m}) * (s1 ceildiv {config.block_n}))>"
     )
@@ -224,7 +229,7 @@ util.func private @{name}(%a: {a_t}, %b: {b_t}) -> {r_t} {{
       {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
     objects({{
       #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
-        #hal.executable.object<{{path = "{kernel.name}.cubin", data = dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>}}>
+        #hal.executable.object<{{path = "{kernel.name}.cubin", data = {data}}}>
       ]
     }})
     <{{workgroup_size = [{kernel.threads} : index, 1 : index, 1 : index],
@@ -244,7 +249,7 @@ def rewrite(
     operand types)."""
     body = module.regions[0].blocks[0]
     wrappers: dict[tuple[str, str, str, str], str] = {}
-    for i, m in enumerate(x for x in matches if x.config is not None):
+    for m in (x for x in matches if x.config is not None):
         assert m.config is not None
         key = (m.config.name, str(m.a_type), str(m.b_type), str(m.result_type))
         name = wrappers.get(key)
@@ -268,4 +273,3 @@ def rewrite(
         fill = getattr(fill, "operation", fill)
         if fill.name == "linalg.fill" and not list(fill.results[0].uses):
             fill.erase()
-        del i

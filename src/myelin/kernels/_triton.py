@@ -137,15 +137,18 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
     with tempfile.TemporaryDirectory() as cache:
         import os
 
-        old = os.environ.get("TRITON_CACHE_DIR")
+        old = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION")}
         os.environ["TRITON_CACHE_DIR"] = cache  # no writes to the user's ~/.triton
+        os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, said explicitly
         try:
-            kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+            target = GPUTarget("cuda", capability, 32)
+            kernel = triton.compile(source, target=target, options=options)
         finally:
-            if old is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = old
+            for key, value in old.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
     meta = kernel.metadata
     ptx = _drop_scratch_params(
         kernel.asm["ptx"],
@@ -155,9 +158,6 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
     ptx = _rename_entry(ptx, meta.name, config.name)
     cubin = assemble(ptx, arch)
     return CompiledKernel(config.name, cubin, ptx, int(meta.shared), config.num_warps * 32)
-
-
-_PARAM = re.compile(r"^\s*\.param\s+\.\w+\s+(?:\.ptr[^\n]*?)?\s*(\w+)\s*,?\s*$")
 
 
 def _drop_scratch_params(ptx: str, *, global_scratch: int, profile_scratch: int) -> str:

@@ -35,14 +35,17 @@ import numpy as np
 
 from myelin.dtypes import numpy_dtype
 from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
-from myelin.runtime._iree_private import InvokeContext, argument_packer
+from myelin.runtime._iree_private import InvokeContext, argument_packer, is_device_array
 from myelin.runtime.admission import Reservation
 from myelin.runtime.tensors import (
+    DeviceTensor,
     as_host_array,
     check_index_ranges,
     check_inputs,
     index_checks,
+    output_arguments,
     shared_dims,
+    with_output_arguments,
 )
 
 OutputKind = Literal["numpy", "device"]
@@ -130,15 +133,24 @@ class Session:
         return resolved
 
     def call(
-        self, name: str, *inputs: Any, output: OutputKind = "numpy", timeout: float | None = None
+        self,
+        name: str,
+        *inputs: Any,
+        output: OutputKind = "numpy",
+        timeout: float | None = None,
+        out: Any = None,
     ) -> Any:
         """Run entrypoint `name`. Returns one value, or a tuple for several results.
 
         `timeout` (seconds) bounds the whole call, waiting for the session and for memory
         included; when it runs out the call raises DeadlineExceeded (see the module docstring
         for where a call can stop).
+
+        `out` (one tensor, or a tuple) is storage for results the entrypoint writes into a
+        caller's buffer: arguments its source marks `{iree.abi.output = N : index}`. The call
+        returns those objects themselves, written; on a GPU this skips the result allocation.
         """
-        return self.resolve(name)(*inputs, output=output, timeout=timeout)
+        return self.resolve(name)(*inputs, output=output, timeout=timeout, out=out)
 
     def _closed_error(self, name: str) -> SessionClosed:
         return SessionClosed(
@@ -200,9 +212,15 @@ class ResolvedCall:
         ]
         self._memory = entry.memory
         self._parameters = entry.memory.parameters or None
+        # Arguments that are result storage ({iree.abi.output = N}): (argument, result) pairs.
+        self._output_args = output_arguments(self._function.reflection.get("iree.abi.declaration"))
         # The device the entrypoint runs on: its arguments are uploaded there, results live there.
         model = session.model
         self._device = model.hal_device(entry.device) if entry.device else session._device
+        registry = getattr(model, "registry", None)
+        # CUDA DLPack tensors are imported in place only onto a CUDA device.
+        on_cuda = registry is not None and registry.driver_of(self._device) == "cuda"
+        self._cuda = self._device if on_cuda else None
         # Per input: (dtype, rank, ((axis, size), ...) of static dims), for the fast check;
         # None for scalars. The slow path (check_inputs) only runs to word an error.
         self._expected = [
@@ -243,9 +261,17 @@ class ResolvedCall:
         return True
 
     def __call__(
-        self, *inputs: Any, output: OutputKind = "numpy", timeout: float | None = None
+        self,
+        *inputs: Any,
+        output: OutputKind = "numpy",
+        timeout: float | None = None,
+        out: Any = None,
     ) -> Any:
         session = self._session
+        outs_given = ()
+        if out is not None:
+            outs_given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            inputs = with_output_arguments(self.name, inputs, outs_given, self._output_args)
         if output not in OUTPUT_KINDS:
             raise ValueError(
                 f"{self.name}: output must be one of {', '.join(map(repr, OUTPUT_KINDS))}, "
@@ -253,12 +279,18 @@ class ResolvedCall:
             )
         stop = _Stop(session, self.name, timeout)
         model = session.model
+        wanted = output
+        if outs_given:  # results written into caller storage are never converted
+            output = "device"
         device = self._device
         if self._matches(inputs):  # numpy arrays of the right dtype and static dims
             values: Any = inputs
         else:
             specs = self.signature.inputs
-            values = [as_host_array(v, s, self.name) for v, s in zip(inputs, specs, strict=False)]
+            values = [
+                as_host_array(v, s, self.name, self._cuda)
+                for v, s in zip(inputs, specs, strict=False)
+            ]
             values.extend(inputs[len(specs) :])
             check_inputs(self.name, specs, values)
             if hasattr(model, "registry"):  # device arrays of another device move HAL-side
@@ -297,6 +329,14 @@ class ResolvedCall:
                     reservation.release()
         finally:
             session._lock.release()
+        for (_, result), given in zip(self._output_args, outs_given, strict=False):
+            if isinstance(given, np.ndarray):  # host arrays are passed as copies: copy back
+                np.copyto(given, np.asarray(outs[result]))
+            outs[result] = given  # written in place: hand back the caller's own object
+        if outs_given and wanted == "numpy":
+            tied = {result for _, result in self._output_args}
+            outs = [o if i in tied or not is_device_array(o) else np.asarray(o.to_host())
+                    for i, o in enumerate(outs)]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _dispatch(
@@ -309,6 +349,10 @@ class ResolvedCall:
     ) -> list[Any]:
         stop.where = "before it was dispatched"
         stop.check()
+        if self._cuda is not None:
+            # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
+            # through the host; its buffer view is what it passes without a copy.
+            values = [v._buffer_view if isinstance(v, DeviceTensor) else v for v in values]
         args = self._packer.pack(InvokeContext(device), values, {})
         results = rt.VmVariantList(len(self._out_dtypes))
         if self._async:
@@ -367,8 +411,11 @@ class ResolvedCall:
         if dtype is None:
             return results.get_variant(i)
         view = results.get_as_object(i, rt.HalBufferView)
-        if output == "device":
-            return rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
+        if output == "device":  # exports DLPack: torch.from_dlpack(y) views it in place
+            return DeviceTensor(
+                device, view, cuda=self._cuda is not None, implicit_host_transfer=True,
+                override_dtype=dtype,
+            )
         if not view.get_buffer().memory_type() & _HOST_VISIBLE:
             # Device memory (CUDA): IREE's own transfer into a fresh host array.
             array = rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)

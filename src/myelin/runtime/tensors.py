@@ -6,23 +6,30 @@ InputError naming the argument, not a HAL assertion from inside the VM.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
+import iree.runtime as rt
 import numpy as np
 
 from myelin.errors import InputError
+from myelin.runtime._cuda import CU_STREAM_LEGACY, KDL_CUDA, synchronize_legacy_stream
 from myelin.runtime._iree_private import is_device_array
 from myelin.signature import TensorSpec
 
 
-def as_host_array(value: Any, spec: TensorSpec, entrypoint: str) -> Any:
+def as_host_array(value: Any, spec: TensorSpec, entrypoint: str, cuda: Any = None) -> Any:
     """numpy arrays pass through; DLPack tensors (torch CPU, jax CPU...) are viewed zero-copy;
-    Python scalars become 0-d values. Device arrays returned by an earlier call pass through."""
+    Python scalars become 0-d values. Device arrays returned by an earlier call pass through.
+    With `cuda` (the entrypoint's HAL device, when it is a CUDA device), DLPack tensors on the
+    GPU (torch CUDA tensors) are imported in place (`import_cuda_tensor`)."""
     if isinstance(value, np.ndarray):
         return value
     if is_device_array(value):  # stays on its device
         return value
+    if cuda is not None and _dlpack_device(value)[0] == KDL_CUDA:
+        return import_cuda_tensor(value, cuda, spec, entrypoint)
     if hasattr(value, "__dlpack__"):
         try:
             return np.from_dlpack(value)
@@ -39,6 +46,110 @@ def as_host_array(value: Any, spec: TensorSpec, entrypoint: str) -> Any:
         f"{entrypoint}: argument '{spec.name}' has type {type(value).__name__}; "
         "expected a numpy array or a DLPack tensor"
     )
+
+
+def _dlpack_device(value: Any) -> tuple[int, int]:
+    try:
+        kind, ordinal = value.__dlpack_device__()
+        return int(kind), int(ordinal)
+    except (AttributeError, TypeError, ValueError):
+        return (0, 0)
+
+
+def import_cuda_tensor(value: Any, device: rt.HalDevice, spec: TensorSpec, entrypoint: str) -> Any:
+    """A GPU tensor's memory as a HAL buffer view on `device`, without a copy.
+
+    Lifetime: the buffer view owns the DLPack capsule, whose deleter (run when IREE releases the
+    buffer, after the last call or result using it) lets the producer free the memory; until
+    then the tensor stays alive, whatever the caller drops. Order: the producer orders its
+    pending work before the legacy default stream, which is waited on here (IREE's streams are
+    not ordered by it)."""
+    _, ordinal = _dlpack_device(value)
+    if ordinal != 0:
+        raise InputError(
+            f"{entrypoint}: argument '{spec.name}' is on CUDA device {ordinal}; the entrypoint "
+            "runs on CUDA device 0: move it there first"
+        )
+    try:
+        capsule = value.__dlpack__(stream=CU_STREAM_LEGACY)
+        synchronize_legacy_stream()
+        view = device.from_dlpack_capsule(capsule)
+    except (RuntimeError, BufferError, TypeError, ValueError) as e:
+        raise InputError(
+            f"{entrypoint}: argument '{spec.name}' is a CUDA DLPack tensor IREE cannot import "
+            f"({_first_line(e)}); pass a contiguous tensor (x.contiguous())"
+        ) from e
+    return DeviceTensor(device, view, implicit_host_transfer=True, cuda=True)
+
+
+class DeviceTensor(rt.DeviceArray):
+    """A result (or imported argument) that stays on its device and exports DLPack:
+    `torch.from_dlpack(y)` views a CUDA result in place.
+
+    Lifetime: the capsule holds a reference to the HAL buffer, so the torch tensor keeps the
+    memory alive after this object is gone; the HAL devices live as long as the process. A call
+    has finished writing its results when it returns, so no stream order is needed."""
+
+    def __init__(self, device: rt.HalDevice, view: rt.HalBufferView, *, cuda: bool, **kwargs: Any):
+        super().__init__(device, view, **kwargs)
+        self._cuda = cuda
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, 0) if self._cuda else (1, 0)  # kDLCUDA or kDLCPU
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, **kwargs: Any) -> Any:
+        if not self._cuda:  # host-memory devices: numpy's own view of the result
+            return np.asarray(self.to_host()).__dlpack__()
+        try:
+            return self._device.create_dlpack_capsule(self._buffer_view, KDL_CUDA, 0)
+        except RuntimeError as e:
+            # IREE 3.13's CUDA allocator exports only memory it imported (a caller's tensor, or
+            # a result that aliases one); memory it allocated itself has no export.
+            raise BufferError(
+                "this result lives in memory IREE allocated, which IREE 3.13 cannot export "
+                "through DLPack; pass torch storage for it with out= (an entrypoint argument "
+                "marked {iree.abi.output = 0 : index}), or use .to_host() "
+                f"({_first_line(e)})"
+            ) from e
+
+
+_OUTPUT_ARGUMENT = re.compile(r"%input(\d+): [^,{)]*\{[^}]*iree\.abi\.output = (\d+)")
+
+
+def output_arguments(declaration: str | None) -> tuple[tuple[int, int], ...]:
+    """(argument, result) pairs of the arguments an entrypoint writes its results into, read
+    from its `iree.abi.declaration` (`%input2: tensor<...> {iree.abi.output = 0 : index}`)."""
+    if not declaration:
+        return ()
+    return tuple((int(a), int(r)) for a, r in _OUTPUT_ARGUMENT.findall(declaration))
+
+
+def with_output_arguments(
+    entrypoint: str,
+    inputs: tuple[Any, ...],
+    outs: tuple[Any, ...],
+    pairs: tuple[tuple[int, int], ...],
+) -> tuple[Any, ...]:
+    """The call's arguments with `out=` placed where the entrypoint takes result storage."""
+    if not pairs:
+        raise InputError(
+            f"{entrypoint}: out= given, but the entrypoint takes no result storage; mark an "
+            "argument of its source {iree.abi.output = 0 : index} to write result 0 into it"
+        )
+    if len(outs) != len(pairs):
+        raise InputError(
+            f"{entrypoint}: out= has {len(outs)} tensor(s); the entrypoint writes "
+            f"{len(pairs)} result(s) into caller storage"
+        )
+    values = list(inputs)
+    for (argument, _), value in sorted(zip(pairs, outs, strict=True)):
+        values.insert(argument, value)
+    return tuple(values)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def check_inputs(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[Any]) -> None:
