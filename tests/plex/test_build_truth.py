@@ -30,6 +30,7 @@ from plex.builder.jobs import (
     EncodeJob,
     ImportedGraph,
     ImportJob,
+    KernelsJob,
     LinkJob,
     ModuleLink,
     PhasesJob,
@@ -49,6 +50,8 @@ def _sample_jobs(tmp: Path) -> list[Job]:
     source.write_text("def build(): ...\n")
     weights = tmp / "w.safetensors"
     weights.write_bytes(b"weights")
+    spec = tmp / "spec.mlir"
+    spec.write_text("module {}\n")
     cpu = TargetDevice("cpu", cpu="host", cpu_features="+avx2", data_tiling=True)
     gpu = TargetDevice("gpu", target="cuda", arch="sm_80")
     policy = CodecPolicy("int8", "weights p:w", (CodecRule("*.weight", "q4"),))
@@ -68,6 +71,7 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             what="p:m",
         ),
         EncodeJob(Output("import:p:m"), Output("weights:p:w"), "w", policy, 5, "p:m"),
+        KernelsJob(Output("encode:p:m"), "triton", "sm_90a", "triton 3.9.0", "p:m"),
         CompileJob(
             source=Output("encode:p:m"),
             devices=(cpu, gpu),
@@ -84,6 +88,9 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             resume=resume,
             phase_fields={"module": "m"},
             what="p:m (default)",
+            tuning_spec=InputFile(spec),
+            tuning_ref="p:cpu",
+            tuning_target="llvm-cpu",
         ),
         LinkJob(
             app={"name": "a", "version": "1"},

@@ -502,18 +502,11 @@ def test_duplicate_package_names_name_both_folders(tmp_path, monkeypatch):
 
 # -- not implemented yet: accepted, validated, and refused when used ------------------------------
 
-APP_NOT_IMPLEMENTED = {
-    "tuning": '[myelin]\ntuning = "mlp:cpu"\n',
-}
-
-
-@pytest.mark.parametrize("key", APP_NOT_IMPLEMENTED)
-def test_app_features_not_implemented_yet(tmp_path, key):
+def test_app_selects_a_tuning_spec_per_target(tmp_path):
     package = MLP_TOML + '\n[tuning.cpu]\npath = "mlp.mlir"\ntarget = "llvm-cpu"\n'
-    app_toml = make_app(tmp_path, APP_TOML + "\n" + APP_NOT_IMPLEMENTED[key], package)
-    message = error_of(load_app, app_toml)
-    assert f":{line_of(app_toml, key)}: " in message
-    assert "not implemented yet (planned in the " in message
+    app_toml = make_app(tmp_path, APP_TOML + '\n[myelin]\ntuning = "mlp:cpu"\n', package)
+    [spec] = load_app(app_toml).tuning
+    assert (spec.ref, spec.target) == ("mlp:cpu", "llvm-cpu")
 
 
 def test_defaults_of_not_implemented_features_are_fine(tmp_path):

@@ -34,6 +34,7 @@ from myelin.compiler.stream_analysis import STREAM_PHASE, CallFootprint, call_fo
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
 from myelin.signature import Signature, parse_abi_declaration
+from myelin.tuning.gate import process_wide_spec
 
 # The phase at which imported IR is saved. Resuming from any other phase silently miscompiles
 # in IREE 3.13, so the phase travels with the saved IR (ImportedGraph.phase) and is checked.
@@ -242,7 +243,8 @@ def compile_module(
         )
     flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
     backend_calls: list[BackendCall] = []
-    with CompilerSession(flags) as session:
+    # IREE keeps the tuning-spec path process-wide: name it in every compile (myelin.tuning.gate)
+    with process_wide_spec(flags) as flags, CompilerSession(flags) as session:
         module = session.parse(source, what=what)
         with session.context:
             _take_recorded_phase(module, phase, what)

@@ -106,6 +106,11 @@ class CompileJob(Job):
     # ops placed on external backend devices, rewritten into calls at the input phase
     # (myelin.compiler.backend_ops): (device, backend, op, min_flops) in [placement] order
     backend_ops: tuple[tuple[str, str, str, int], ...] = ()
+    # `[myelin] tuning`: the spec file for this variant's target (by content) and its
+    # `package:name` and target (for the flag that applies it, the report and the provenance)
+    tuning_spec: InputFile | None = None
+    tuning_ref: str | None = None
+    tuning_target: str | None = None
 
 
 @dataclass(frozen=True)

@@ -87,9 +87,36 @@ def _recorded_warnings(job: LinkJob, outputs: _Outputs) -> tuple[list[str], list
     violations: list[str] = []
     for module in job.modules:
         for variant, compiled in zip(job.variants, module.compiled, strict=True):
-            found = read_compile_meta(outputs.dir(compiled.node_id)).get("codec_violations", [])
+            compile_meta = read_compile_meta(outputs.dir(compiled.node_id))
+            found = compile_meta.get("codec_violations", [])
             violations += [f"{v} [variant {variant.name}]" for v in found]
+            tuning_warning = (compile_meta.get("tuning") or {}).get("warning")
+            if tuning_warning:
+                notes.append(tuning_warning)
     return notes, violations
+
+
+def _tuning(job: LinkJob, outputs: _Outputs) -> dict | None:
+    """The manifest's `tuning`: each spec applied (by content) and what it matched per module
+    and variant, from the compile records. None when no spec applied."""
+    specs: dict[str, dict] = {}
+    applied = []
+    for module in job.modules:
+        for variant, compiled in zip(job.variants, module.compiled, strict=True):
+            record = read_compile_meta(outputs.dir(compiled.node_id)).get("tuning") or {}
+            if not record:
+                continue
+            specs[record["spec"]] = {"target": record["target"], "sha256": record["sha256"]}
+            applied.append(
+                {
+                    "module": module.name,
+                    "variant": variant.name,
+                    "spec": record["spec"],
+                    "matched_ops": record["matched_ops"],
+                    "dispatches": dict(record["dispatches"]),
+                }
+            )
+    return {"specs": specs, "applied": applied} if specs else None
 
 
 def _parameter_sources(
@@ -373,17 +400,19 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                 **_codec_fields(p["codec"]),
             }
         )
+    tuning = _tuning(job, outputs)
     manifest = {
         "app": dict(job.app),
         "policies": dict(job.policies),
         "variants": variants,
         "parameters": parameters,
-        "tuning": None,
+        "tuning": tuning,
         "provenance": {
             **{f"{k.replace('-', '_')}_version": v for k, v in job.versions.items()},
             "sources": {g.ref: source_digest(g.source.path) for g in job.graphs},
             "packages": dict(job.packages),
             "favor": job.favor,
+            **({"tuning_specs": tuning["specs"]} if tuning else {}),
         },
     }
     return manifest, sections

@@ -45,7 +45,15 @@ from plex.builder.jobs import (
 from plex.builder.versions import versions
 from plex.errors import BuildError
 from plex.manifest import BackendSpec
-from plex.manifest import AppSpec, DeviceSpec, GraphSpec, ShardSpec, VariantSpec, WeightsSpec
+from plex.manifest import (
+    AppSpec,
+    DeviceSpec,
+    GraphSpec,
+    ShardSpec,
+    TuningSpec,
+    VariantSpec,
+    WeightsSpec,
+)
 from synapse import InputFile, InputTree, Node, Output, Plan, json_digest
 
 
@@ -397,7 +405,16 @@ def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
         python_sources=InputTree(package_dir, ".py") if graph.source_symbol is not None else None,
         what=graph.ref,
     )
-    return Node(import_node_id(graph), job, label=f"import {graph.ref}", heavy=True)
+    return Node(
+        import_node_id(graph), job, label=f"import {graph.ref}", heavy=True, isolate=ISOLATE_STEPS
+    )
+
+
+# Import, encode and compile steps run in SYNaPSe worker processes (synapse._worker): a crash in
+# the model's own code or in the in-process IREE compiler, or a sys.exit in a model file, is then
+# one error naming the node instead of the end of `plex build`. The overhead is measured in
+# docs/synapse.md ("Process isolation"); PLEX_BUILD_ISOLATE=0 runs them in threads again.
+ISOLATE_STEPS = True
 
 
 def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
@@ -410,7 +427,8 @@ def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
         codecs_format=CODECS_FORMAT,
         what=graph.ref,
     )
-    return Node(encode_node_id(graph), job, label=f"encode weights of {graph.ref}", heavy=True)
+    label = f"encode weights of {graph.ref}"
+    return Node(encode_node_id(graph), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
 
 
 def _kernels_node(app: AppSpec, graph: GraphSpec, library: str) -> Node:
@@ -451,9 +469,39 @@ def _compile_node(
         phase_fields=phase_fields(unit, variant, app) if writes_phases else {},
         what=f"{unit.ref} ({variant.name})",
         backend_ops=backend_ops(app, unit, variant),
+        **_tuning_fields(app, variant),
     )
     label = f"compile {unit.ref} for {variant.name}"
-    return Node(compile_node_id(unit, variant), job, label=label, heavy=True)
+    return Node(compile_node_id(unit, variant), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
+
+
+def tuning_spec_of(app: AppSpec, variant: VariantSpec) -> TuningSpec | None:
+    """The `[myelin] tuning` spec that applies to a variant's compile nodes: the one for its
+    devices' target. IREE takes one spec file per compile, for every target in it, so a variant
+    that mixes targets cannot take a spec written for one of them."""
+    targets = {d.target for d in variant.devices}
+    specs = [spec for spec in app.tuning if spec.target in targets]
+    if not specs:
+        return None
+    if len(targets) > 1:
+        raise BuildError(
+            f"variant '{variant.name}' mixes targets ({', '.join(sorted(targets))}); IREE 3.13 "
+            f"applies one tuning spec to every target of a compile, so {specs[0].ref} (for "
+            f"{specs[0].target}) cannot apply to it: give the variant devices of one target or "
+            "remove [myelin] tuning"
+        )
+    return specs[0]
+
+
+def _tuning_fields(app: AppSpec, variant: VariantSpec) -> dict:
+    spec = tuning_spec_of(app, variant)
+    if spec is None:
+        return {}
+    return {
+        "tuning_spec": InputFile(spec.path),
+        "tuning_ref": spec.ref,
+        "tuning_target": spec.target,
+    }
 
 
 def _compile_source_id(app: AppSpec, unit: ModuleUnit, variant: VariantSpec) -> str:

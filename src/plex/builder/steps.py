@@ -6,8 +6,10 @@ folder (plex.builder.records), and decides nothing: the plan made every decision
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,12 +17,13 @@ import numpy as np
 
 from myelin.codecs import NO_CODEC, ParameterInput, check_encoded_module, encode_graph
 from myelin.compiler.index_ranges import index_ranges, input_range
-from myelin.compiler.phases import HEADER_PREFIX, phase_file_name, render_phase_file
+from myelin.compiler.phases import HEADER_PREFIX, PHASES, phase_file_name, render_phase_file
 from myelin.compiler.pipeline import CompiledModule, compile_module, import_graph
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.dtypes import numpy_dtype
 from myelin.errors import CompileError
 from myelin.frontends import DIRECT_INPUT_TYPES, FrontendRequest, frontend
+from myelin.tuning.spec import CONFIG_DUMP_FLAG, count_marked, instrument_spec, spec_flag
 from plex.builder.jobs import CompileJob, EncodeJob, ImportJob, KernelsJob, WeightsJob
 from plex.builder.records import (
     COMPILE_META,
@@ -37,7 +40,7 @@ from plex.builder.records import (
     read_weights_index,
 )
 from plex.errors import BuildError
-from synapse import NodeContext, step
+from synapse import NodeContext, file_digest, step
 
 
 @step(ImportJob)
@@ -163,6 +166,8 @@ def run_weights(job: WeightsJob, ctx: NodeContext) -> None:
                     }
                 )
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the output's disk is full, not the source unreadable: SYNaPSe says where
         raise BuildError(f"weights {what}: cannot read {source.name}: {e}") from e
     (out_dir / WEIGHTS_INDEX).write_text(json.dumps(index, indent=1, sort_keys=True))
 
@@ -328,9 +333,11 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 page = render_phase_file(text, {"phase": phase, **job.phase_fields})
                 (phases_dir / phase_file_name(phase)).write_text(page, encoding="utf-8")
 
+    tuning_dir = tempfile.TemporaryDirectory(prefix="plex-tuning-")
     try:
         if resume is None and meta["phase"] != "input":
             raise CompileError(f"imported IR is at phase '{meta['phase']}', not 'input'")
+        extra_flags, instrumented = _tuning_flags(job, Path(tuning_dir.name))
         compiled = compile_module(
             resume.text if resume is not None else (imported_dir / IMPORTED_MODULE).read_bytes(),
             phase=resume.phase if resume is not None else meta["phase"],
@@ -345,8 +352,10 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
             on_phase=on_phase,
             placement=job.placement,
             backend_ops=job.backend_ops,
+            extra_flags=extra_flags,
             what=what,
         )
+        tuning = _tuning_record(job, Path(tuning_dir.name), instrumented, stop_at)
         codec_violations = (
             _codec_check(meta, imported_dir, list(compiled.flags), what)
             if stop_at is None and resume is None and meta.get("codecs")
@@ -354,6 +363,8 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
         )
     except CompileError as e:
         raise BuildError(f"compile of graph {what} failed: {e}") from e
+    finally:
+        tuning_dir.cleanup()
     if stop_at is None:
         (out_dir / COMPILED_MODULE).write_bytes(compiled.vmfb)
     signatures = {
@@ -380,11 +391,55 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "codec_violations": codec_violations,
                 "backend_calls": [c.to_json() for c in compiled.backend_calls],
                 "index_ranges": _index_ranges(job, compiled, imported_dir, functions, what),
+                "tuning": tuning,
             },
             indent=1,
             sort_keys=True,
         )
     )
+
+
+def _tuning_flags(job: CompileJob, work: Path) -> tuple[list[str], int]:
+    """The flags applying the job's tuning spec (myelin.tuning.spec_flag: the one its target
+    honours) plus a configuration dump to count what it matched; and how many configs the
+    spec sets (PLeX marks each, so the dump shows which ops took one)."""
+    if job.tuning_spec is None:
+        return [], 0
+    assert job.tuning_target is not None
+    text, instrumented = instrument_spec(job.tuning_spec.path.read_text(encoding="utf-8"))
+    spec = work / "spec.mlir"
+    spec.write_text(text, encoding="utf-8")
+    dump = work / "configurations"
+    return [spec_flag(job.tuning_target, spec), f"{CONFIG_DUMP_FLAG}={dump}"], instrumented
+
+
+def _tuning_record(job: CompileJob, work: Path, instrumented: int, stop_at: str | None) -> dict:
+    """What the spec did to this module: ops configured per dispatch, and a warning when it
+    configured none (a spec that silently matches nothing is the usual tuning failure)."""
+    if job.tuning_spec is None:
+        return {}
+    matched = count_marked(work / "configurations")
+    record: dict = {
+        "spec": job.tuning_ref,
+        "target": job.tuning_target,
+        "sha256": file_digest(job.tuning_spec.path),
+        "matched_ops": sum(matched.values()) if instrumented else None,
+        "dispatches": matched,
+        "warning": None,
+    }
+    configured_at = PHASES.index("executable-configurations")
+    configured = stop_at is None or PHASES.index(stop_at) >= configured_at
+    if not instrumented:
+        record["warning"] = (
+            f"tuning spec {job.tuning_ref}: sets no compilation_info that PLeX can count; it "
+            "was applied, but how many ops it matched is unknown"
+        )
+    elif configured and not matched:
+        record["warning"] = (
+            f"tuning spec {job.tuning_ref} matched no op of {job.what}: check its matchers "
+            "(types, indexing maps, dims_equal sizes; a dynamic size never equals a number)"
+        )
+    return record
 
 
 def _index_ranges(

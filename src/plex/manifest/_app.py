@@ -30,6 +30,7 @@ from plex.manifest._specs import (
     PackageSpec,
     PlacementRule,
     ProfileOptions,
+    TuningSpec,
     VariantSpec,
     WeightsSpec,
 )
@@ -77,8 +78,7 @@ def load_app(app_toml: Path | str) -> AppSpec:
                 f"{rule.module_glob!r} matches no graph or shard module of this app",
                 f"it has: {', '.join(names)}",
             )
-    if app.myelin.tuning is not None:
-        packages.resolve(doc, ("myelin", "tuning"), app.myelin.tuning, "tuning")
+    tuning = _tuning_specs(doc, packages, app.myelin.tuning, devices)
 
     check_planned(doc, "app.toml")
     packages.check_planned(graphs)
@@ -98,6 +98,7 @@ def load_app(app_toml: Path | str) -> AppSpec:
         memory=app.runtime.memory,
         cancellable=app.runtime.cancellable,
         codecs=tuple(app.weights.codec.items()),
+        tuning=tuning,
         profile=(
             ProfileOptions(app.runtime.profile.output, app.runtime.profile.device_timing)
             if app.runtime.profile is not None
@@ -110,6 +111,35 @@ def load_app(app_toml: Path | str) -> AppSpec:
             executor=app.build.executor,
         ),
     )
+
+
+def _tuning_specs(
+    doc: TomlDocument, packages: _Packages, given: str | list[str] | None, devices: dict
+) -> tuple[TuningSpec, ...]:
+    """`[myelin] tuning`: each reference resolved; one spec per compiler target, chosen by the
+    user (two for one target would be merged in some incidental order, so they are refused)."""
+    refs = [given] if isinstance(given, str) else list(given or [])
+    specs: dict[str, TuningSpec] = {}
+    for i, text in enumerate(refs):
+        at: KeyPath = ("myelin", "tuning") if isinstance(given, str) else ("myelin", "tuning", i)
+        spec = packages.resolve(doc, at, text, "tuning")
+        if spec.target in specs:
+            raise doc.error(
+                at,
+                f"two tuning specs for target {spec.target!r}: {specs[spec.target].ref} and "
+                f"{spec.ref}",
+                "select one per target (merge the specs into one file if you need both)",
+            )
+        if not any(d.target == spec.target for d in devices.values()):
+            targets = sorted({d.target for d in devices.values()})
+            raise doc.error(
+                at,
+                f"tuning spec {spec.ref} is for target {spec.target!r}, which no device of "
+                f"this app has",
+                f"its devices' targets: {', '.join(targets)}",
+            )
+        specs[spec.target] = spec
+    return tuple(specs.values())
 
 
 class _Packages:

@@ -39,7 +39,6 @@ class Planned:
 
 # (manifest kind, key path...) -> Planned. "*" matches any name in a table.
 NOT_IMPLEMENTED: dict[KeyPath, Planned] = {
-    ("app.toml", "myelin", "tuning"): Planned("the tuning work", "remove it"),
     # plex.toml entries count only for the graphs an app selects and the weights those use.
     ("plex.toml", "weights", "*", "source"): Planned(
         "the weight-formats work",

@@ -152,7 +152,8 @@ class SchedulingTable(_Table):
 
 
 class MyelinTable(_Table):
-    tuning: str | None = None
+    # "package:name" of a tuning spec, or a list of them: at most one per compiler target
+    tuning: str | list[str] | None = None
 
 
 class ProfileTable(_Table):

@@ -231,3 +231,5 @@ class AppSpec:
     profile: ProfileOptions | None = None  # `[runtime.profile]`
     # `[weights.codec]`: (parameter glob, codec) in file order; the last match wins
     codecs: tuple[tuple[str, str], ...] = ()
+    # `[myelin] tuning`: the tuning specs the app selects, at most one per compiler target
+    tuning: tuple[TuningSpec, ...] = ()
