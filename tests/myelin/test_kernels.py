@@ -1,0 +1,138 @@
+"""The kernel library, without a GPU: real Triton kernels compiled for sm_90a, and the rewrite
+of a graph's matmuls into their IREE external dispatches, compiled for CUDA."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from myelin.compiler.pipeline import compile_module, import_graph
+from myelin.compiler.targets import TargetDevice
+from myelin.kernels import apply_kernels
+from myelin.kernels._triton import MatmulConfig, compile_matmul
+
+# mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
+# mm_ab: A x B at f16; bf16: A x B^T in bf16; odd: K = 100 is no multiple of 64 (stays IREE's);
+# f32: f32 inputs (no kernel takes them).
+GRAPH = """
+#abt = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>,
+        affine_map<(m, n, k) -> (m, n)>]
+#id = affine_map<(i, j) -> (i, j)>
+func.func @mm(%a: tensor<?x256xf16>, %b: tensor<128x256xf16>) -> tensor<?x128xf16> {
+  %c0 = arith.constant 0 : index
+  %m = tensor.dim %a, %c0 : tensor<?x256xf16>
+  %e = tensor.empty(%m) : tensor<?x128xf32>
+  %z = arith.constant 0.0 : f32
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x128xf32>) -> tensor<?x128xf32>
+  %r = linalg.matmul indexing_maps = #abt ins(%a, %b : tensor<?x256xf16>, tensor<128x256xf16>)
+      outs(%f : tensor<?x128xf32>) -> tensor<?x128xf32>
+  %e2 = tensor.empty(%m) : tensor<?x128xf16>
+  %t = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%r : tensor<?x128xf32>) outs(%e2 : tensor<?x128xf16>) {
+  ^bb0(%x: f32, %y: f16):
+    %q = arith.truncf %x : f32 to f16
+    linalg.yield %q : f16
+  } -> tensor<?x128xf16>
+  return %t : tensor<?x128xf16>
+}
+func.func @mm_ab(%a: tensor<64x256xf16>, %b: tensor<256x128xf16>) -> tensor<64x128xf16> {
+  %e = tensor.empty() : tensor<64x128xf16>
+  %z = arith.constant 0.0 : f16
+  %f = linalg.fill ins(%z : f16) outs(%e : tensor<64x128xf16>) -> tensor<64x128xf16>
+  %r = linalg.matmul ins(%a, %b : tensor<64x256xf16>, tensor<256x128xf16>)
+      outs(%f : tensor<64x128xf16>) -> tensor<64x128xf16>
+  return %r : tensor<64x128xf16>
+}
+func.func @bf16(%a: tensor<32x128xbf16>, %b: tensor<64x128xbf16>) -> tensor<32x64xf32> {
+  %e = tensor.empty() : tensor<32x64xf32>
+  %z = arith.constant 0.0 : f32
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<32x64xf32>) -> tensor<32x64xf32>
+  %r = linalg.matmul indexing_maps = #abt ins(%a, %b : tensor<32x128xbf16>, tensor<64x128xbf16>)
+      outs(%f : tensor<32x64xf32>) -> tensor<32x64xf32>
+  return %r : tensor<32x64xf32>
+}
+func.func @odd(%a: tensor<64x100xf16>, %b: tensor<100x128xf16>) -> tensor<64x128xf16> {
+  %e = tensor.empty() : tensor<64x128xf16>
+  %z = arith.constant 0.0 : f16
+  %f = linalg.fill ins(%z : f16) outs(%e : tensor<64x128xf16>) -> tensor<64x128xf16>
+  %r = linalg.matmul ins(%a, %b : tensor<64x100xf16>, tensor<100x128xf16>)
+      outs(%f : tensor<64x128xf16>) -> tensor<64x128xf16>
+  return %r : tensor<64x128xf16>
+}
+func.func @f32(%a: tensor<64x128xf32>, %b: tensor<128x128xf32>) -> tensor<64x128xf32> {
+  %e = tensor.empty() : tensor<64x128xf32>
+  %z = arith.constant 0.0 : f32
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<64x128xf32>) -> tensor<64x128xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<64x128xf32>, tensor<128x128xf32>)
+      outs(%f : tensor<64x128xf32>) -> tensor<64x128xf32>
+  return %r : tensor<64x128xf32>
+}
+"""
+FUNCTIONS = ["mm", "mm_ab", "bf16", "odd", "f32"]
+
+
+def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
+    kernel = compile_matmul(MatmulConfig("f16", "f16", b_transposed=True))
+    assert kernel.cubin[:4] == b"\x7fELF"  # assembled here, loads without the driver's JIT
+    assert ".target sm_90a" in kernel.ptx and "wgmma.mma_async" in kernel.ptx
+    entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
+    # exactly what IREE passes: 3 bindings, then M, N, K (Triton's scratch pointers removed)
+    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 3 + ["u32"] * 3
+    assert kernel.name in entry
+    assert kernel.threads == 256 and kernel.shared_bytes == 147456  # 3 stages of 128x64 + 64x256
+
+
+@pytest.fixture(scope="module")
+def kernelized(tmp_path_factory):
+    source = tmp_path_factory.mktemp("kernels") / "graph.mlir"
+    source.write_text(GRAPH)
+    imported = import_graph(Path(source), input_type="auto", module_name="g", scope="g")
+    return apply_kernels(imported.module_bytecode, library="triton")
+
+
+def test_the_rewrite_reports_which_matmul_goes_to_which_kernel(kernelized):
+    sites = {s["function"]: s for s in kernelized.sites}
+    assert sites["mm"]["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert sites["mm"]["m"] is None and sites["mm"]["reason"] == "matched, with its truncf"
+    assert sites["mm_ab"]["kernel"] == "plex_matmul_ab_f16_f16_128x256x64_w8s3"
+    assert sites["bf16"]["kernel"] == "plex_matmul_abt_bf16_f32_128x256x64_w8s3"
+    assert sites["odd"]["kernel"] is None and "K % 64" in sites["odd"]["reason"]
+    assert sites["f32"]["kernel"] is None and "f16 or bf16" in sites["f32"]["reason"]
+    assert len(kernelized.kernels) == 3
+
+
+def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(kernelized):
+    phases: dict[str, str] = {}
+    gpu = [TargetDevice("gpu", target="cuda")]
+    compile_module(
+        kernelized.module_bytecode,
+        phase="input",
+        devices=gpu,
+        functions=FUNCTIONS,
+        stop_at="flow",
+        on_phase=lambda phase, text: phases.__setitem__(phase, text),
+    )
+    flow = phases["flow"]
+    # extern: @extern_dispatch_N::@cuda_nvptx_fb::@<kernel>; codegen: @<fn>_dispatch_N::@<name>
+    calls = re.findall(r"flow\.dispatch @(\w+)::(?:@\w+::)?@(\w+)", flow)
+    externs = [name for exe, name in calls if exe.startswith("extern_dispatch")]
+    assert sorted(externs) == sorted(
+        [
+            "plex_matmul_abt_f16_f16_128x256x64_w8s3",
+            "plex_matmul_ab_f16_f16_128x256x64_w8s3",
+            "plex_matmul_abt_bf16_f32_128x256x64_w8s3",
+        ]
+    )
+    codegen = [name for exe, name in calls if not exe.startswith("extern_dispatch")]
+    assert any("odd_dispatch" in n and "matmul" in n for n in codegen), codegen
+    assert any("f32_dispatch" in n and "matmul" in n for n in codegen), codegen
+    # mm's truncf went into its kernel: mm has no dispatch of IREE's own
+    assert not [n for n in codegen if n.startswith("mm_dispatch_")], codegen
+    # and the whole module compiles to a CUDA VM module holding the cubins
+    compiled = compile_module(
+        kernelized.module_bytecode, phase="input", devices=gpu, functions=FUNCTIONS
+    )
+    assert set(compiled.signatures) == set(FUNCTIONS)
+    assert compiled.vmfb.count(b"\x7fELF") >= 3
