@@ -61,7 +61,11 @@ class BackendCall:
 
 def _executable_text(name: str, backend: str) -> str:
     symbol = import_symbol(backend, "matmul")
+    # The subspans' memrefs have a dynamic offset: Stream packs several tensors into one
+    # buffer and passes each one's offset to the dispatch; with an identity layout the offset
+    # folds to 0 and every call would see the buffer's start (measured: wrong results).
     return f"""
+#dyn = strided<[1], offset: ?>
 stream.executable private @{name} {{
   stream.executable.export public @matmul workgroups(%w: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
@@ -76,15 +80,15 @@ stream.executable private @{name} {{
       %bm = arith.muli %batch, %m : index
       %la = arith.muli %bm, %k : index
       %lc = arith.muli %bm, %n : index
-      %a = stream.binding.subspan %ba[%c0] : !stream.binding -> memref<?xf32>{{%la}}
-      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32>{{%lb}}
-      %c = stream.binding.subspan %bc[%c0] : !stream.binding -> memref<?xf32>{{%lc}}
+      %a = stream.binding.subspan %ba[%c0] : !stream.binding -> memref<?xf32, #dyn>{{%la}}
+      %b = stream.binding.subspan %bb[%c0] : !stream.binding -> memref<?xf32, #dyn>{{%lb}}
+      %c = stream.binding.subspan %bc[%c0] : !stream.binding -> memref<?xf32, #dyn>{{%lc}}
       %a0, %ao, %as, %ast = memref.extract_strided_metadata %a
-          : memref<?xf32> -> memref<f32>, index, index, index
+          : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %b0, %bo, %bs, %bst = memref.extract_strided_metadata %b
-          : memref<?xf32> -> memref<f32>, index, index, index
+          : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %c0p, %co, %cs, %cst = memref.extract_strided_metadata %c
-          : memref<?xf32> -> memref<f32>, index, index, index
+          : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       func.call @{symbol}(%a0, %ao, %b0, %bo, %c0p, %co, %batch, %m, %n, %k, %flags)
           : (memref<f32>, index, memref<f32>, index, memref<f32>, index, index, index, index,
              index, index) -> ()
