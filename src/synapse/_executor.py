@@ -9,6 +9,7 @@ expected to spend their time in native code (the IREE compiler) that releases th
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -29,7 +30,8 @@ from synapse._events import Event, EventKind, EventSink
 from synapse._fingerprint import node_key
 from synapse._job import run_job
 from synapse._plan import Node, NodeContext, Plan
-from synapse.errors import BuildFailed
+from synapse._worker import WorkerPool
+from synapse.errors import BuildFailed, DiskFull
 
 NodeStatus = Literal["hit", "built", "failed", "cancelled", "skipped", "pending"]
 
@@ -96,6 +98,8 @@ class Executor:
     memory_budget: bytes of temporary memory that nodes with a `memory` estimate may use at once
     (None: no limit). Such nodes start only while the running ones' estimates plus theirs fit;
     a node whose estimate alone exceeds the budget runs with no other such node.
+    isolate: run the steps of nodes marked `isolate=True` in worker processes, kept for the run
+    (False: every step in this process's threads, e.g. to debug a step).
     """
 
     def __init__(
@@ -106,8 +110,10 @@ class Executor:
         on_event: EventSink | None = None,
         workdir: str | os.PathLike[str] | None = None,
         memory_budget: int | None = None,
+        isolate: bool = True,
     ) -> None:
         self.cache = cache
+        self.isolate = isolate
         self.jobs = jobs if jobs is not None else (os.cpu_count() or 1)
         if self.jobs < 1:
             raise ValueError(f"jobs must be at least 1, got {self.jobs}")
@@ -191,6 +197,7 @@ class _Run:
         self.outputs: dict[str, Path] = {i: t.hit for i, t in triage.items() if t.hit is not None}
         self._scratch: _Scratch | None = None
         self._scratch_lock = threading.Lock()
+        self._workers: WorkerPool | None = None  # started by the first isolated step
         self._counter_lock = threading.Lock()
         self.done = 0
         self.hits = 0
@@ -283,6 +290,8 @@ class _Run:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            if self._workers is not None:
+                self._workers.close()
 
         why = "interrupted" if interrupt else f"'{failure[0]}' failed" if failure else ""
         for node_id in pending:
@@ -344,7 +353,10 @@ class _Run:
                 _log=lambda msg: self.emit("log", node, message=str(msg)),
             )
             self.emit("start", node, message=node.label or node.id)
-            run_job(node.job, context)
+            if node.isolate and self.executor.isolate:
+                self._worker_pool().run(node, context)
+            else:
+                run_job(node.job, context)
             if self.cancelled.is_set():
                 # It may have returned early because it saw the flag: its output is not trusted.
                 raise _Cancelled
@@ -354,6 +366,7 @@ class _Run:
         except BaseException as exc:
             if out_dir is not None:
                 shutil.rmtree(out_dir, ignore_errors=True)
+            exc = self._disk_full(exc, node, out_dir)
             seconds = time.monotonic() - start
             if isinstance(exc, Exception) and not self.cancelled.is_set():
                 why = f"{type(exc).__name__}: {exc}"
@@ -374,6 +387,30 @@ class _Run:
         self._record(node)
         self.emit("finish", node, status="built", message=reason, seconds=seconds, finished=True)
         return NodeResult(node.id, key, out_dir, "built", reason, seconds, keepalive), None
+
+    def _worker_pool(self) -> WorkerPool:
+        with self._scratch_lock:
+            if self._workers is None:
+                self._workers = WorkerPool()
+            return self._workers
+
+    def _disk_full(self, exc: BaseException, node: Node, out_dir: Path | None) -> BaseException:
+        """A full disk as an error that names where and what to do; `[Errno 28]` alone names
+        neither (a write to an open file carries no file name)."""
+        if not isinstance(exc, OSError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        root = self.cache.root if self.cache is not None else None
+        path = exc.filename or root or out_dir
+        where = f" (in the build cache {root})" if exc.filename and root is not None else ""
+        what = "the build cache " if path == root else ""
+        error = DiskFull(
+            f"no space left on the device of {what}{path}{where} while node '{node.id}' wrote "
+            "its output: free space on that disk, make the cache smaller, or move it to a "
+            "larger disk",
+            str(path),
+        )
+        error.__cause__ = exc
+        return error
 
     def _scratch_folder(self) -> _Scratch:
         with self._scratch_lock:

@@ -32,6 +32,10 @@ class Node:
     # executor runs such nodes together only while their estimates fit its memory budget. A
     # scheduling hint, not part of the cache key.
     memory: int = 0
+    # Run the step in a worker process (synapse._worker) so that a crash in native code or a
+    # sys.exit is one error naming the node, not the end of the build process. Not part of the
+    # key: where a step runs does not change what it writes.
+    isolate: bool = False
     inputs: Mapping[str, str] = field(init=False, compare=False, hash=False, repr=False)
     deps: tuple[str, ...] = field(init=False, compare=False, hash=False, repr=False)
 

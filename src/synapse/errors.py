@@ -42,3 +42,17 @@ class BuildFailed(SynapseError):
         self.error = error
         self.results = dict(results or {})
         super().__init__(f"build node '{node_id}' failed: {type(error).__name__}: {error}")
+
+
+class StepCrashed(SynapseError):
+    """A step run in a worker process (`Node(isolate=True)`) did not return: the process died
+    (a signal such as SIGSEGV, or an exit), or the step called `sys.exit`. The build goes on
+    being one clear error naming the node instead of the whole process dying silently."""
+
+
+class DiskFull(CacheError):
+    """No space left on the device a step or the cache was writing to. `path` is where."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path

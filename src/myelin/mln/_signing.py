@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -225,7 +224,10 @@ def sign_file(
 
 
 def _write_atomically(target: Path, header: bytes, mapping: Any, end: int, trailer: bytes) -> None:
-    temp = target.with_name(f"{target.name}.tmp-{secrets.token_hex(8)}")
+    from myelin.mln._writer import remove_stale_temporaries, temp_suffix
+
+    remove_stale_temporaries(target)
+    temp = target.with_name(f"{target.name}{temp_suffix()}")
     created = False
     try:
         with open(temp, "xb") as out:

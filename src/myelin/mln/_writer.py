@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import glob
 import hashlib
 import os
 import secrets
+import socket
 import stat
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +91,8 @@ class MlnWriter:
         # Validate before writing any bytes: a bad manifest fails fast, even with GBs of weights.
         self._encode_checked(path, offsets, [_PLACEHOLDER_SHA256] * len(offsets), manifest_offset)
 
-        temp = path.with_name(f"{path.name}.tmp-{secrets.token_hex(8)}")
+        remove_stale_temporaries(path)
+        temp = path.with_name(f"{path.name}{temp_suffix()}")
         created = False
         try:
             with open(temp, "xb") as out:
@@ -231,3 +235,52 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# Temporary siblings are `<output>.tmp-<host>-<pid>-<random>`: a writer killed outright (SIGKILL,
+# power loss) leaves one, and the next write of the same output removes it once its writer is
+# known to be dead (same host, no such process). Another host's file, or a live writer's, is
+# never touched; names without a pid (written before this rule) are removed after a day.
+_TEMP_MARK = ".tmp-"
+_OLD_TEMP_AGE_S = 24 * 3600
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_") or "host"
+
+
+def temp_suffix() -> str:
+    return f"{_TEMP_MARK}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary siblings of `path` that dead writers left; return them."""
+    removed = []
+    try:
+        candidates = list(path.parent.glob(f"{glob.escape(path.name)}{_TEMP_MARK}*"))
+    except OSError:
+        return removed
+    for temp in candidates:
+        fields = temp.name[len(path.name) + len(_TEMP_MARK) :].split("-")
+        if len(fields) == 3 and fields[1].isdigit():
+            stale = fields[0] == _host() and not _pid_alive(int(fields[1]))
+        else:
+            try:
+                stale = time.time() - temp.lstat().st_mtime > _OLD_TEMP_AGE_S
+            except OSError:
+                continue
+        if stale and temp.is_file() and not temp.is_symlink():
+            with contextlib.suppress(OSError):
+                temp.unlink()
+                removed.append(temp)
+    return removed

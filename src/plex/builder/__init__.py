@@ -23,6 +23,7 @@ from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
 from plex.manifest import AppSpec, load_app, parse_executor, write_lock
 from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult
+from synapse.errors import DiskFull
 
 __all__ = [
     "BuildResult",
@@ -110,7 +111,16 @@ def make_executor(
     except ValueError as e:
         raise BuildError(str(e)) from None
     if choice.kind == "local":
-        return Executor(cache, jobs=jobs, salt=salt, on_event=on_event, memory_budget=memory_budget)
+        return Executor(
+            cache,
+            jobs=jobs,
+            salt=salt,
+            on_event=on_event,
+            memory_budget=memory_budget,
+            # nodes the plan isolates run in worker processes unless this debugging switch
+            # says otherwise (a step in a thread can be stepped through with pdb)
+            isolate=os.environ.get("PLEX_BUILD_ISOLATE", "1") != "0",
+        )
     try:
         from synapse._ray import DEFAULT_SHARED_CACHE, RayExecutor
     except ImportError:
@@ -180,6 +190,10 @@ def build(
         cause = e.__cause__
         if isinstance(cause, PlexError):
             raise cause from None
+        if isinstance(cause, DiskFull):
+            raise BuildError(
+                f"{cause} (`plex cache gc --max-size 2GiB` shrinks it; PLEX_CACHE_DIR moves it)"
+            ) from e
         raise BuildError(f"{e}") from e
     lock_path = write_lock(app)
     return BuildResult(app, output, results, time.perf_counter() - start, lock_path)
