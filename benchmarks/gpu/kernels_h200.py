@@ -55,6 +55,35 @@ def kernel_ms(fn, calls: int = 5) -> tuple[float, float]:
     return total / 1e3 / calls, count / calls
 
 
+def llama_shapes(s, hal, dev) -> dict:
+    """Llama-7B projections, x W^T: decode (8 tokens, the skinny kernel) and the prefill FFN
+    up-projection (2048 tokens); PLeX's kernel against cuBLAS through torch.nn.functional.linear."""
+    out = {}
+    for name, m, n in (("decode_bt", 8, 4096), ("ffn_up_bt", 2048, 11008)):
+        fn = s.resolve(name)
+        x = (torch.randn(m, 4096, device=dev) * 0.05).half()
+        w = (torch.randn(n, 4096, device=dev) * 0.05).half()
+        w_dev = import_cuda_tensor(w, hal, fn.signature.inputs[1], name)
+        ref = x.float() @ w.float().T
+        y = torch.from_numpy(np.asarray(fn(x, w_dev))).to(dev)
+        row = {
+            "plex_error": rel_error(y, ref),
+            "torch_error": rel_error(torch.nn.functional.linear(x, w), ref),
+        }
+        for who, call in (
+            ("torch", lambda x=x, w=w: torch.nn.functional.linear(x, w)),
+            ("plex", lambda fn=fn, x=x, w_dev=w_dev: fn(x, w_dev, output="device")),
+        ):
+            wall = wall_ms(call)
+            kernel, count = kernel_ms(call)
+            row[who] = {"wall_ms": wall, "kernel_ms": kernel, "kernels_per_call": count}
+        row["kernel_vs_cublas"] = row["torch"]["kernel_ms"] / row["plex"]["kernel_ms"]
+        row["wall_vs_torch"] = row["torch"]["wall_ms"] / row["plex"]["wall_ms"]
+        out[f"{name} {m}x{n}x4096"] = row
+        print(name, json.dumps(row))
+    return out
+
+
 def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref).norm() / ref.norm())
 
@@ -148,6 +177,7 @@ def main() -> None:
         r["vs_torch"] = torch_wall / r["wall_ms"]
     results["matmul_8192"] = rows
 
+    results["llama_shapes"] = llama_shapes(s, hal, dev)
     if args.short:
         print(json.dumps({k: round(v["overhead_ms"], 3) for k, v in rows.items()}))
         print(json.dumps({k: round(v["wall_ms"], 3) for k, v in rows.items()}))

@@ -14,7 +14,7 @@ from myelin.kernels import apply_kernels
 from myelin.kernels._triton import MatmulConfig, compile_matmul
 
 # mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
-# mm_ab: A x B at f16; bf16: A x B^T in bf16; odd: K = 100 is no multiple of 64 (stays IREE's);
+# mm_ab: A x B at f16; bf16: A x B^T in bf16; decode: M = 8 (the skinny kernel); odd: K = 100 is no multiple of 64 (stays IREE's);
 # f32: f32 inputs (no kernel takes them).
 GRAPH = """
 #abt = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>,
@@ -53,6 +53,14 @@ func.func @bf16(%a: tensor<32x128xbf16>, %b: tensor<64x128xbf16>) -> tensor<32x6
       outs(%f : tensor<32x64xf32>) -> tensor<32x64xf32>
   return %r : tensor<32x64xf32>
 }
+func.func @decode(%a: tensor<8x256xf16>, %b: tensor<128x256xf16>) -> tensor<8x128xf16> {
+  %e = tensor.empty() : tensor<8x128xf16>
+  %z = arith.constant 0.0 : f16
+  %f = linalg.fill ins(%z : f16) outs(%e : tensor<8x128xf16>) -> tensor<8x128xf16>
+  %r = linalg.matmul indexing_maps = #abt ins(%a, %b : tensor<8x256xf16>, tensor<128x256xf16>)
+      outs(%f : tensor<8x128xf16>) -> tensor<8x128xf16>
+  return %r : tensor<8x128xf16>
+}
 func.func @odd(%a: tensor<64x100xf16>, %b: tensor<100x128xf16>) -> tensor<64x128xf16> {
   %e = tensor.empty() : tensor<64x128xf16>
   %z = arith.constant 0.0 : f16
@@ -70,7 +78,7 @@ func.func @f32(%a: tensor<64x128xf32>, %b: tensor<128x128xf32>) -> tensor<64x128
   return %r : tensor<64x128xf32>
 }
 """
-FUNCTIONS = ["mm", "mm_ab", "bf16", "odd", "f32"]
+FUNCTIONS = ["mm", "mm_ab", "bf16", "decode", "odd", "f32"]
 
 
 def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
@@ -100,7 +108,8 @@ def test_the_rewrite_reports_which_matmul_goes_to_which_kernel(kernelized):
     assert sites["bf16"]["kernel"] == "plex_matmul_abt_bf16_f32_128x256x64_w8s3"
     assert sites["odd"]["kernel"] is None and "K % 64" in sites["odd"]["reason"]
     assert sites["f32"]["kernel"] is None and "f16 or bf16" in sites["f32"]["reason"]
-    assert len(kernelized.kernels) == 3
+    assert sites["decode"]["kernel"] == "plex_matmul_abt_f16_f16_16x32x256_w4s4"
+    assert len(kernelized.kernels) == 4
 
 
 def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(kernelized):
@@ -123,6 +132,7 @@ def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(ke
             "plex_matmul_abt_f16_f16_128x256x64_w8s3",
             "plex_matmul_ab_f16_f16_128x256x64_w8s3",
             "plex_matmul_abt_bf16_f32_128x256x64_w8s3",
+            "plex_matmul_abt_f16_f16_16x32x256_w4s4",
         ]
     )
     codegen = [name for exe, name in calls if not exe.startswith("extern_dispatch")]
@@ -135,4 +145,4 @@ def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(ke
         kernelized.module_bytecode, phase="input", devices=gpu, functions=FUNCTIONS
     )
     assert set(compiled.signatures) == set(FUNCTIONS)
-    assert compiled.vmfb.count(b"\x7fELF") >= 3
+    assert compiled.vmfb.count(b"\x7fELF") >= 4

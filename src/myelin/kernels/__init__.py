@@ -30,8 +30,21 @@ class KernelizedGraph:
 def choose_matmul_config(
     dtype: str, out_dtype: str, b_transposed: bool, m: int | None, n: int, k: int
 ) -> MatmulConfig:
-    """The kernel config for one matmul. One tile shape today (128x256x64, 8 warps, 3 stages:
-    741 TFLOP/s at 8192^3 on an H200); decode-sized M gets no kernel of its own yet."""
+    """The kernel config for one matmul: 128x256x64 tiles, 8 warps, 3 stages (wgmma; 750
+    TFLOP/s at 8192^3 on an H200); a static M of at most 16 (decode: one token per sequence)
+    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs."""
+    if m is not None and m <= 16:
+        return MatmulConfig(
+            dtype=dtype,
+            out_dtype=out_dtype,
+            b_transposed=b_transposed,
+            block_m=16,
+            block_n=32,
+            block_k=256 if k % 256 == 0 else 64,
+            group_m=1,
+            num_warps=4,
+            num_stages=4,
+        )
     return MatmulConfig(dtype=dtype, out_dtype=out_dtype, b_transposed=b_transposed)
 
 
