@@ -28,6 +28,7 @@ from plex.cli import (
     inspect_cmd,
     profile_cmd,
     run_cmd,
+    tune_cmd,
 )
 
 EXIT_ERROR = 1
@@ -128,6 +129,7 @@ for name, command in (
     ("bench", bench_cmd.bench),
     ("accuracy", accuracy_cmd.accuracy),
     ("profile", profile_cmd.profile),
+    ("tune", tune_cmd.tune),
 ):
     app.command(name)(one_line_errors(command))
 for name, command in cache_cmd.COMMANDS.items():
