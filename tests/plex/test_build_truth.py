@@ -24,6 +24,7 @@ from myelin.compiler.phases import PhaseFile
 from myelin.compiler.targets import TargetDevice
 from plex.builder import build, jobs, versions
 from plex.builder.jobs import (
+    BackendJob,
     CompileJob,
     ComposeJob,
     DeviceLink,
@@ -58,6 +59,19 @@ def _sample_jobs(tmp: Path) -> list[Job]:
     resume = PhaseFile(None, {"phase": "flow", "module": "m"}, "module {}")
     return [
         WeightsJob(InputFile(weights), "safetensors", "p:w"),
+        BackendJob(
+            name="blas",
+            sources=(InputFile(source),),
+            library=InputFile(weights),
+            abi=(InputFile(spec),),
+            include_dirs=(InputTree(tmp, ".py"),),
+            libraries=(InputFile(weights),),
+            library_names=("libblas.so",),
+            cflags=("-O2",),
+            compiler="gcc 13",
+            ops=("matmul",),
+            what="backend p:blas",
+        ),
         ImportJob(
             source=InputFile(source),
             frontend="torch",
@@ -88,6 +102,7 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             resume=resume,
             phase_fields={"module": "m"},
             what="p:m (default)",
+            backend_ops=(("blas", "blas", "matmul", 0),),
             tuning_spec=InputFile(spec),
             tuning_ref="p:cpu",
             tuning_target="llvm-cpu",
@@ -111,7 +126,12 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             variants=(
                 VariantLink(
                     "default",
-                    (DeviceLink("cpu", "llvm-cpu", "local-task", {"cpu": "host"}, {"m": 1}),),
+                    (
+                        DeviceLink(
+                            "cpu", "llvm-cpu", "local-task", {"cpu": "host"}, {"m": 1},
+                            backend=Output("backend:p:blas"),
+                        ),
+                    ),
                     ("--flag",),
                     {"stream.partitioning": "x"},
                 ),

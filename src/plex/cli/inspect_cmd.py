@@ -10,6 +10,38 @@ import typer
 from plex.cli.build_cmd import _size
 
 
+def _print_backends(console, manifest, sections) -> None:
+    """External backends (docs/backends.md): which device hosts each, its ops, and the plugin
+    and vendor libraries the artifact carries for it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    seen: dict = {}
+    for v in manifest.variants:
+        for d in v.devices:
+            if d.backend is not None:
+                seen.setdefault((d.backend.name, d.name), (d.backend, []))[1].append(v.name)
+    if not seen:
+        return
+    table = Table(title="external backends (loaded from the artifact through memfds)")
+    for col in ("backend", "device", "variants", "ops", "ABI", "plugin", "vendor libraries"):
+        table.add_column(col)
+    for (name, device), (b, variant_names) in seen.items():
+        libraries = ", ".join(
+            f"{s.rpartition('/')[2]} ({_size(sections[s].length)})" for s in b.libraries
+        )
+        table.add_row(
+            escape(name),
+            escape(device),
+            escape(", ".join(variant_names)),
+            escape(", ".join(b.ops)),
+            str(b.abi),
+            _size(sections[b.plugin].length),
+            escape(libraries or "none"),
+        )
+    console.print(table)
+
+
 def inspect(
     artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
     as_json: bool = typer.Option(False, "--json", help="Print the raw manifest as JSON."),
@@ -66,6 +98,7 @@ def inspect(
             escape(", ".join(v.parameter_scopes)),
         )
     console.print(variants)
+    _print_backends(console, manifest, sections)
     entry = Table(title="entrypoints")
     for col in ("variant", "name", "inputs", "outputs"):
         entry.add_column(col)

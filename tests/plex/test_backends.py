@@ -1,0 +1,223 @@
+"""External backends: the BLAS backend built from a package, its calls next to IREE codegen,
+and the errors a missing or unloadable backend gives (docs/backends.md).
+
+The runtime half runs in a fresh interpreter: IREE reads executable plugins when it creates the
+local-task driver, once per process, and this test process has created it long before.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from plex.builder import build
+from plex.errors import ManifestError
+from plex.manifest import load_app
+
+pytest.importorskip("scipy_openblas32", reason="the BLAS backend needs pip install '.[blas]'")
+
+REPO = Path(__file__).resolve().parents[2]
+BLAS = REPO / "examples" / "backends" / "blas"
+
+# x -> relu -> @ w1^T (matmul, weight transposed: on BLAS) -> + acc @ w3 (accumulating into a
+# non-zero output: stays codegen) -> a batch_matmul with a broadcast weight (on BLAS)
+MODEL = """
+#id2 = affine_map<(i, j) -> (i, j)>
+#id3 = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#bc = affine_map<(d0, d1, d2) -> (d1, d2)>
+func.func @forward(%x: tensor<?x64xf32>, %w1: tensor<48x64xf32>, %w2: tensor<48x32xf32>,
+                   %acc: tensor<?x48xf32>, %w3: tensor<48x48xf32>) -> (tensor<?x48xf32>, tensor<1x?x32xf32>) {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %n = tensor.dim %x, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%n) : tensor<?x64xf32>
+  %r = linalg.generic {indexing_maps = [#id2, #id2], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<?x64xf32>) outs(%e : tensor<?x64xf32>) {
+    ^bb0(%a: f32, %o: f32):
+      %m = arith.maximumf %a, %zero : f32
+      linalg.yield %m : f32
+  } -> tensor<?x64xf32>
+  %t0 = tensor.empty() : tensor<64x48xf32>
+  %t = linalg.transpose ins(%w1 : tensor<48x64xf32>) outs(%t0 : tensor<64x48xf32>) permutation = [1, 0]
+  %y0 = tensor.empty(%n) : tensor<?x48xf32>
+  %yz = linalg.fill ins(%zero : f32) outs(%y0 : tensor<?x48xf32>) -> tensor<?x48xf32>
+  %y = linalg.matmul ins(%r, %t : tensor<?x64xf32>, tensor<64x48xf32>) outs(%yz : tensor<?x48xf32>) -> tensor<?x48xf32>
+  %z = linalg.matmul ins(%y, %w3 : tensor<?x48xf32>, tensor<48x48xf32>) outs(%acc : tensor<?x48xf32>) -> tensor<?x48xf32>
+  %z3 = tensor.expand_shape %z [[0, 1], [2]] output_shape [1, %n, 48] : tensor<?x48xf32> into tensor<1x?x48xf32>
+  %b0 = tensor.empty() : tensor<1x48x32xf32>
+  %b = linalg.generic {indexing_maps = [#bc, #id3], iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%w2 : tensor<48x32xf32>) outs(%b0 : tensor<1x48x32xf32>) {
+    ^bb0(%a: f32, %o: f32):
+      linalg.yield %a : f32
+  } -> tensor<1x48x32xf32>
+  %o0 = tensor.empty(%n) : tensor<1x?x32xf32>
+  %oz = linalg.fill ins(%zero : f32) outs(%o0 : tensor<1x?x32xf32>) -> tensor<1x?x32xf32>
+  %o = linalg.batch_matmul ins(%z3, %b : tensor<1x?x48xf32>, tensor<1x48x32xf32>) outs(%oz : tensor<1x?x32xf32>) -> tensor<1x?x32xf32>
+  return %z, %o : tensor<?x48xf32>, tensor<1x?x32xf32>
+}
+"""
+
+APP = """
+[app]
+name = "mm"
+packages = ["mm", "{blas}"]
+
+[devices.cpu]
+target = "llvm-cpu"
+
+[devices.blas]
+backend = "blas"
+
+[placement]
+"mm:matmul" = "blas"
+"""
+
+RUN = """
+import json, sys
+import numpy as np
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+rng = np.random.default_rng(0)
+x = rng.standard_normal((7, 64), dtype=np.float32)
+w1 = rng.standard_normal((48, 64), dtype=np.float32)
+w2 = rng.standard_normal((48, 32), dtype=np.float32)
+acc = rng.standard_normal((7, 48), dtype=np.float32)
+w3 = rng.standard_normal((48, 48), dtype=np.float32)
+with model.session() as s:
+    z, o = s.call("forward", x, w1, w2, acc, w3)
+y = np.maximum(x, 0) @ w1.T
+want_z = acc + y @ w3
+want_o = (want_z @ w2)[None]
+print(json.dumps({"z": float(np.abs(z - want_z).max() / np.abs(want_z).max()),
+                  "o": float(np.abs(o - want_o).max() / np.abs(want_o).max()),
+                  "devices": model.device_names}))
+"""
+
+
+def _app(tmp: Path, backend_toml: str | None = None) -> Path:
+    (tmp / "mm").mkdir()
+    (tmp / "mm" / "model.mlir").write_text(MODEL)
+    (tmp / "mm" / "plex.toml").write_text(
+        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    )
+    blas = BLAS
+    if backend_toml is not None:
+        blas = tmp / "backend"
+        blas.mkdir()
+        (blas / "plex.toml").write_text(backend_toml)
+    app = tmp / "app.toml"
+    app.write_text(APP.format(blas=blas))
+    return app
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+
+
+def test_blas_backend_matches_numpy_next_to_codegen(tmp_path):
+    out = tmp_path / "mm.mln"
+    build(_app(tmp_path), out)
+
+    result = _run(RUN, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["z"] < 1e-5 and errors["o"] < 1e-5, errors
+    assert errors["devices"] == ["cpu", "blas"]
+
+    inspected = subprocess.run(
+        [sys.executable, "-m", "plex", "inspect", str(out)], capture_output=True, text=True
+    )
+    assert "external backends" in inspected.stdout and "libscipy_openblas.so" in inspected.stdout
+
+
+def test_which_ops_went_to_the_backend_is_recorded(tmp_path):
+    from iree.compiler import ir
+
+    from myelin.compiler.backend_ops import place_backend_ops
+
+    with ir.Context():
+        module = ir.Module.parse(MODEL)
+        calls = place_backend_ops(
+            module.operation, [("blas", "blas", "matmul", 0)], ["cpu", "blas"]
+        )
+        text = str(module)
+    placed = [(c.op, c.device, c.note) for c in calls]
+    assert placed == [
+        ("linalg.matmul", "blas", "transposed B"),
+        ("linalg.matmul", None, "its output accumulates into a value that is not zeros"),
+        ("linalg.batch_matmul", "blas", "shared B"),
+    ]
+    assert text.count("flow.dispatch @plex_backend_blas::@matmul") == 2
+    assert "call @plex_blas_matmul(" in text  # the import the plugin resolves
+    assert "unified_memory = true" in text  # Stream passes the buffers, no copies
+
+
+def test_missing_backend_library_is_a_clear_error(tmp_path):
+    toml = (
+        (BLAS / "plex.toml").read_text().replace("lib/libscipy_openblas.so", "lib/libnot_there.so")
+    )
+    app = _app(tmp_path, toml)
+    (tmp_path / "backend" / "blas_backend.c").write_text((BLAS / "blas_backend.c").read_text())
+    with pytest.raises(ManifestError) as e:
+        load_app(app)
+    message = str(e.value)
+    assert "plex.toml:" in message and "[backend.blas] libraries[0]" in message
+    assert "backend library not found" in message and "libnot_there.so" in message
+
+    missing_module = toml.replace('"scipy_openblas32"', '"no_such_vendor_wheel"')
+    (tmp_path / "backend" / "plex.toml").write_text(missing_module)
+    with pytest.raises(
+        ManifestError, match="vendor module 'no_such_vendor_wheel' is not installed"
+    ):
+        load_app(app)
+
+
+def test_an_unloadable_backend_plugin_is_a_clear_error(tmp_path):
+    app = _app(
+        tmp_path,
+        '[package]\nname = "broken"\n[backend.blas]\nlibrary = "plugin.so"\nops = ["matmul"]\n',
+    )
+    (tmp_path / "backend" / "plugin.so").write_text("not a shared object\n")
+    out = tmp_path / "mm.mln"
+    build(app, out)
+    result = _run("import sys, myelin; myelin.Instance().load(sys.argv[1])", str(out))
+    assert result.returncode != 0
+    assert "backend 'blas': its plugin does not load here" in result.stderr
+
+
+def test_a_backend_loaded_after_the_first_local_task_device_is_refused(tmp_path):
+    out = tmp_path / "mm.mln"
+    build(_app(tmp_path), out)
+    script = """
+    import sys, myelin
+    myelin.Instance().device_registry.device("local-task")  # a device before the backend
+    try:
+        myelin.Instance().load(sys.argv[1])
+    except myelin.DeviceUnavailable as e:
+        print(e)
+    """
+    result = _run(script, str(out))
+    assert "must be loaded before this process creates its first local-task device" in (
+        result.stdout
+    ), result.stderr
+
+
+def test_op_placement_needs_a_backend_device(tmp_path):
+    app = _app(tmp_path)
+    app.write_text(app.read_text().replace('"mm:matmul" = "blas"', '"mm:matmul" = "cpu"'))
+    with pytest.raises(ManifestError, match="device 'cpu' has no backend"):
+        load_app(app)
+    app.write_text(app.read_text().replace('"mm:matmul" = "cpu"', '"mm" = "blas"'))
+    with pytest.raises(ManifestError, match="it runs ops, not graphs"):
+        load_app(app)
