@@ -19,7 +19,7 @@ from myelin.codecs import (
     check_encoded_module,
     decode,
     encode_graph,
-    plan_layout,
+    choose_layout,
 )
 from myelin.compiler.pipeline import compile_imported, import_graph
 from myelin.compiler.targets import TargetDevice, target_flags
@@ -140,7 +140,7 @@ class Encoded:
     def decoded(self, key: str) -> np.ndarray:
         """The weight as the IR decodes it, from the stored bytes, in numpy."""
         r = self.records[key]
-        layout = plan_layout(r.codec, tuple(r.shape), r.dtype, tuple(r.reduce_axes), tuple(r.order))
+        layout = choose_layout(r.codec, tuple(r.shape), r.dtype, tuple(r.reduce_axes), tuple(r.order))
         stored = {(s.scope, s.key): s.data for s in self.graph.stored}
         return decode([stored[(r.scope, p["key"])] for p in r.parts], layout)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from myelin.codecs import CODECS, decode, encode, parse_codec, plan_layout
+from myelin.codecs import CODECS, decode, encode, parse_codec, choose_layout
 from myelin.codecs.q4 import format4_layout, unpack
 
 RNG = np.random.default_rng(7)
@@ -21,7 +21,7 @@ def roundtrip(codec: str, w: np.ndarray = W, axes: tuple[int, ...] = (1,)):
 def roundtrip_ordered(
     codec: str, w: np.ndarray, axes: tuple[int, ...], order: tuple[int, ...] | None
 ):
-    layout = plan_layout(codec, w.shape, "float32", axes, order)
+    layout = choose_layout(codec, w.shape, "float32", axes, order)
     assert not isinstance(layout, str), layout
     parts = encode(w, layout)
     for part, array in zip(layout.parts, parts, strict=True):
@@ -133,12 +133,12 @@ def test_q4_format4_parameters_still_read():
     parts = encode(w, old)
     _, _, direct = roundtrip("q4", W, (1,))  # the same codes, stored row-major
     np.testing.assert_array_equal(decode(parts, old), direct.T)
-    new = plan_layout("q4", w.shape, "float32", (0,))
+    new = choose_layout("q4", w.shape, "float32", (0,))
     assert new.parts[0].storage_shape == (128, 96)  # format 7: the consumer's [K, N]
 
 
 def test_q4_size_at_default_group_is_under_0_15_of_fp32():
-    layout = plan_layout("q4", (1536, 384), "float32", (1,))
+    layout = choose_layout("q4", (1536, 384), "float32", (1,))
     # 0.5 byte a weight + 2 bytes a group of 32 + 8 bytes a row of 384: 0.146x
     assert layout.stored_bytes / (1536 * 384 * 4) < 0.15
 
@@ -153,13 +153,13 @@ def test_q4_size_at_default_group_is_under_0_15_of_fp32():
     ],
 )
 def test_layout_says_why_it_does_not_apply(codec, shape, axes, reason):
-    layout = plan_layout(codec, shape, "float32", axes)
+    layout = choose_layout(codec, shape, "float32", axes)
     if reason is None:
         assert not isinstance(layout, str)
     else:
         assert isinstance(layout, str) and reason in layout
-    assert "already" in plan_layout("bf16", (64, 64), "float16", (1,))
-    assert "int64" in plan_layout("int8", (64, 64), "int64", (1,))
+    assert "already" in choose_layout("bf16", (64, 64), "float16", (1,))
+    assert "int64" in choose_layout("int8", (64, 64), "int64", (1,))
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import myelin
-from myelin.codecs import decode, encode, plan_layout
+from myelin.codecs import decode, encode, choose_layout
 from plex.builder import build
 from plex.errors import BuildError, BuildWarning, ManifestError
 from plex.manifest import load_app
@@ -181,7 +181,7 @@ def test_the_mln_records_codec_logical_shape_storage_and_rule(built):
 def reference(root: Path, mln: Path, key: str) -> np.ndarray:
     """The weight as the artifact decodes it: the recorded codec applied to the source weights."""
     p = by_key(mln)[key]
-    layout = plan_layout(
+    layout = choose_layout(
         p["codec"], tuple(p["shape"]), p["dtype"], tuple(p["reduce_axes"]), tuple(p["order"])
     )
     return decode(encode(weights(root)[key], layout), layout)

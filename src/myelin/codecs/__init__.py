@@ -125,7 +125,7 @@ def check_codec_name(text: str) -> str:
     return text
 
 
-def plan_layout(
+def choose_layout(
     codec: str,
     shape: tuple[int, ...],
     dtype: str,
@@ -246,7 +246,7 @@ __all__ = [
     "encode",
     "parameter_rows",
     "parse_codec",
-    "plan_layout",
+    "choose_layout",
 ]
 
 # The pipeline entry points load numpy and the encoders on first use (`__getattr__`), so that

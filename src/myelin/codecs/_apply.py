@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from myelin.codecs import NO_CODEC, Layout, encode, plan_layout
+from myelin.codecs import NO_CODEC, Layout, encode, choose_layout
 from myelin.codecs._policy import Choice, CodecPolicy, choose
 from myelin.errors import CompileError
 
@@ -121,7 +121,7 @@ def encode_graph(
                     continue
                 axes = _ir.reduce_axes_of(uses, len(p.shape))
                 order = _ir.storage_order_of(uses, len(p.shape))
-                layout = plan_layout(codec, p.shape, p.dtype, axes, order)
+                layout = choose_layout(codec, p.shape, p.dtype, axes, order)
                 if isinstance(layout, str):
                     problems.setdefault((codec, layout), []).append(f"{p.scope}::{p.key}")
                     records[p].reason = f"kept fp32: {layout} ({choices[p].reason})"
