@@ -17,9 +17,9 @@ from myelin.codecs import (
     CodecRule,
     ParameterInput,
     check_encoded_module,
+    choose_layout,
     decode,
     encode_graph,
-    choose_layout,
 )
 from myelin.compiler.pipeline import compile_imported, import_graph
 from myelin.compiler.targets import TargetDevice, target_flags

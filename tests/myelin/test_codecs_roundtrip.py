@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from myelin.codecs import CODECS, decode, encode, parse_codec, choose_layout
+from myelin.codecs import CODECS, choose_layout, decode, encode, parse_codec
 from myelin.codecs.q4 import format4_layout, unpack
 
 RNG = np.random.default_rng(7)

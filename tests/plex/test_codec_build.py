@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import myelin
-from myelin.codecs import decode, encode, choose_layout
+from myelin.codecs import choose_layout, decode, encode
 from plex.builder import build
 from plex.errors import BuildError, BuildWarning, ManifestError
 from plex.manifest import load_app

@@ -241,12 +241,12 @@ __all__ = [
     "StoredPart",
     "bytes_by_codec",
     "check_codec_name",
+    "choose_layout",
     "codec_module",
     "decode",
     "encode",
     "parameter_rows",
     "parse_codec",
-    "choose_layout",
 ]
 
 # The pipeline entry points load numpy and the encoders on first use (`__getattr__`), so that

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from myelin.codecs import NO_CODEC, Layout, encode, choose_layout
+from myelin.codecs import NO_CODEC, Layout, choose_layout, encode
 from myelin.codecs._policy import Choice, CodecPolicy, choose
 from myelin.errors import CompileError
 
