@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from myelin.tuning.spec import ContractionMatch
 
-DM = (8, 16, 32, 64, 128, 256)
+DM = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # multiples of 6 and 12 too
 DN = (8, 16, 32, 64, 128, 256)
 VM = (1, 2, 4, 6, 8, 12, 16)
 VN_LANES = (1, 2, 4)  # vn = lanes * SIMD width
@@ -203,6 +203,8 @@ def configured_contractions(ir_text: str) -> list[ConfiguredContraction]:
         if line is None:
             continue
         op_name = _ROOT.search(line).group(1)
+        if " ins(" not in line:
+            continue
         ins = line[line.index(" ins(") :]
         tensors = [_tensor(t) for t in _TENSOR.findall(ins)]
         if len(tensors) < 3:
