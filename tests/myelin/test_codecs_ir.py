@@ -140,7 +140,9 @@ class Encoded:
     def decoded(self, key: str) -> np.ndarray:
         """The weight as the IR decodes it, from the stored bytes, in numpy."""
         r = self.records[key]
-        layout = choose_layout(r.codec, tuple(r.shape), r.dtype, tuple(r.reduce_axes), tuple(r.order))
+        layout = choose_layout(
+            r.codec, tuple(r.shape), r.dtype, tuple(r.reduce_axes), tuple(r.order)
+        )
         stored = {(s.scope, s.key): s.data for s in self.graph.stored}
         return decode([stored[(r.scope, p["key"])] for p in r.parts], layout)
 
