@@ -154,6 +154,10 @@ def _fit_input(value: np.ndarray, dtype: str) -> tuple[np.ndarray, bool]:
     return value.astype(target), True
 
 
+# set by --host-fallback for the worker processes: nodes IREE cannot lower run on the host
+HOST_FALLBACK_ENV = "PLEX_COVERAGE_HOST_FALLBACK"
+
+
 def run_plex(test: Path, work: Path) -> dict:
     import onnx
 
@@ -180,6 +184,7 @@ def run_plex(test: Path, work: Path) -> dict:
             [graph.model]
             source = "model.onnx"
             """)
+        + ("host_fallback = true\n" if os.environ.get(HOST_FALLBACK_ENV) else "")
     )
     (package / "app.toml").write_text('[app]\nname = "case"\npackages = ["."]\n')
     result: dict = {"frozen": sorted(frozen)}
@@ -472,12 +477,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="skip tests already in --results")
     parser.add_argument("--top", type=int, default=25, help="failure categories to print")
     parser.add_argument("--report-only", action="store_true", help="only print --results tables")
+    parser.add_argument(
+        "--host-fallback",
+        action="store_true",
+        help="build with [graph] host_fallback = true (ONNX nodes IREE cannot lower run on the "
+        "host, through ONNX Runtime)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "TEST"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(*args.worker)
         return 0
     modes = MODES if args.mode == "both" else (args.mode,)
+    if args.host_fallback:
+        os.environ[HOST_FALLBACK_ENV] = "1"  # inherited by the workers
     if args.tests:
         tests = args.tests.split(",")
     elif args.sample:

@@ -42,6 +42,7 @@ class FrontendRequest:
     entrypoints: tuple[str, ...] | None = None
     # input name -> {dimension index -> dimension name}: dims that must stay dynamic
     dynamic: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    host_fallback: bool = False  # ONNX: nodes IREE cannot lower run on the host
 
     def single_entrypoint(self, refusal: str) -> str:
         """The name of a source's one function: the manifest's only entrypoint, else
@@ -70,6 +71,8 @@ class FrontendResult:
     # input name -> {dimension index -> name} for dynamic dims the source itself names (an ONNX
     # dim_param); the manifest's `dynamic` names win over these.
     dim_names: dict[str, dict[int, str]] = field(default_factory=dict)
+    # ONNX host fallback: nodes that run in a host VM module (myelin.frontends._onnx_host)
+    host_nodes: tuple = ()
 
 
 def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:

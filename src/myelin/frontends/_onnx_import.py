@@ -60,6 +60,7 @@ class ImportedOnnx:
     parameters: dict[str, np.ndarray] = field(default_factory=dict)
     # node name -> op type of every ONNX op the ONNX->torch conversion could not lower
     unlowered: dict[str, str] = field(default_factory=dict)
+    host_nodes: tuple = ()  # _onnx_host.HostNode: nodes that run on the host (host_fallback)
 
 
 def tensor_array(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray:
@@ -202,9 +203,55 @@ def _define_function(
 
 
 def import_model(
-    model: onnx.ModelProto, *, scope: str, min_bytes: int, base_dir: Path
+    model: onnx.ModelProto,
+    *,
+    scope: str,
+    min_bytes: int,
+    base_dir: Path,
+    host_fallback: str | None = None,
 ) -> ImportedOnnx:
-    """Import a preprocessed model (shapes inferred, graph named after the entrypoint)."""
+    """Import a preprocessed model (shapes inferred, graph named after the entrypoint).
+
+    With `host_fallback` (the VM module name), a node that does not lower is moved to the host
+    (myelin.frontends._onnx_host) and the import starts again, until the rest lowers: a node
+    fails in whichever pass it fails, and only a fresh import can take it out before that pass.
+    """
+    if host_fallback is None:
+        return _import_model(model, scope=scope, min_bytes=min_bytes, base_dir=base_dir)
+    wanted: set[str] = set()
+    nodes = {n.name for n in model.graph.node}
+    for _ in range(len(nodes) + 1):
+        try:
+            imported = _import_model(
+                model,
+                scope=scope,
+                min_bytes=min_bytes,
+                base_dir=base_dir,
+                host=(host_fallback, wanted),
+            )
+        except CompileError as e:
+            node = getattr(e, "node", None)
+            if node is None or node in wanted or node not in nodes:
+                raise
+            wanted.add(node)
+            continue
+        if not imported.unlowered:
+            return imported
+        more = set(imported.unlowered) & nodes - wanted
+        if not more:
+            return imported
+        wanted |= more
+    raise CompileError("host fallback did not converge")  # pragma: no cover: bounded above
+
+
+def _import_model(
+    model: onnx.ModelProto,
+    *,
+    scope: str,
+    min_bytes: int,
+    base_dir: Path,
+    host: tuple[str, set[str]] | None = None,
+) -> ImportedOnnx:
     context = ir.Context()
     model_info = onnx_importer.ModelInfo(model)
     module = model_info.create_module(context=context).operation
@@ -222,13 +269,18 @@ def import_model(
     except ir.MLIRError as e:
         raise CompileError(f"the imported ONNX model does not verify: {_first_line(e)}") from e
     rewrite_onnx_ops(module)
+    host_nodes: list = []
+    if host is not None and host[1]:
+        from myelin.frontends._onnx_host import replace_with_host_calls
+
+        host_nodes = replace_with_host_calls(module, model, host[0], host[1])
     unlowered = _unlowered_onnx_ops(module)
     if not unlowered:
         _lower_to_linalg(module, {n.name: n.op_type for n in model.graph.node})
         _name_arguments(module, model)
     buffer = io.BytesIO()
     module.write_bytecode(buffer)
-    return ImportedOnnx(buffer.getvalue(), imp.parameters, unlowered)
+    return ImportedOnnx(buffer.getvalue(), imp.parameters, unlowered, tuple(host_nodes))
 
 
 # IREE's `--iree-input-type=onnx` pipeline is torch-mlir's ONNX->torch backend pipeline followed
@@ -291,7 +343,9 @@ def _run(module: ir.Operation, pipeline: str, op_types: dict[str, str]) -> None:
         try:
             PassManager.parse(pipeline).run(module)
         except ir.MLIRError as e:
-            raise CompileError(f"lowering the ONNX model failed: {_describe(e, op_types)}") from e
+            error = CompileError(f"lowering the ONNX model failed: {_describe(e, op_types)}")
+            error.node = _failing_node(e)  # type: ignore[attr-defined]  # for host fallback
+            raise error from e
 
 
 _LOC = re.compile(r'loc\("([^"]*)"')
@@ -300,6 +354,14 @@ _LOC = re.compile(r'loc\("([^"]*)"')
 def _node_of(location: ir.Location) -> str | None:
     m = _LOC.search(str(location))
     return m.group(1) if m else None
+
+
+def _failing_node(error: ir.MLIRError) -> str | None:
+    for diagnostic in error.error_diagnostics:
+        node = _node_of(diagnostic.location)
+        if node:
+            return node
+    return None
 
 
 def _describe(error: ir.MLIRError, op_types: dict[str, str]) -> str:

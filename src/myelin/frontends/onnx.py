@@ -34,6 +34,7 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         scope=request.scope,
         min_bytes=DEFAULT_MIN_PARAMETER_BYTES,
         base_dir=request.source.parent,
+        host_fallback=request.module_name if request.host_fallback else None,
     )
     if imported.unlowered:
         raise CompileError(
@@ -41,12 +42,19 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
             f"{checks.describe_ops(imported.unlowered)}; replace them in the exporter, or "
             "check docs/onnx-coverage.md for supported variants"
         )
+    for node in imported.host_nodes:
+        warnings.append(
+            f"node {node.node!r} ({node.op_type}) runs on the host (host_fallback: IREE 3.13 "
+            "cannot lower it): each call waits for the device, copies its results back and runs "
+            "the op in ONNX Runtime"
+        )
     return FrontendResult(
         mlir=imported.mlir,
         input_type="none",
         parameters=imported.parameters,
         warnings=warnings,
         dim_names=dim_names(model),
+        host_nodes=imported.host_nodes,
     )
 
 

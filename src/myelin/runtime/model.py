@@ -376,8 +376,25 @@ class Model:
         modules = [hal]
         if self._providers:
             modules.append(rt.create_io_parameters_module(self._vm_instance, *self._providers))
+        host = self._host_functions()
+        if host is not None:  # ONNX host fallback (myelin.runtime.host_ops)
+            fences = "--iree-execution-model=async-external" in (self.variant_record.flags or ())
+            modules.append(host.vm_module(self._vm_instance, self.devices[0], fences=fences))
         modules.extend(self._modules)
         return self.devices, modules
+
+    def _host_functions(self):
+        """The host functions the variant's modules import, or None (made once per model)."""
+        if not hasattr(self, "_host"):
+            functions = [
+                f for m in self.variant_record.modules for f in m.extras.get("host_functions", [])
+            ]
+            self._host = None
+            if functions:
+                from myelin.runtime.host_ops import HostFunctions
+
+                self._host = HostFunctions(functions, self._reader.section_view)
+        return self._host
 
     def close(self) -> None:
         for s in list(self._sessions):

@@ -46,6 +46,7 @@ class ImportJob(Job):
     # A Python model file may import any module of its package: their contents are inputs too.
     python_sources: InputTree | None
     what: str
+    host_fallback: bool = False  # ONNX nodes IREE cannot lower run in a host VM module
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ LINKED_SECTIONS = "sections.json"  # [{"name", "kind", "node", "file"}] in file 
 LINKED_WARNINGS = "warnings.json"  # {"notes": [...], "violations": [...]}
 
 # Modules the runtime registers itself, ahead of the app's modules.
-RUNTIME_MODULES = ("hal", "io_parameters")
+RUNTIME_MODULES = ("hal", "io_parameters", "plex_host")  # plex_host: myelin.runtime.host_ops
 
 
 class _Outputs:
@@ -337,7 +337,9 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                     **outputs.file(compiled_id, outputs.dir(compiled_id) / COMPILED_MODULE),
                 }
             )
-            records.append({"name": module.name, "section": section})
+            records.append(
+                {"name": module.name, "section": section, **_host_fields(module, outputs, sections)}
+            )
             meta = metas[module.name]
             for fn, sig in meta["signatures"].items():
                 # A name two modules export stays reachable as `module.function`.
@@ -416,6 +418,24 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
         },
     }
     return manifest, sections
+
+
+def _host_fields(module: ModuleLink, outputs: _Outputs, sections: list[dict]) -> dict:
+    """Host fallback (ONNX): the nodes a module calls in the runtime's host module, each with
+    its one-node model as a `blob` section (myelin.runtime.host_ops)."""
+    node = module.imported.node_id
+    nodes = read_import_meta(outputs.dir(node)).get("host_nodes", [])
+    if not nodes:
+        return {}
+    functions = []
+    for n in nodes:
+        name = f"host/{n['function']}"
+        if all(s["name"] != name for s in sections):
+            sections.append(
+                {"name": name, "kind": "blob", **outputs.file(node, outputs.dir(node) / n["file"])}
+            )
+        functions.append({k: v for k, v in n.items() if k != "file"} | {"section": name})
+    return {"host_functions": functions}
 
 
 def _backend_fields(device, outputs: _Outputs, sections: list[dict]) -> dict:

@@ -404,6 +404,7 @@ def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
         min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES,
         python_sources=InputTree(package_dir, ".py") if graph.source_symbol is not None else None,
         what=graph.ref,
+        host_fallback=graph.host_fallback,
     )
     return Node(
         import_node_id(graph), job, label=f"import {graph.ref}", heavy=True, isolate=ISOLATE_STEPS

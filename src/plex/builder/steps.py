@@ -58,8 +58,10 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         scope=job.scope,
         entrypoints=job.entrypoints,
         dynamic=job.dynamic,
+        host_fallback=job.host_fallback,
     )
     frontend_warnings: list[str] = []
+    host_nodes: tuple = ()
     dim_names: dict[str, dict[int, str]] = {}
     try:
         if frontend_name in DIRECT_INPUT_TYPES:
@@ -75,6 +77,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
             # cached or not: a warned-about graph never builds silently.
             frontend_warnings = list(result.warnings)
             dim_names = result.dim_names
+            host_nodes = result.host_nodes
         imported = import_graph(
             source,
             input_type=input_type,
@@ -108,8 +111,20 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         "warnings": frontend_warnings,
         # JSON keys are strings: {"image": {"0": "N"}}
         "dim_names": dim_names,
+        # host fallback: one-node ONNX models the runtime's host module runs (host/<fn>.onnx)
+        "host_nodes": _write_host_nodes(out_dir, host_nodes),
     }
     (out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
+def _write_host_nodes(out_dir: Path, host_nodes: tuple) -> list[dict]:
+    records = []
+    if host_nodes:
+        (out_dir / "host").mkdir()
+    for node in host_nodes:
+        (out_dir / "host" / f"{node.function}.onnx").write_bytes(node.model)
+        records.append({**node.to_json(), "file": f"host/{node.function}.onnx"})
+    return records
 
 
 def _refuse_phase_file(source: Path, what: str) -> None:

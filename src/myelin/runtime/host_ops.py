@@ -1,0 +1,115 @@
+"""The host module: ONNX nodes IREE could not lower, run by ONNX Runtime when IREE calls them.
+
+A graph built with `host_fallback` imports functions `plex_host.<module>_<n>` (one per node
+that fell back, myelin.frontends._onnx_host). Each module record lists them with the section
+holding the node as a one-node ONNX model. This module builds one Python VM module
+(`iree.runtime.PyModuleInterface`) per session that exports all of them: a call maps its
+argument buffer views as numpy arrays (no copy), runs the node in an ONNX Runtime session
+made once per model, and returns its results copied into buffers of the model's first device.
+
+ONNX Runtime is imported only by models that have host functions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import iree.runtime as rt
+import numpy as np
+from iree.runtime.dtypes import map_dtype_to_hal_element_type
+
+from myelin.errors import DeviceUnavailable
+
+HOST_MODULE = "plex_host"
+
+
+class HostFunctions:
+    """The host functions of one loaded model: their ONNX Runtime sessions, made on first use."""
+
+    def __init__(self, functions: Sequence[dict], section: Callable[[str], memoryview]) -> None:
+        self._records = {f["function"]: f for f in functions}
+        self._section = section
+        self._sessions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._records)
+
+    def _session(self, name: str) -> Any:
+        with self._lock:
+            if name not in self._sessions:
+                try:
+                    import onnxruntime as ort
+                except ImportError as e:
+                    raise DeviceUnavailable(
+                        f"host function {name} (ONNX node {self._records[name]['node']!r}) "
+                        "needs onnxruntime: pip install onnxruntime"
+                    ) from e
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = 1  # runs on the calling VM thread
+                self._sessions[name] = ort.InferenceSession(
+                    bytes(self._section(self._records[name]["section"])),
+                    options,
+                    providers=["CPUExecutionProvider"],
+                )
+            return self._sessions[name]
+
+    def run(self, name: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        session = self._session(name)
+        feeds = {i.name: a for i, a in zip(session.get_inputs(), arrays, strict=True)}
+        return [np.ascontiguousarray(r) for r in session.run(None, feeds)]
+
+    def vm_module(
+        self, instance: rt.VmInstance, device: rt.HalDevice, *, fences: bool
+    ) -> rt.VmModule:
+        """A VM module exporting every host function, for one VM context. With `fences` (the
+        async-external execution model, `[runtime] cancellable`), IREE passes each import a
+        wait fence and a signal fence after its tensors: the call waits, runs, signals."""
+        host = self
+
+        class Module:
+            def __init__(self, iface: Any) -> None:
+                self.iface = iface
+
+        iface = rt.PyModuleInterface(HOST_MODULE, Module)
+        for name, record in self._records.items():
+            n_in, n_out = len(record["inputs"]), len(record["outputs"])
+            refs = "r" * (n_in + (2 if fences else 0))
+            method = _method(host, name, device, n_in, n_out, fences)
+            iface.export(name, f"0{refs}_{'r' * n_out}", method)
+        return iface.create()
+
+
+def _to_numpy(ref: Any) -> np.ndarray:
+    view = ref.deref(rt.HalBufferView)
+    dtype = rt.HalElementType.map_to_dtype(view.element_type)
+    return view.map().asarray(tuple(view.shape), dtype)
+
+
+def _method(
+    host: HostFunctions, name: str, device: rt.HalDevice, n_in: int, n_out: int, fences: bool
+) -> Callable:
+    def call(self: Any, *refs: Any) -> Any:
+        signal = None
+        if fences:
+            refs[n_in].deref(rt.HalFence).wait()
+            signal = refs[n_in + 1].deref(rt.HalFence)
+        outputs = host.run(name, [_to_numpy(r) for r in refs[:n_in]])
+        views = []
+        for array in outputs:
+            view = device.allocator.allocate_buffer_copy(
+                memory_type=rt.MemoryType.DEVICE_LOCAL,
+                allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+                device=device,
+                buffer=array,
+                element_type=map_dtype_to_hal_element_type(array.dtype),
+            )
+            views.append(view.ref)
+        if signal is not None:
+            signal.signal()
+        return views[0] if n_out == 1 else tuple(views)
+
+    return call
