@@ -102,7 +102,8 @@ class Targets:
 
     def seed_artifact(self) -> bytes:
         if self._seed_artifact is None:
-            self._seed_artifact = (CORPUS / "mlp.mln").read_bytes()
+            # the seed without its flag byte (a *.mln name would be ignored by git)
+            self._seed_artifact = (CORPUS / "mln" / "mlp-as-is").read_bytes()[1:]
         return self._seed_artifact
 
     def mln(self, data: bytes) -> bool:
