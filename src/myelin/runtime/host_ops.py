@@ -39,6 +39,8 @@ class HostFunctions:
         return list(self._records)
 
     def _session(self, name: str) -> Any:
+        """ONNX Runtime's session for the node; ONNX's reference implementation where ONNX
+        Runtime refuses the node or its types (its Python API has no float8 arrays)."""
         with self._lock:
             if name not in self._sessions:
                 try:
@@ -50,17 +52,33 @@ class HostFunctions:
                     ) from e
                 options = ort.SessionOptions()
                 options.intra_op_num_threads = 1  # runs on the calling VM thread
-                self._sessions[name] = ort.InferenceSession(
-                    bytes(self._section(self._records[name]["section"])),
-                    options,
-                    providers=["CPUExecutionProvider"],
-                )
+                model = bytes(self._section(self._records[name]["section"]))
+                try:
+                    session = ort.InferenceSession(
+                        model, options, providers=["CPUExecutionProvider"]
+                    )
+                except Exception:
+                    session = None
+                self._sessions[name] = (session, model)
             return self._sessions[name]
 
     def run(self, name: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        session = self._session(name)
-        feeds = {i.name: a for i, a in zip(session.get_inputs(), arrays, strict=True)}
-        return [np.ascontiguousarray(r) for r in session.run(None, feeds)]
+        session, model = self._session(name)
+        if session is not None:
+            feeds = {i.name: a for i, a in zip(session.get_inputs(), arrays, strict=True)}
+            try:
+                return [np.asarray(r, order="C") for r in session.run(None, feeds)]
+            except Exception:
+                with self._lock:
+                    self._sessions[name] = (None, model)
+        from onnx import ModelProto
+        from onnx.reference import ReferenceEvaluator
+
+        proto = ModelProto()
+        proto.ParseFromString(model)
+        names = [i.name for i in proto.graph.input]
+        outputs = ReferenceEvaluator(proto).run(None, dict(zip(names, arrays, strict=True)))
+        return [np.asarray(r, order="C") for r in outputs]
 
     def vm_module(
         self, instance: rt.VmInstance, device: rt.HalDevice, *, fences: bool
@@ -83,8 +101,31 @@ class HostFunctions:
         return iface.create()
 
 
+# element types numpy's own dtypes lack (ml_dtypes arrays), both ways
+_ML_DTYPES = {
+    "float8_e4m3fn": "FLOAT_8_E4M3_FN",
+    "float8_e4m3fnuz": "FLOAT_8_E4M3_FNUZ",
+    "float8_e5m2": "FLOAT_8_E5M2",
+    "float8_e5m2fnuz": "FLOAT_8_E5M2_FNUZ",
+    "bfloat16": "BFLOAT_16",
+}
+
+
+def _element_type(dtype: np.dtype) -> Any:
+    if dtype.name in _ML_DTYPES:
+        return getattr(rt.HalElementType, _ML_DTYPES[dtype.name])
+    return map_dtype_to_hal_element_type(dtype)
+
+
 def _to_numpy(ref: Any) -> np.ndarray:
     view = ref.deref(rt.HalBufferView)
+    for name, member in _ML_DTYPES.items():
+        if view.element_type == getattr(rt.HalElementType, member):
+            import ml_dtypes
+
+            dtype = np.dtype(getattr(ml_dtypes, name))
+            raw = view.map().asarray(tuple(view.shape), np.dtype(f"u{dtype.itemsize}"))
+            return raw.view(dtype)
     dtype = rt.HalElementType.map_to_dtype(view.element_type)
     return view.map().asarray(tuple(view.shape), dtype)
 
@@ -100,12 +141,15 @@ def _method(
         outputs = host.run(name, [_to_numpy(r) for r in refs[:n_in]])
         views = []
         for array in outputs:
+            element_type = _element_type(array.dtype)
+            if array.dtype.name in _ML_DTYPES:  # the bytes, as an integer array numpy can pass
+                array = array.view(np.dtype(f"u{array.dtype.itemsize}"))
             view = device.allocator.allocate_buffer_copy(
                 memory_type=rt.MemoryType.DEVICE_LOCAL,
                 allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
                 device=device,
                 buffer=array,
-                element_type=map_dtype_to_hal_element_type(array.dtype),
+                element_type=element_type,
             )
             views.append(view.ref)
         if signal is not None:
