@@ -52,6 +52,7 @@ from synapse._executor import Executor, NodeResult, RunResult, _Run, _Triage
 from synapse._fingerprint import bytes_digest
 from synapse._job import run_job
 from synapse._plan import Node, NodeContext, Plan
+from synapse.errors import SynapseError
 
 # CPUs a step that is not `heavy` reserves: two light steps (weights, link) share a core.
 LIGHT_STEP_CPUS = 0.5
@@ -76,6 +77,10 @@ def task_options(node: Node) -> dict[str, Any]:
     claimed: dict[str, float] = dict(type(node.job).resources)
     options: dict[str, Any] = {
         "num_cpus": claimed.pop("CPU", 1.0 if node.heavy else LIGHT_STEP_CPUS),
+        # Ray's default places a task where its largest argument lives; for compiles sharing
+        # one import output that queues them all on one node while others idle. Moving the
+        # output once per node costs seconds, a compile tens of seconds: spread heavy steps.
+        "scheduling_strategy": "SPREAD" if node.heavy else "DEFAULT",
         "max_retries": TASK_RETRIES,
         "retry_exceptions": False,  # a step that raises would raise again: it is deterministic
         "name": node.id,
@@ -101,6 +106,10 @@ class Placement:
         return f"{self.address}/{self.node_id[:12]}/pid{self.pid}"
 
 
+class ClusterUnavailable(SynapseError):
+    """No Ray cluster at the address (none is ever started implicitly)."""
+
+
 class RayExecutor(Executor):
     """Runs plans on a Ray cluster; same interface, results and events as `Executor`.
 
@@ -114,8 +123,9 @@ class RayExecutor(Executor):
     memory_budget: accepted for the same interface; on a cluster each node's `memory` resource
         plays that role (`task_options`).
     After `run`, `placements` maps each node that ran as a task to where it ran, and
-    `step_seconds` to how long its step took there (the rest of the node's time is the
-    cluster's: scheduling, moving tars, committing).
+    `step_seconds` to how long its step took there, `queued_seconds` to how long it waited
+    for a free worker; the rest of the node's time is the cluster's cost (moving and unpacking
+    tars, committing).
     """
 
     def __init__(
@@ -135,11 +145,12 @@ class RayExecutor(Executor):
         self.shared_cache_root = shared_cache
         self.placements: dict[str, Placement] = {}
         self.step_seconds: dict[str, float] = {}  # the step alone, on its worker
+        self.queued_seconds: dict[str, float] = {}  # submitted until its worker started it
         self._shared: Any = None
 
     def run(self, plan: Plan) -> RunResult:
         self._connect()
-        self.placements, self.step_seconds = {}, {}
+        self.placements, self.step_seconds, self.queued_seconds = {}, {}, {}
         keys = self.keys(plan)
         return _RayRun(self, plan, keys, self._triage(plan, keys)).execute()
 
@@ -149,15 +160,22 @@ class RayExecutor(Executor):
 
     def _connect(self) -> None:
         if not ray.is_initialized():
-            # Workers' stdout (IREE's own warnings) would tear the driver's progress display;
-            # steps record what a build must say in their outputs.
-            ray.init(
-                address=self.address or "auto",
-                namespace=_NAMESPACE,
-                log_to_driver=False,
-                logging_level="WARNING",
-                configure_logging=False,
-            )
+            address = self.address or "auto"
+            try:
+                # Workers' stdout (IREE's own warnings) would tear the driver's progress
+                # display; steps record what a build must say in their outputs.
+                ray.init(
+                    address=address,
+                    namespace=_NAMESPACE,
+                    log_to_driver=False,
+                    logging_level="WARNING",
+                    configure_logging=False,
+                )
+            except (ConnectionError, ValueError, RuntimeError) as e:
+                raise ClusterUnavailable(
+                    f"cannot reach the Ray cluster at {address!r}: {e} (start one with "
+                    "`ray start --head`, or name it: --executor ray=HOST:PORT)"
+                ) from e
         if self.shared_cache_root is not None and self._shared is None:
             self._shared = shared_cache_actor(self.shared_cache_root)
 
@@ -214,7 +232,7 @@ class _RayRun(_Run):
         deps = tuple(node.deps)
         args = [self._dep_ref(dep) for dep in deps]
         self.emit("start", node, message=node.label or node.id)
-        start = time.monotonic()
+        start, submitted = time.monotonic(), time.time()
         tar_ref, record_ref = _run_step.options(**task_options(node)).remote(
             node.job, node.id, key, deps, *args
         )
@@ -270,6 +288,8 @@ class _RayRun(_Run):
         seconds = time.monotonic() - start
         self.executor.placements[node.id] = placement
         self.executor.step_seconds[node.id] = record["seconds"]
+        # Clocks of two machines: exact on one host, as good as their sync elsewhere.
+        self.executor.queued_seconds[node.id] = max(0.0, record["entered"] - submitted)
         self._record(node)
         self.emit(
             "finish",
@@ -323,6 +343,7 @@ def _run_step(
     Returns (tar, record); an exception of the step is returned in the record, not raised, so
     that the driver gets the step's own exception type and the worker it ran on.
     """
+    entered = time.time()
     context = ray.get_runtime_context()
     placement = Placement(context.get_node_id(), _node_address(), os.getpid())
     logs: list[str] = []
@@ -349,7 +370,13 @@ def _run_step(
             return b"", {"placement": placement, "logs": logs, "error": _picklable(exc)}
         packed = pack_folder(out_dir)
         seconds = time.perf_counter() - start
-        record = {"placement": placement, "logs": logs, "error": None, "seconds": seconds}
+        record = {
+            "placement": placement,
+            "logs": logs,
+            "error": None,
+            "seconds": seconds,
+            "entered": entered,
+        }
         return packed, {**record, "digest": bytes_digest(packed)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -485,6 +512,7 @@ def _commit(cache: Cache, key: str, packed: bytes, node: Node) -> Path:
 
 __all__ = [
     "DEFAULT_SHARED_CACHE",
+    "ClusterUnavailable",
     "Placement",
     "RayExecutor",
     "SharedCache",

@@ -22,7 +22,7 @@ from plex.builder.plan import BuildRequest, plan_build
 from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
 from plex.manifest import AppSpec, load_app, parse_executor, write_lock
-from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult
+from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult, SynapseError
 from synapse.errors import DiskFull
 
 __all__ = [
@@ -195,5 +195,7 @@ def build(
                 f"{cause} (`plex cache gc --max-size 2GiB` shrinks it; PLEX_CACHE_DIR moves it)"
             ) from e
         raise BuildError(f"{e}") from e
+    except SynapseError as e:  # e.g. the Ray cluster cannot be reached
+        raise BuildError(str(e)) from e
     lock_path = write_lock(app)
     return BuildResult(app, output, results, time.perf_counter() - start, lock_path)
