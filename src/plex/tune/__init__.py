@@ -22,10 +22,15 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from plex.errors import PlexError
+
+if TYPE_CHECKING:
+    from myelin.tuning.cpu import ConfiguredContraction, CpuTarget
+    from plex.tune._database import Database
 
 PENALTY = 1e3  # told for configs that are rejected, fail to build or compute something else
 
@@ -139,7 +144,13 @@ def tune(
 
     ranked = sorted(found, key=lambda c: share_of(c.dispatch), reverse=True)[:max_dispatches]
     if not ranked:
-        raise TuneError(f"{app.name}: no contraction dispatch to tune on device {device!r}")
+        hint = (
+            " (data_tiling = true: IREE's packed matmuls take no tile config; tune the device "
+            "with data_tiling = false)"
+            if spec_device.data_tiling
+            else ""
+        )
+        raise TuneError(f"{app.name}: no contraction dispatch to tune on device {device!r}{hint}")
     for c in ranked:
         log(f"  hot: {c.dispatch} {share_of(c.dispatch):.0%} of the call ({c.match.describe()})")
 
@@ -209,22 +220,22 @@ def tune(
 
 
 def _search(
-    c,
-    target,
-    result,
-    trials,
-    batch,
-    seed,
-    candidates,
-    reference,
-    function,
-    inputs,
-    want,
-    rounds,
-    database,
-    arch,
-    iree,
-    log,
+    c: ConfiguredContraction,
+    target: CpuTarget,
+    result: DispatchResult,
+    trials: int,
+    batch: int,
+    seed: int,
+    candidates: _Candidates,
+    reference: Path,
+    function: str,
+    inputs: list,
+    want: list[np.ndarray],
+    rounds: int,
+    database: Database,
+    arch: str,
+    iree: str,
+    log: Callable[[str], None],
 ) -> None:
     """nevergrad ask/tell over one dispatch's space, a batch of candidates per round."""
     import nevergrad as ng
