@@ -363,26 +363,3 @@ def test_task_resources_follow_the_node():
     trial = task_options(Node("t", TimingTrialJob(0)))
     assert (trial["num_cpus"], trial["num_gpus"]) == (0, 1)
     assert "resources" not in trial and trial["retry_exceptions"] is False
-
-
-def test_a_local_build_never_imports_ray(tmp_path):
-    code = (
-        "import sys\nfrom pathlib import Path\nfrom plex.builder import build\n"
-        f"build(Path({str(EXAMPLES / 'mlp' / 'app.toml')!r}), Path({str(tmp_path / 'x.mln')!r}), "
-        f"cache_dir=Path({str(tmp_path / 'cache')!r}))\n"
-        "print('ray' in sys.modules)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == "False"
-
-
-def test_executor_names_are_checked_in_the_manifest(app, tmp_path):
-    from plex.errors import ManifestError
-    from plex.manifest import load_app
-
-    assert load_app(app).build.executor == "local"
-    bad = tmp_path / "app.toml"
-    bad.write_text(app.read_text() + '\n[build]\nexecutor = "dask"\n')
-    with pytest.raises(ManifestError, match="unknown executor 'dask'"):
-        load_app(bad)
