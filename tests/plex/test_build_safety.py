@@ -97,6 +97,50 @@ def test_a_crash_in_the_model_file_is_one_error_naming_the_node(
     assert output.is_file()
 
 
+# `hal.dispatch.extern` on llvm-cpu crashes IREE 3.13's compiler (SIGSEGV in
+# LLVMCPUAssignImportOrdinalsPass): a real crash inside the in-process compiler.
+EXTERN_DISPATCH_MLIR = """
+#x86_64_target = #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64",
+                                        {target_triple = "x86_64-none-elf"}>
+#layout = #hal.pipeline.layout<constants = 1, bindings = [
+  #hal.pipeline.binding<storage_buffer, ReadOnly>, #hal.pipeline.binding<storage_buffer>]>
+module {
+  util.func public @forward(%arg0: tensor<8xf32>) -> tensor<8xf32> {
+    %c8 = arith.constant 8 : index
+    %c8_i32 = arith.constant 8 : i32
+    %0 = hal.dispatch.extern "simple_mul_workgroup"[%c8](%c8_i32, %arg0)
+        : (i32, tensor<8xf32>) -> tensor<8xf32>
+      count(%device: !hal.device, %workload: index) -> (index, index, index) {
+        %c1 = arith.constant 1 : index
+        hal.return %workload, %c1, %c1 : index, index, index
+      }
+      layout(#layout)
+      objects({#x86_64_target ordinal(0) = [#hal.executable.object<{path = "none.o"}>]})
+    util.return %0 : tensor<8xf32>
+  }
+}
+"""
+
+
+def test_a_crash_inside_the_iree_compiler_is_one_error_naming_the_node(tmp_path: Path) -> None:
+    package = tmp_path / "ext"
+    package.mkdir()
+    (package / "model.mlir").write_text(EXTERN_DISPATCH_MLIR)
+    (package / "plex.toml").write_text(
+        '[package]\nname = "ext"\n\n[graph.ext]\nsource = "model.mlir"\n'
+    )
+    (tmp_path / "app.toml").write_text('[app]\nname = "ext"\npackages = ["ext"]\n')
+    cache = tmp_path / "cache"
+    done = plex_build(tmp_path / "app.toml", tmp_path / "ext.mln", cache)
+    assert done.returncode == 1, done.stderr  # was 139: the build process itself died
+    line = _error_line(done)
+    assert "compile:ext:ext:default" in line and "SIGSEGV" in line, line
+    # the import before it was committed and is reused; the crashed compile left nothing
+    again = plex_build(tmp_path / "app.toml", tmp_path / "ext.mln", cache)
+    assert "compile:ext:ext:default" in _error_line(again)
+    assert "4 nodes, 1 cached, 3 to run" in again.stdout + again.stderr
+
+
 def _dead_pid() -> int:
     process = subprocess.Popen(["sleep", "60"])
     process.kill()
