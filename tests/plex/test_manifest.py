@@ -251,7 +251,10 @@ def test_unknown_key_names_file_line_key_and_a_close_match(tmp_path):
     message = error_of(load_app, app_toml)
     assert message.startswith(f"{app_toml}:{line_of(app_toml, 'targt')}: [devices.cpu] targt: ")
     assert "unknown key; did you mean 'target'?" in message
-    assert "(accepted: arch, cpu, cpu_features, data_tiling, driver, target)" in message
+    assert (
+        "(accepted: arch, backend, cpu, cpu_features, data_tiling, driver, kernels, target)"
+        in message
+    )
 
 
 def test_unknown_table_and_unknown_key_in_an_array_of_tables(tmp_path):
@@ -526,22 +529,13 @@ def test_not_implemented_values_are_still_validated(tmp_path):
     assert "unknown tuning spec 'mlp:gpu'" in error_of(load_app, app_toml)
 
 
-PACKAGE_NOT_IMPLEMENTED = {
-    "[backend.npu]": ("", '[backend.npu]\nlibrary = "npu.so"'),
-}
-
-
-@pytest.mark.parametrize("key", PACKAGE_NOT_IMPLEMENTED)
-def test_package_features_not_implemented_yet_when_an_app_uses_them(tmp_path, key):
-    table, line = PACKAGE_NOT_IMPLEMENTED[key]
-    toml = MLP_TOML.replace(table, f"{table}\n{line}") if table else f"{MLP_TOML}\n{line}\n"
-    app_toml = make_app(tmp_path, package_toml=toml)
-    load_package(tmp_path / "mlp")  # a package alone may declare them
-
-    message = error_of(load_app, app_toml)
+def test_a_backend_is_validated_at_its_line(tmp_path):
+    toml = f'{MLP_TOML}\n[backend.npu]\nlibrary = "npu.so"\nops = ["matmul"]\n'
+    make_app(tmp_path, package_toml=toml)
+    message = error_of(load_package, tmp_path / "mlp")
     plex_toml = tmp_path / "mlp" / "plex.toml"
-    assert message.startswith(f"{plex_toml}:{line_of(plex_toml, key)}: ")
-    assert "not implemented yet" in message
+    assert message.startswith(f"{plex_toml}:{line_of(plex_toml, 'library =')}: ")
+    assert "file not found" in message and "npu.so" in message
 
 
 def test_weights_formats(tmp_path):
