@@ -115,7 +115,8 @@ class RayExecutor(Executor):
 
     address: the cluster (`ray.init`'s address: "HOST:PORT", "ray://HOST:PORT"); None uses the
         session this process already joined, else "auto" (RAY_ADDRESS or a `ray start` cluster
-        on this machine). A cluster is never started implicitly.
+        on this machine). A cluster is never started implicitly, and a process already
+        connected to one keeps it.
     jobs: most tasks in flight at once (Ray queues them further by their resources).
     shared_cache: folder on the head node of the cache that all drivers of this cluster share
         (`~` is the head's home); None shares nothing. Local hits are looked up first, then the
