@@ -79,12 +79,13 @@ def _on_deadline(signum: int, frame: object) -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[LoopbackCluster]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    environment = pytest.MonkeyPatch()  # restored after the module: later tests see no change
+    environment.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on 127.0.0.1
+    environment.setenv("RAY_USAGE_STATS_ENABLED", "0")
     # Workers import this module for its test job (a step is found by its module's name, and
     # pytest imports this file by its folder).
     paths = [str(REPO), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    environment.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
     import ray
     from ray.cluster_utils import Cluster
 
@@ -118,6 +119,7 @@ def ray_cluster() -> Iterator[LoopbackCluster]:
         cluster.shutdown()
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        environment.undo()
 
 
 @pytest.fixture(scope="module")
