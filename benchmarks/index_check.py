@@ -1,6 +1,9 @@
 """Cost of the runtime's index-range check on an embedding lookup of a 32x128 token batch.
 
-    python benchmarks/index_check.py [--rounds 9] [--calls 200]
+    python benchmarks/index_check.py [--rounds 9] [--calls 200] [--mln PLACEMENT.mln --variant cpu]
+
+`--mln` runs an already built examples/placement artifact instead of building one (a machine
+with only the runtime installed: numpy, iree-base-runtime and src/ on PYTHONPATH).
 
 examples/placement's `embed` (a [256, 64] f32 table) is built for the CPU and called with 4096
 ids (32 sequences of 128 tokens, flattened: the entrypoint takes a 1-D batch). Within a round,
@@ -13,6 +16,7 @@ over rounds of each round's per-call median, and the spread of the per-round rat
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import statistics
@@ -48,9 +52,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--mln", type=Path, help="a built examples/placement artifact")
+    parser.add_argument("--variant", help="its variant to load (default: the first that runs)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = myelin.Instance().load(build_embed(Path(tmp)))
+        path = args.mln if args.mln is not None else build_embed(Path(tmp))
+        model = myelin.Instance().load(path, variant=args.variant)
         ids = np.random.default_rng(0).integers(0, 256, size=np.prod(TOKENS), dtype=np.int64)
         with model.session() as session:
             checked = session.resolve("embed")
@@ -75,8 +82,8 @@ def main() -> None:
                     rows[k].append(v)
                 ratios.append(medians["check"] / medians["without"])
                 added.append(medians["with"] / medians["without"] - 1)
-    print(f"embed, {TOKENS[0]}x{TOKENS[1]} ids, {platform.machine()}, {args.rounds} rounds x "
-          f"{args.calls} calls")  # fmt: skip
+    print(f"embed, {TOKENS[0]}x{TOKENS[1]} ids, {platform.machine()} ({os.cpu_count()} CPUs), "
+          f"{args.rounds} rounds x {args.calls} calls")  # fmt: skip
     print("| path | median µs/call |")
     print("|---|---:|")
     for key, label in (("without", "call, no check"), ("with", "call, with the check"),
