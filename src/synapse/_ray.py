@@ -37,11 +37,11 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
@@ -63,6 +63,7 @@ DEFAULT_SHARED_CACHE = "~/.cache/synapse/cluster"
 _NAMESPACE = "synapse"
 _HEAD_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource
 _POLL_S = 0.2
+T = TypeVar("T")
 
 
 def task_options(node: Node) -> dict[str, Any]:
@@ -332,6 +333,34 @@ class _RayRun(_Run):
         return NodeResult(node.id, key, None, "failed", why, seconds), error
 
 
+# -- one call on the cluster ----------------------------------------------------------------
+
+
+def call_with_resources(
+    fn: Callable[..., T], *args: Any, resources: Mapping[str, float], name: str = ""
+) -> tuple[T, Placement]:
+    """Run the module-level `fn(*args)` as one task that claims `resources` (the `Job.resources`
+    vocabulary: {"GPU": 1} makes it one of at most one task per GPU), and return its result and
+    where it ran. For work that is measured rather than built (a tuning trial's timing): it is
+    never cached, and Ray does not retry it (a measurement on a dying node is not trusted).
+    """
+    claimed = dict(resources)
+    options: dict[str, Any] = {"num_cpus": claimed.pop("CPU", 1.0), "max_retries": 0}
+    if "GPU" in claimed:
+        options["num_gpus"] = claimed.pop("GPU")
+    if claimed:
+        options["resources"] = claimed
+    if name:
+        options["name"] = name
+    return ray.get(_call.options(**options).remote(fn, *args))
+
+
+@ray.remote
+def _call(fn: Callable[..., T], *args: Any) -> tuple[T, Placement]:
+    placement = Placement(ray.get_runtime_context().get_node_id(), _node_address(), os.getpid())
+    return fn(*args), placement
+
+
 # -- the task --------------------------------------------------------------------------------
 
 
@@ -517,6 +546,7 @@ __all__ = [
     "Placement",
     "RayExecutor",
     "SharedCache",
+    "call_with_resources",
     "pack_folder",
     "task_options",
     "unpack_folder",

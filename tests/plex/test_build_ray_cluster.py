@@ -11,6 +11,7 @@ the fixture always shuts the cluster down.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ import pytest
 from plex.builder import build
 from plex.builder.versions import code_digest
 from synapse import Cache, Event, Job, Node, NodeContext, Plan, step
-from tests.plex.build_helpers import EXAMPLES, REPO
+from tests.plex.build_helpers import EXAMPLES, REPO, copy_example
 
 pytestmark = pytest.mark.slow
 
@@ -258,6 +259,32 @@ def test_gpu_trials_run_one_per_gpu_at_a_time(ray_cluster, tmp_path):
         assert ray_cluster.worker_of(str(executor.placements[node_id])) == "b"  # the GPU's node
     held.sort()
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(held)), held
+
+
+def test_tune_builds_candidates_as_tasks_and_times_them_on_the_gpu_worker(
+    ray_cluster, tmp_path, monkeypatch
+):
+    """`plex tune --executor ray` on the CPU path: candidate compiles run as cluster tasks, each
+    batch's timing is a task claiming the (stand-in) GPU, so it runs on worker b; the results
+    land in the one tuning database the driver writes."""
+    pytest.importorskip("nevergrad")
+    from plex.tune import tune
+
+    monkeypatch.setenv("PLEX_CLUSTER_CACHE", str(tmp_path / "shared"))
+    app = copy_example("mlp", tmp_path / "mlp")
+    lines: list[str] = []
+    result = tune(
+        app, "cpu", tmp_path / "tuned", trials=2, batch=2, max_dispatches=1, rounds=2,
+        dims=["*=32"], cache_dir=tmp_path / "cache", log=lines.append, executor="ray",
+    )  # fmt: skip
+    timed = [line.rsplit(" ", 1)[-1] for line in lines if " on worker " in line]
+    assert len(timed) >= 2, lines  # the batch and the final comparison
+    assert {ray_cluster.worker_of(worker) for worker in timed} == {"b"}
+    built = [e for e in Cache(tmp_path / "shared").ls() if e.kind == "tune-candidate"]
+    assert len(built) >= 3  # the reference, the batch's candidates, the tuned build: as tasks
+    [entry] = json.loads((tmp_path / "tuned" / "tuning.json").read_text())["entries"].values()
+    assert sum(t["status"] == "ok" for t in entry["trials"]) >= 1
+    assert result.outputs_equal
 
 
 @dataclass(frozen=True)

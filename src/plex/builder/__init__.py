@@ -101,7 +101,7 @@ def make_executor(
     jobs: int,
     salt: str,
     on_event: Callable[[Event], None] | None,
-    memory_budget: int,
+    memory_budget: int | None,
 ) -> Executor:
     """The SYNaPSe executor `spec` names (see plex.manifest's executor grammar). Ray is imported
     only for a Ray executor, and only here. On Ray, builders share the cache folder

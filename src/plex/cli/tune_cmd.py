@@ -50,6 +50,13 @@ def tune(
         help="Candidates built at once (default: CPU count).",
         metavar="N",
     ),
+    executor: str = typer.Option(
+        "local",
+        "--executor",
+        help="local, or ray / ray=ADDRESS: candidates build as CPU tasks on the cluster, each "
+        "batch is timed by a task that claims one GPU (docs/cluster.md).",
+        metavar="NAME",
+    ),
 ) -> None:
     """Tune an app for one device: ranked hot dispatches, nevergrad search, checked outputs."""
     from plex.tune import tune as run_tune
@@ -68,4 +75,5 @@ def tune(
         rounds=rounds,
         jobs=jobs,
         log=lambda line: typer.echo(line, err=False),
+        executor=executor,
     )

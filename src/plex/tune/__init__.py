@@ -16,6 +16,7 @@ read buffers nobody wrote (1.3-1.6x off on CPU).
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import tomllib
@@ -83,11 +84,12 @@ def tune(
     cache_dir: Path | None = None,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    executor: str = "local",
 ) -> TuneResult:
     from myelin.mln import MlnReader
     from myelin.runtime.profiling import capture
     from myelin.tuning.cpu import configured_contractions, cpu_target_of
-    from myelin.tuning.timing import outputs_of, same_outputs, time_interleaved
+    from myelin.tuning.timing import outputs_of, same_outputs
     from plex.builder import build, default_cache_dir
     from plex.builder.versions import versions
     from plex.cli.tensor_args import parse_dims, synthetic_inputs
@@ -119,7 +121,8 @@ def tune(
     target = cpu_target_of(ir_text)
     arch = _cpu_arch(ir_text)
     iree = versions()["iree-base-compiler"]
-    candidates = _Candidates(derived.read_text(), fingerprints, cache, work, jobs)
+    # executor "ray": candidates build as CPU tasks, batches are timed by GPU-claiming tasks
+    candidates = _Candidates(derived.read_text(), fingerprints, cache, work, jobs, executor, log)
     [reference] = candidates.build([None])
     if reference is None:
         raise TuneError(f"the untuned build of {app_path} failed: see {work / 'reference.log'}")
@@ -199,7 +202,7 @@ def tune(
     if tuned is None:
         raise TuneError(f"the tuned build failed: see {work}")
     equal = same_outputs(outputs_of(tuned, function, inputs), want)
-    final = time_interleaved([reference, tuned], function, inputs, rounds=max(rounds, 7))
+    final = candidates.timer([reference, tuned], function, inputs, max(rounds, 7))
     package = _write_package(out_dir, app.name, device, spec_text)
     from plex.tune._report import plot, summary
 
@@ -242,7 +245,7 @@ def _search(
 
     from myelin.tuning.cpu import CpuTiles, space, tiles_from_choice
     from myelin.tuning.spec import SpecEntry, render_spec
-    from myelin.tuning.timing import outputs_of, same_outputs, time_interleaved
+    from myelin.tuning.timing import outputs_of, same_outputs
 
     knobs = space()
     parametrization = ng.p.Dict(**{k: ng.p.Choice(list(v)) for k, v in knobs.items()})
@@ -286,9 +289,7 @@ def _search(
         ]
         built = candidates.build(specs)
         ok = [(p, a) for p, a in zip(pending, built, strict=True) if a is not None]
-        timings = time_interleaved(
-            [reference, *(a for _, a in ok)], function, inputs, rounds=rounds
-        )
+        timings = candidates.timer([reference, *(a for _, a in ok)], function, inputs, rounds)
         base = timings[0].median_s
         measured = {id(p): (t, a) for (p, a), t in zip(ok, timings[1:], strict=True)}
         for p in pending:
@@ -351,14 +352,21 @@ class _Candidates:
         cache: Path,
         work: Path,
         jobs: int | None,
+        executor: str = "local",
+        log: Callable[[str], None] = print,
     ) -> None:
+        from plex.tune._cluster import make_timer
+
         self.app_toml, self.fingerprints, self.cache = app_toml, fingerprints, cache
-        self.work, self.jobs = work, jobs
+        self.work, self.jobs, self.executor = work, jobs, executor
+        self.timer = make_timer(executor, log)
+        self.placements: dict = {}  # node id -> where the last batch's candidates built
 
     def build(self, specs: Sequence[str | None]) -> list[Path | None]:
+        from plex.builder import make_executor
         from plex.builder.versions import fingerprint_salt
         from plex.tune._candidates import CANDIDATE_MLN, FAILED, CandidateJob
-        from synapse import Cache, Executor, Node, Plan
+        from synapse import Cache, Node, Plan
 
         nodes = [
             Node(
@@ -369,8 +377,16 @@ class _Candidates:
             )
             for i, spec in enumerate(specs)
         ]
-        executor = Executor(Cache(self.cache / "tune"), jobs=self.jobs, salt=fingerprint_salt())
+        executor = make_executor(
+            self.executor,
+            Cache(self.cache / "tune"),
+            jobs=self.jobs or os.cpu_count() or 1,
+            salt=fingerprint_salt(),
+            on_event=None,
+            memory_budget=None,
+        )
         results = executor.run(Plan(nodes))
+        self.placements = dict(getattr(executor, "placements", {}))
         built: list[Path | None] = []
         for node in nodes:
             out = results[node.id].out_dir
