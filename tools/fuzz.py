@@ -4,6 +4,10 @@ manifests.
 
     nice -n 19 .venv/bin/python tools/fuzz.py --minutes 30                  # every harness
     nice -n 19 .venv/bin/python tools/fuzz.py --harness mln --runs 1000000
+    python tools/fuzz.py --runs 1000000 --parallel 15       # a many-core host: 15 processes
+
+The .mln harnesses need only the runtime (numpy, iree-base-runtime, src/ on PYTHONPATH) and
+atheris; `manifest` also needs pydantic and tomli-w.
 
 Harnesses (each input is one test case; seeds are committed under tools/fuzz_corpus/<harness>/):
 
@@ -29,6 +33,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -163,7 +168,9 @@ def _run_harness(name: str, args: list[str]) -> None:
     with atheris.instrument_imports(include=["myelin", "plex", "synapse"]):
         import myelin.mln
         import myelin.runtime  # noqa: F401
-        import plex.manifest  # noqa: F401
+
+        if name == "manifest":  # the .mln harnesses run where only the runtime is installed
+            import plex.manifest  # noqa: F401
     targets = Targets(Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-", dir=_scratch())))
     target: Callable[[bytes], bool] = {
         "mln": targets.mln,
@@ -187,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None, help="time per harness")
     parser.add_argument("--runs", type=int, default=None, help="executions per harness")
     parser.add_argument("--artifacts", type=Path, default=Path("fuzz-findings"))
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="fuzzer processes per harness (seeds 1..N, --runs split among them)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.child:
@@ -198,21 +211,39 @@ def main(argv: list[str] | None = None) -> int:
     args.artifacts.mkdir(parents=True, exist_ok=True)
     failed = []
     for name in names:
-        work = Path(tempfile.mkdtemp(prefix=f"fuzz-corpus-{name}-"))
-        command = [
-            sys.executable, __file__, "--child", name,
-            str(work), str(CORPUS / name),  # first folder: written; second: the committed seeds
-            f"-artifact_prefix={args.artifacts.resolve()}/{name}-",
-            "-timeout=10", "-rss_limit_mb=4096", "-print_final_stats=1",
-        ]  # fmt: skip
-        if args.minutes is not None:
-            command.append(f"-max_total_time={int(args.minutes * 60)}")
-        if args.runs is not None:
-            command.append(f"-atheris_runs={args.runs}")
         started = time.monotonic()
-        rc = subprocess.call(command)
-        print(f"fuzz {name}: exit {rc} after {time.monotonic() - started:.0f} s", flush=True)
-        shutil.rmtree(work, ignore_errors=True)
+        processes = []
+        for i in range(args.parallel):
+            work = Path(tempfile.mkdtemp(prefix=f"fuzz-corpus-{name}-"))
+            command = [
+                sys.executable, __file__, "--child", name,
+                str(work), str(CORPUS / name),  # first folder: written; second: committed seeds
+                f"-artifact_prefix={args.artifacts.resolve()}/{name}-",
+                "-timeout=10", "-rss_limit_mb=4096", "-print_final_stats=1", f"-seed={i + 1}",
+            ]  # fmt: skip
+            if args.minutes is not None:
+                command.append(f"-max_total_time={int(args.minutes * 60)}")
+            if args.runs is not None:
+                command.append(f"-atheris_runs={-(-args.runs // args.parallel)}")
+            log = args.artifacts / f"{name}-{i}.log" if args.parallel > 1 else None
+            out = open(log, "w") if log is not None else None  # noqa: SIM115
+            processes.append((subprocess.Popen(command, stdout=out, stderr=out), work, log, out))
+        executed, codes = 0, []
+        for process, work, log, out in processes:
+            codes.append(process.wait())
+            shutil.rmtree(work, ignore_errors=True)
+            if out is not None:
+                out.close()
+                text = log.read_text()  # atheris ends a -atheris_runs run with "Done N in"
+                found = re.findall(
+                    r"stat::number_of_executed_units: (\d+)|^Done (\d+) in", text, re.M
+                )
+                found = [a or b for a, b in found]
+                executed += int(found[-1]) if found else 0
+        rc = max(codes, key=abs)
+        seconds = time.monotonic() - started
+        total = f", {executed} executions in all" if args.parallel > 1 else ""
+        print(f"fuzz {name}: exit {rc} after {seconds:.0f} s{total}", flush=True)
         if rc != 0:
             failed.append(name)
     if failed:
