@@ -178,3 +178,28 @@ def test_the_targets_accept_what_is_valid(targets) -> None:
     assert targets.mln_manifest(fuzz.split_manifest(ARTIFACT))
     seeds = {p.name: p.read_bytes() for p in TOML_SEEDS}
     assert targets.manifest(seeds["plex-mlp"]) and targets.manifest(seeds["app-mlp"])
+
+
+def test_load_without_verify_still_hashes_the_module_sections(tmp_path: Path) -> None:
+    """verify=False skips hashing parameters, not the VM bytecode IREE is given: damaged bytecode
+    can make IREE's loader hang (the fuzzer found 4 bytes that made it allocate 2.7 GB)."""
+    import myelin
+    from myelin.errors import ArtifactError
+    from myelin.mln import MlnReader
+
+    original = tmp_path / "mlp.mln"
+    original.write_bytes(ARTIFACT)
+    with MlnReader(original) as reader:
+        sections = list(reader.sections.values())
+    module = next(s for s in sections if s.kind == "module")
+    parameter = next(s for s in sections if s.kind == "parameter")
+    for section, refused in ((module, True), (parameter, False)):
+        data = bytearray(ARTIFACT)
+        data[section.offset + section.length // 2] ^= 0xFF
+        damaged = tmp_path / f"{section.kind}.mln"
+        damaged.write_bytes(bytes(data))
+        if refused:
+            with pytest.raises(ArtifactError, match="is corrupt \\(sha256 mismatch\\)"):
+                myelin.Instance().load(damaged, verify=False)
+        else:
+            myelin.Instance().load(damaged, verify=False).close()  # parameters: not hashed
