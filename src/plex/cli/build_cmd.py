@@ -195,8 +195,10 @@ class _RunningSteps:
         now = time.monotonic()
         steps = ", ".join(f"{node} ({now - t0:.0f}s in)" for node, t0 in running.items())
         return (
-            f"plex: stopping the build; waiting for {len(running)} running step(s) to end "
-            f"(IREE cannot stop inside a step): {steps}; nothing unfinished is kept"
+            # import/encode/compile run in worker processes, which are killed at once; a step in a
+            # thread (PLEX_BUILD_ISOLATE=0, or weights) is awaited
+            f"plex: stopping the build; stopping {len(running)} running step(s): {steps}; "
+            "nothing unfinished is kept"
         )
 
 
