@@ -233,3 +233,48 @@ def test_indices_the_boundary_cannot_check_are_reported() -> None:
     assert found.valid == {0: ((-(2**63), 2**63 - 1),)}  # clamped: every id is fine
     (why,) = found.unchecked
     assert "tensor.extract index 0" in why and "a tensor of constants or weights" in why
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (["0", 256], "must be two integers [lo, hi)"),
+        ([0], "must be two integers [lo, hi)"),
+        ([5, 5], "must satisfy -9223372036854775808 <= lo < hi <= 9223372036854775808"),
+        ([0, 2**64], "must satisfy"),
+        ("all", "must be a list"),
+    ],
+)
+def test_a_crafted_range_is_refused_naming_the_field(
+    tmp_path: Path, value: object, problem: str
+) -> None:
+    from myelin.errors import ArtifactError
+    from tests.myelin.test_mln_format import manifest_of, replace_manifest
+
+    root = tmp_path / "app"
+    path = build_app(_placement_app(root, "fp32"), root / "embed.mln")
+    manifest = manifest_of(path)
+    entry = next(e for e in manifest["variants"][0]["entrypoints"] if e["name"] == "embed")
+    entry["inputs"][0]["range"] = value
+    replace_manifest(path, manifest)
+    with pytest.raises(ArtifactError) as caught:
+        MlnReader(path)
+    assert "manifest field variants[0].entrypoints[0].inputs[0].range: " in str(caught.value)
+    assert problem in str(caught.value)
+
+
+def test_an_artifact_without_ranges_still_loads_and_checks_nothing(tmp_path: Path) -> None:
+    """Files built before the check have no `range`: they load, and nothing is refused."""
+    from tests.myelin.test_mln_format import manifest_of, replace_manifest
+
+    root = tmp_path / "app"
+    path = build_app(_placement_app(root, "fp32"), root / "embed.mln")
+    manifest = manifest_of(path)
+    for entry in manifest["variants"][0]["entrypoints"]:
+        for spec in entry["inputs"]:
+            spec.pop("range", None)
+    replace_manifest(path, manifest)
+    model = myelin.Instance().load(path)
+    with model.session() as session:
+        session.call("embed", np.array([3, 255], dtype=np.int64))  # in range: fine as before
+    assert all(i.valid_range is None for e in model.variant_record.entrypoints for i in e.inputs)
