@@ -96,7 +96,7 @@ class HostFunctions:
         for name, record in self._records.items():
             n_in, n_out = len(record["inputs"]), len(record["outputs"])
             refs = "r" * (n_in + (2 if fences else 0))
-            method = _method(host, name, device, n_in, n_out, fences)
+            method = _method(host, name, device, n_in, record["outputs"], fences)
             iface.export(name, f"0{refs}_{'r' * n_out}", method)
         return iface.create()
 
@@ -131,8 +131,15 @@ def _to_numpy(ref: Any) -> np.ndarray:
 
 
 def _method(
-    host: HostFunctions, name: str, device: rt.HalDevice, n_in: int, n_out: int, fences: bool
+    host: HostFunctions,
+    name: str,
+    device: rt.HalDevice,
+    n_in: int,
+    output_dtypes: Sequence[str],
+    fences: bool,
 ) -> Callable:
+    n_out = len(output_dtypes)
+
     def call(self: Any, *refs: Any) -> Any:
         signal = None
         if fences:
@@ -140,7 +147,12 @@ def _method(
             signal = refs[n_in + 1].deref(rt.HalFence)
         outputs = host.run(name, [_to_numpy(r) for r in refs[:n_in]])
         views = []
-        for array in outputs:
+        for array, recorded in zip(outputs, output_dtypes, strict=True):
+            if recorded in _ML_DTYPES and array.dtype.name != recorded:
+                # ONNX Runtime hands float8 results back as raw bytes: the node's type says
+                import ml_dtypes
+
+                array = array.view(np.dtype(getattr(ml_dtypes, recorded)))
             element_type = _element_type(array.dtype)
             if array.dtype.name in _ML_DTYPES:  # the bytes, as an integer array numpy can pass
                 array = array.view(np.dtype(f"u{array.dtype.itemsize}"))
