@@ -159,7 +159,7 @@ def tune(
 
     database = Database.open(out_dir)
     results: list[DispatchResult] = []
-    for c in ranked:
+    for index, c in enumerate(ranked):
         key = entry_key(c.match.fingerprint(), f"llvm-cpu:{arch}", iree)
         result = DispatchResult(
             c.dispatch, c.match.describe(), key, share_of(c.dispatch), c.default_config
@@ -177,7 +177,7 @@ def tune(
                 result,
                 trials,
                 batch,
-                seed,
+                seed + index,  # each dispatch its own stream of proposals
                 candidates,
                 reference,
                 function,
