@@ -12,6 +12,7 @@ from pathlib import Path
 
 from iree.compiler import ir
 
+from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
     ParameterRef,
@@ -20,7 +21,6 @@ from myelin.compiler.parameters import (
     outline_constants,
 )
 from myelin.compiler.phases import PHASE_ATTRIBUTE, RESUMABLE_PHASES, PhaseFileError
-from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.placement import (
     PLACEMENT_PHASE,
     PlacementRule,

@@ -21,12 +21,12 @@ from myelin.mln._layout import (
 from myelin.mln._manifest import ManifestInvalid
 from myelin.mln._reader import MlnReader
 from myelin.mln._records import (
-    BackendRecord,
     MAX_RANK,
     MAX_TENSOR_BYTES,
     RESIDENCY_MODES,
     AppRecord,
     ArtifactManifest,
+    BackendRecord,
     DeviceRecord,
     DeviceRequirements,
     EntrypointRecord,

@@ -44,9 +44,9 @@ from plex.builder.jobs import (
 )
 from plex.builder.versions import versions
 from plex.errors import BuildError
-from plex.manifest import BackendSpec
 from plex.manifest import (
     AppSpec,
+    BackendSpec,
     DeviceSpec,
     GraphSpec,
     ShardSpec,
