@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.backends import import_symbol
+from myelin.compiler.placement import walk_region
 from myelin.errors import CompileError
 
 TRANSPOSE_B = 1  # PLEX_MATMUL_TRANSPOSE_B
@@ -106,13 +107,6 @@ def _functions(module: ir.Operation) -> Iterator[ir.Operation]:
             yield op
 
 
-def _walk(region: ir.Region) -> Iterator[ir.Operation]:
-    for block in region.blocks:
-        for op in block.operations:
-            op = op.operation
-            yield op
-            for inner in op.regions:
-                yield from _walk(inner)
 
 
 def _producer(value: ir.Value) -> ir.Operation | None:
@@ -264,7 +258,7 @@ def place_backend_ops(
     rewritten = 0
     for fn in list(_functions(module)):
         fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
-        for op in [o for o in _walk(fn.regions[0]) if o.name in _MATMULS]:
+        for op in [o for o in walk_region(fn.regions[0]) if o.name in _MATMULS]:
             call = _rewrite_matmul(op, fn_name, executable, device, min_flops)
             calls.append(call)
             rewritten += call.device is not None

@@ -244,7 +244,7 @@ def _sources_of(value: ir.Value, seen: dict) -> list[_Source]:
 def _root_op(dispatch: ir.Operation) -> ir.Operation:
     """The op a person would name the dispatch by: its first linalg op that is not a fill."""
     first = None
-    for op in _walk(dispatch.regions[0]):
+    for op in walk_region(dispatch.regions[0]):
         if first is None and not op.name.startswith(("iree_tensor_ext.", "arith.", "tensor.")):
             first = op
         if op.name.startswith("linalg.") and op.name not in _NOT_ROOT_OPS:
@@ -252,13 +252,14 @@ def _root_op(dispatch: ir.Operation) -> ir.Operation:
     return first or dispatch
 
 
-def _walk(region: ir.Region) -> Iterator[ir.Operation]:
+def walk_region(region: ir.Region) -> Iterator[ir.Operation]:
+    """Every op in `region`, nested ones included, in order (IR passes of PLeX share it)."""
     for block in region.blocks:
         for op in block.operations:
             op = op.operation
             yield op
             for inner in op.regions:
-                yield from _walk(inner)
+                yield from walk_region(inner)
 
 
 def resolve_dispatch_affinities(
@@ -289,7 +290,7 @@ def resolve_dispatch_affinities(
         fn_affinity = fn.attributes.get(AFFINITY, module_affinity)
         seen: dict = {}
         index = 0
-        for op in (o for region in fn.regions for o in _walk(region)):
+        for op in (o for region in fn.regions for o in walk_region(region)):
             if op.name != "flow.dispatch.workgroups":
                 continue
             sources = []

@@ -221,20 +221,6 @@ def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:
             )
 
 
-def _within(array: np.ndarray, lo: int, hi: int) -> bool:
-    """All of `array` in [lo, hi): for lo == 0 (embeddings) one pass, the maximum of the bits
-    read as unsigned (a negative value reads as a huge one); else a minimum and a maximum. The
-    reductions are compared as Python ints: comparing numpy scalars costs microseconds."""
-    if lo == 0 and array.dtype.kind == "i":
-        unsigned = array.view(np.dtype(f"u{array.dtype.itemsize}"))
-        return int(np.maximum.reduce(unsigned, axis=None)) < hi
-    return int(np.minimum.reduce(array, axis=None)) >= lo and (
-        int(np.maximum.reduce(array, axis=None)) < hi
-    )
-
-
-def _device_dtype(value: Any) -> str:
-    return str(np.dtype(value.dtype))
 IndexCheck = tuple[int, str, int, int]  # input position, name, lo, hi
 
 
@@ -266,3 +252,17 @@ def check_index_ranges(
         )
 
 
+def _within(array: np.ndarray, lo: int, hi: int) -> bool:
+    """All of `array` in [lo, hi): for lo == 0 (embeddings) one pass, the maximum of the bits
+    read as unsigned (a negative value reads as a huge one); else a minimum and a maximum. The
+    reductions are compared as Python ints: comparing numpy scalars costs microseconds."""
+    if lo == 0 and array.dtype.kind == "i":
+        unsigned = array.view(np.dtype(f"u{array.dtype.itemsize}"))
+        return int(np.maximum.reduce(unsigned, axis=None)) < hi
+    return int(np.minimum.reduce(array, axis=None)) >= lo and (
+        int(np.maximum.reduce(array, axis=None)) < hi
+    )
+
+
+def _device_dtype(value: Any) -> str:
+    return str(np.dtype(value.dtype))
