@@ -9,7 +9,10 @@ What it checks and measures, in one run:
    the same prompt for 32 steps: the token ids must be identical (and equal to torch eager on the
    CPU), the logits within 1e-3 of the largest logit (IREE's CUDA code on two GPUs vs one).
 2. The moves between the stages (`transfers_by_kind`): every one a peer copy (GPU to GPU), one
-   per prefill and one per decode step, none through host memory and none to the host.
+   per prefill and one per decode step, none through host memory and none to the host; and the
+   bandwidth of a 256 MiB move (buffers from IREE's allocator and from its queue-ordered pool)
+   next to torch's cuda:0 -> cuda:1 copy: a move staged through host memory would be several
+   times slower than the peer copy.
 3. Prefill + decode throughput of both variants: rounds alternate the variants; the table gives
    medians and the spread (min-max) over rounds.
 4. With CUDA_VISIBLE_DEVICES=0 (a subprocess): the runtime falls back to `one_gpu`, and asking for
@@ -39,6 +42,7 @@ PROMPT = [1, 30, 4, 158, 27, 92, 11, 200, 7, 64, 3, 99, 18, 250, 5, 42]  # 16 to
 STEPS = 32
 STAGES = ("front.prefill", "front.decode", "back.prefill", "back.decode")
 VARIANTS = ("two_gpus", "one_gpu")
+DEVICES = {"two_gpus": ("gpu0", "gpu1"), "two_cpus": ("cpu0", "cpu1")}  # front's, back's
 
 
 def pipeline_model():
@@ -75,6 +79,49 @@ def greedy(model, pipeline) -> tuple[list[int], list[np.ndarray], float, float]:
             logits.append(out.to_host())
         decode = (time.perf_counter() - start) / (STEPS - 1)
     return ids, logits, prefill, decode
+
+
+def move_bandwidth(registry, source, target, nbytes: int, pooled: bool, repeats: int) -> float:
+    """GB/s of the runtime's move of one `nbytes` device array from `source` to `target` (median
+    of `repeats`). `pooled`: the array's buffer comes from the device's queue-ordered pool
+    (`queue_alloca`, where IREE's CUDA HAL puts call results), else from its allocator."""
+    import iree.runtime as rt
+
+    if pooled:
+        ready = source.create_semaphore(0)
+        buffer = source.queue_alloca(nbytes, [], [(ready, 1)])
+        ready.wait(1)
+    else:
+        buffer = source.allocator.allocate_buffer(
+            memory_type=rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=rt.BufferUsage.DEFAULT,
+            allocation_size=nbytes,
+        )
+    view = rt.HalBufferView(buffer, [nbytes // 4], rt.HalElementType.FLOAT_32)
+    array = rt.DeviceArray(source, view, implicit_host_transfer=True, override_dtype=np.float32)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        moved = registry.move(array, target)  # returns once the copy is done
+        seconds.append(time.perf_counter() - start)
+        del moved
+    return nbytes / statistics.median(seconds) / 1e9
+
+
+def torch_peer_bandwidth(nbytes: int, repeats: int) -> float:
+    """GB/s of torch's cuda:0 -> cuda:1 copy (cudaMemcpyPeer with peer access), the reference."""
+    import torch
+
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda:0")
+    seconds = []
+    for _ in range(repeats):
+        torch.cuda.synchronize("cuda:0")
+        start = time.perf_counter()
+        y = x.to("cuda:1")
+        torch.cuda.synchronize("cuda:1")
+        seconds.append(time.perf_counter() - start)
+        del y
+    return nbytes / statistics.median(seconds) / 1e9
 
 
 FALLBACK_CHECK = """
@@ -155,6 +202,26 @@ def main(argv: list[str] | None = None) -> int:
             _, _, prefill, decode = greedy(models[v], pipeline)
             times[v]["prefill"].append(prefill)
             times[v]["decode"].append(decode)
+    # A host bounce shows in the bandwidth of a large move: GPU to GPU over NVLink vs through
+    # host memory differ by several times. 256 MiB, buffers from both of IREE's allocation paths.
+    nbytes, repeats = 256 << 20, 5
+    source, target = (
+        models[two].hal_device(DEVICES[two][0]),
+        models[two].hal_device(DEVICES[two][1]),
+    )
+    bandwidth = {
+        f"runtime move, {'pool' if pooled else 'allocator'} buffer": move_bandwidth(
+            registry, source, target, nbytes, pooled, repeats
+        )
+        for pooled in (False, True)
+    }
+    if not args.cpu_check:
+        bandwidth["torch cuda:0 -> cuda:1 (peer copy)"] = torch_peer_bandwidth(nbytes, repeats)
+        slowest = min(v for k, v in bandwidth.items() if k.startswith("runtime"))
+        reference = bandwidth["torch cuda:0 -> cuda:1 (peer copy)"]
+        checks["runtime moves at least half torch's peer-copy bandwidth (no host bounce)"] = (
+            slowest >= 0.5 * reference
+        )
     fallback_text = "(not run: --cpu-check)"
     if not args.cpu_check:
         fallback_ok, fallback_text = fallback_on_one_gpu(args.mln)
@@ -178,12 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"moves of {two}'s first run by kind (count, bytes): {kinds}"]
     lines += [f"moves by (source, target, method): {moves}"]
     lines += [f"max logits error {two} vs {one}: {err:.2e} of the largest logit", ""]
+    lines += [f"move of {nbytes >> 20} MiB, median of {repeats}:"]
+    lines += [f"- {name}: {gbs:.1f} GB/s" for name, gbs in bandwidth.items()]
+    lines += [""]
     lines += [f"- {'PASS' if ok else 'FAIL'}: {name}" for name, ok in checks.items()]
     lines += ["", "fallback subprocess:", fallback_text]
     table = "\n".join(lines)
     print(table)
     (out_dir / "multigpu_h200x2.md").write_text(table + "\n")
     record = {"times": times, "kinds": kinds, "checks": checks, "logits_error": err}
+    record["bandwidth_gbs"] = bandwidth
     record["ids"] = first[two][0]
     (out_dir / "multigpu_h200x2.json").write_text(json.dumps(record, indent=1))
     return 0 if all(checks.values()) else 1
