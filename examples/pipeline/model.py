@@ -142,7 +142,7 @@ class Layers(nn.Module):
 class Front(nn.Module):
     """Stage 1: tokens -> hidden states after layers [0, split)."""
 
-    def __init__(self, c: Config, embed: nn.Embedding, layers: Layers) -> None:
+    def __init__(self, embed: nn.Embedding, layers: Layers) -> None:
         super().__init__()
         self.embed, self.layers = embed, layers
 
@@ -156,7 +156,7 @@ class Front(nn.Module):
 class Back(nn.Module):
     """Stage 2: hidden states -> logits of the last position, through layers [split, layers)."""
 
-    def __init__(self, c: Config, layers: Layers, norm: RMSNorm, lm_head: nn.Linear) -> None:
+    def __init__(self, layers: Layers, norm: RMSNorm, lm_head: nn.Linear) -> None:
         super().__init__()
         self.layers, self.norm, self.lm_head = layers, norm, lm_head
 
@@ -181,8 +181,8 @@ def make_stages(c: Config) -> tuple[Front, Back]:
             for name, p in module.named_parameters():
                 if not name.endswith("norm.weight"):
                     p.normal_(0.0, 0.02)
-    front = Front(c, embed, Layers(c, blocks[: c.split]))
-    back = Back(c, Layers(c, blocks[c.split :]), norm, lm_head)
+    front = Front(embed, Layers(c, blocks[: c.split]))
+    back = Back(Layers(c, blocks[c.split :]), norm, lm_head)
     return front.eval(), back.eval()
 
 
