@@ -155,3 +155,13 @@ def test_host_drivers_make_as_many_devices_as_a_variant_lists():
         DeviceRecord(name=f"cpu{i}", target="llvm-cpu", driver="local-task") for i in range(3)
     ]
     assert DeviceRegistry().why_too_few(records) is None
+
+
+def test_two_cuda_devices_with_different_archs_are_refused():
+    from myelin.compiler.targets import target_flags
+    from myelin.errors import CompileError
+
+    assert "--iree-cuda-target=sm_80" in target_flags(TWO_GPUS)
+    mixed = [TargetDevice("gpu0", target="cuda"), TargetDevice("gpu1", target="cuda", arch="sm_89")]
+    with pytest.raises(CompileError, match=r"one arch .* got 'gpu0' sm_80, 'gpu1' sm_89"):
+        target_flags(mixed)
