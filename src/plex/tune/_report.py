@@ -63,6 +63,18 @@ def summary(result: TuneResult, app: str, device: str, function: str, dims: Sequ
             best = f"dist {c['dm']}x{c['dn']} vec {c['vm']}x{c['vn']}x{c['vk']}{peel}"
             rel = f"{d.best['relative']:.3f}x" + (" (reused)" if d.reused else "")
         rows.append(f"| {d.dispatch} | {d.share:.0%} | {ok}/{rejected} | {best} | {rel} |")
+    if result.layouts:
+        rows += [
+            "",
+            "| weight layout tried | parameters | for dispatch | time vs default layout | kept |",
+            "|---|---|---|---|---|",
+        ]
+        for t in result.layouts:
+            rel = f"{t.relative:.3f}x" if t.relative is not None else t.status
+            rows.append(
+                f"| {t.layout} | {', '.join(t.keys)} | {t.dispatch} | {rel} | "
+                f"{'yes' if t.kept else 'no'} |"
+            )
     rows += [
         "",
         f"whole call, interleaved: untuned {result.untuned_s * 1e3:.3f} ms "
