@@ -111,3 +111,47 @@ def test_an_unknown_layout_is_one_clear_error(tmp_path):
     app = laid_out_app(tmp_path / "a", '"w1" = "transposed"')
     with pytest.raises(ManifestError, match="unknown weight layout 'transposed'"):
         load_app(app)
+
+
+GEMV_KN = """
+util.global private @w = #flow.parameter.named<"m"::"w"> : tensor<64x256xf16>
+func.func @main(%x: tensor<1x64xf16>) -> tensor<1x256xf32> {
+  %w = util.global.load @w : tensor<64x256xf16>
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x256xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x256xf32>) -> tensor<1x256xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>], iterator_types = ["parallel", "parallel", "reduction"]} ins(%x, %w : tensor<1x64xf16>, tensor<64x256xf16>) outs(%f : tensor<1x256xf32>) {
+  ^bb0(%a: f16, %b: f16, %c: f32):
+    %a32 = arith.extf %a : f16 to f32
+    %b32 = arith.extf %b : f16 to f32
+    %m = arith.mulf %a32, %b32 : f32
+    %s = arith.addf %c, %m : f32
+    linalg.yield %s : f32
+  } -> tensor<1x256xf32>
+  return %r : tensor<1x256xf32>
+}
+"""
+
+
+def test_the_rewrite_gives_the_other_layouts_gemv():
+    """A K x N f16 GEMV weight re-laid-out "nk" is read as the N x K GEMV reads its weight
+    (what benchmarks/gpu/tune_bundle.py times as the layout knob's candidates)."""
+    import io
+
+    from myelin.compiler.session import CompilerSession
+    from myelin.tuning.layout import LayoutRequest, apply_layouts
+
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu"]
+    with CompilerSession(flags) as session:
+        buffer = io.BytesIO()
+        session.parse(GEMV_KN.encode(), what="gemv").write_bytecode(buffer)
+    out, [result] = apply_layouts(
+        buffer.getvalue(), [LayoutRequest("w", "m", "w", (64, 256), "nk")]
+    )
+    assert result.order == (1, 0), result.reason
+    with CompilerSession(flags) as session:
+        text = str(session.parse(out, what="gemv"))
+    assert '#flow.parameter.named<"m"::"w"> : tensor<256x64xf16>' in text
+    assert "ins(%arg0, %w : tensor<1x64xf16>, tensor<256x64xf16>)" in text
+    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in text  # N x K: the weight read along K
+    assert "linalg.transpose" not in text
