@@ -64,6 +64,8 @@ class TuneResult:
     tuned_spread: float
     outputs_equal: bool
     layouts: list = field(default_factory=list)  # plex.tune._layouts.LayoutTrial, in order
+    backend: object | None = None  # plex.tune._backend.BackendTrial, with --backend
+    backend_dir: Path | None = None
 
     @property
     def speedup(self) -> float:
@@ -87,6 +89,7 @@ def tune(
     seed: int = 0,
     log: Callable[[str], None] = print,
     executor: str = "local",
+    backend: Path | None = None,
 ) -> TuneResult:
     from myelin.mln import MlnReader
     from myelin.runtime.profiling import capture
@@ -181,6 +184,25 @@ def tune(
         iree,
         log,
     )
+    backend_trial = (
+        _try_backend(
+            backend,
+            device,
+            derived.read_text(),
+            candidates,
+            reference,
+            function,
+            inputs,
+            want,
+            rounds,
+            database,
+            f"llvm-cpu:{arch}",
+            iree,
+            log,
+        )
+        if backend is not None
+        else None
+    )
     if candidates.layouts:  # the tile search runs on the kept layouts: new maps, new dispatches
         [reference] = candidates.build([None])
         if reference is None:
@@ -261,6 +283,8 @@ def tune(
         tuned_spread=final[1].spread,
         outputs_equal=equal,
         layouts=layout_results,
+        backend=backend_trial,
+        backend_dir=backend,
     )
     plot(result, out_dir / "tuning.png")
     (out_dir / "summary.md").write_text(summary(result, app.name, device, function, dims))
@@ -421,6 +445,15 @@ class _Candidates:
     def build(self, specs: Sequence[str | None]) -> list[Path | None]:
         return self._build([(spec, self.layouts) for spec in specs])
 
+    def build_app(self, app_toml: str) -> Path | None:
+        """One candidate of another app text (a backend placement), no spec, no layouts."""
+        saved = self.app_toml
+        try:
+            self.app_toml = app_toml
+            return self._build([(None, ())])[0]
+        finally:
+            self.app_toml = saved
+
     def _build(
         self, wanted: Sequence[tuple[str | None, tuple[tuple[str, str], ...]]]
     ) -> list[Path | None]:
@@ -535,6 +568,51 @@ def _write_package(
         + tomli_w.dumps({"package": {"name": f"{name}_tuning"}, "tuning": {device: table}})
     )
     return package
+
+
+def _try_backend(
+    package_dir: Path,
+    device: str,
+    app_toml: str,
+    candidates: _Candidates,
+    reference: Path,
+    function: str,
+    inputs: list,
+    want: list[np.ndarray],
+    rounds: int,
+    database: Database,
+    target: str,
+    iree: str,
+    log: Callable[[str], None],
+):
+    """The app's matmuls on an external backend (plex.tune._backend): one candidate, checked
+    and timed against the reference; recorded in tuning.json, never written into the package."""
+    from plex.tune._backend import BackendTrial, backend_app, backend_ref, check_and_time
+    from plex.tune._database import entry_key
+
+    try:
+        ref = backend_ref(package_dir)
+    except ValueError as e:
+        raise TuneError(str(e)) from None
+    trial = BackendTrial(ref)
+    log(f"  backend {ref}: every matmul on it, one candidate")
+    artifact = candidates.build_app(backend_app(app_toml, device, package_dir))
+    if artifact is None:
+        trial.status = "failed"
+    else:
+        equal, trial.relative, trial.spread = check_and_time(
+            reference, artifact, function, list(inputs), want, rounds
+        )
+        trial.status = "ok" if equal else "mismatch"
+    database.entries[entry_key(f"backend:{ref}", target, iree)] = {
+        "target": target,
+        "iree": iree,
+        **trial.to_json(),
+    }
+    database.save()
+    rel = f"{trial.relative:.3f}x the reference's time" if trial.relative else trial.status
+    log(f"  backend {ref}: {rel}")
+    return trial
 
 
 def _dim_sizes(dims: Sequence[str]) -> list[int]:

@@ -75,6 +75,15 @@ def summary(result: TuneResult, app: str, device: str, function: str, dims: Sequ
                 f"| {t.layout} | {', '.join(t.keys)} | {t.dispatch} | {rel} | "
                 f"{'yes' if t.kept else 'no'} |"
             )
+    b = result.backend
+    if b is not None:
+        rel = f"{b.relative:.3f}x the untuned build's time" if b.relative else b.status
+        rows += ["", f"backend {b.backend}, every matmul on it: {rel}"]
+        if b.faster:
+            rows.append(
+                f"(faster: a tuning package cannot place ops; to use it, in the app: "
+                f"{b.app_lines(result.backend_dir)})"
+            )
     rows += [
         "",
         f"whole call, interleaved: untuned {result.untuned_s * 1e3:.3f} ms "
