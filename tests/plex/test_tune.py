@@ -120,3 +120,22 @@ def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, m
     build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
     with myelin.Instance().load(tmp_path / "plain.mln") as m, m.session() as s:
         np.testing.assert_allclose(tuned, np.asarray(s.call("forward", X[:1])), rtol=1e-5, atol=1e-6)
+
+
+def test_the_blas_backend_is_one_more_candidate(tmp_path):
+    """--backend: every matmul on the BLAS backend (OpenBLAS sgemm), one candidate checked
+    against the reference's outputs and timed; reported and recorded, not put in the package."""
+    pytest.importorskip("scipy_openblas32", reason="the BLAS backend needs pip install '.[blas]'")
+    from pathlib import Path
+
+    blas = Path(__file__).resolve().parents[2] / "examples" / "backends" / "blas"
+    app = copy_example("mlp", tmp_path / "mlp")
+    out = tmp_path / "tuned"
+    kwargs = dict(trials=1, batch=1, max_dispatches=1, rounds=2, dims=["*=32"])
+    result = tune(app, "cpu", out, log=lambda line: None, cache_dir=tmp_path / "cache", backend=blas, **kwargs)
+    assert result.backend.backend == "blas:blas"
+    assert result.backend.status == "ok" and result.backend.relative > 0  # outputs equal
+    assert "backend blas:blas, every matmul on it:" in (out / "summary.md").read_text()
+    database = json.loads((out / "tuning.json").read_text())
+    assert [e["status"] for e in database["entries"].values() if e.get("kind") == "backend"] == ["ok"]
+    assert "blas" not in (out / "plex.toml").read_text()  # placement is the app's decision
