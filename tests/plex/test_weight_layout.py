@@ -6,6 +6,9 @@ llvm-cpu."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +67,13 @@ def test_a_transposed_weight_computes_the_same_and_is_recorded(tmp_path):
     assert w1["shape"] == [16, 32] and w1["storage"]["shape"] == [32, 16]
     assert w1["order"] == [1, 0] and w1["weight_layout"] == "nk"
     assert "order" not in w2 and w2["shape"] == [32, 8]  # already "kn": stored as it was
+    shown = subprocess.run(
+        [sys.executable, "-m", "plex", "inspect", str(tmp_path / "nk.mln")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert "16x32 (stored nk)" in shown.stdout, shown.stdout + shown.stderr
     # the stored bytes are the transpose of the logical weight
     stored = parameter_data(tmp_path / "nk.mln", "w1").reshape(32, 16)
     logical = parameter_data(tmp_path / "plain.mln", "w1").reshape(16, 32)
