@@ -165,3 +165,39 @@ def test_the_rewrite_gives_the_other_layouts_gemv():
     assert "ins(%arg0, %w : tensor<1x64xf16>, tensor<256x64xf16>)" in text
     assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in text  # N x K: the weight read along K
     assert "linalg.transpose" not in text
+
+
+LINEAR = """
+util.global private @w = #flow.parameter.named<"m"::"w"> : tensor<32x16xf32>
+func.func @main(%x: tensor<4x16xf32>) -> tensor<4x32xf32> {
+  %w = util.global.load @w : tensor<32x16xf32>
+  %e0 = tensor.empty() : tensor<16x32xf32>
+  %t = linalg.transpose ins(%w : tensor<32x16xf32>) outs(%e0 : tensor<16x32xf32>) permutation = [1, 0]
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<4x32xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<4x32xf32>) -> tensor<4x32xf32>
+  %r = linalg.matmul ins(%x, %t : tensor<4x16xf32>, tensor<16x32xf32>) outs(%f : tensor<4x32xf32>) -> tensor<4x32xf32>
+  return %r : tensor<4x32xf32>
+}
+"""
+
+
+def test_a_torch_linear_weight_stored_kn_loses_its_transpose():
+    """torch's Linear: an [out, in] weight transposed before the matmul. Stored "kn", the
+    matmul reads it directly and the transpose is gone; "nk" is how it is stored already."""
+    import io
+
+    from myelin.compiler.session import CompilerSession
+    from myelin.tuning.layout import LayoutRequest, apply_layouts
+
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu"]
+    with CompilerSession(flags) as session:
+        buffer = io.BytesIO()
+        session.parse(LINEAR.encode(), what="linear").write_bytecode(buffer)
+    out, [kn] = apply_layouts(buffer.getvalue(), [LayoutRequest("w", "m", "w", (32, 16), "kn")])
+    _, [nk] = apply_layouts(buffer.getvalue(), [LayoutRequest("w", "m", "w", (32, 16), "nk")])
+    assert kn.order == (1, 0) and nk.order == () and nk.reason == "already stored nk"
+    with CompilerSession(flags) as session:
+        text = str(session.parse(out, what="linear"))
+    assert "linalg.transpose" not in text
+    assert "ins(%arg0, %w : tensor<4x16xf32>, tensor<16x32xf32>)" in text
