@@ -15,6 +15,8 @@ Artifacts (CUDA code is sm_80 PTX, JIT-compiled by the driver on the H200; CPU c
   placement.mln  examples/placement/app.toml: `hybrid` (embed, head on CPU; blocks on CUDA), `cpu`
   llama.mln      examples/llama at a small size (when the example exists), variants `cuda`, `cpu`
   decoder.mln    benchmarks/gpu/decoder (float16, batch 8 x 512), variant on CUDA only
+  pipeline.mln   examples/pipeline/app.toml: `two_gpus` (the decoder's halves on cuda[0] and
+                 cuda[1]), `one_gpu`, `cpu`
   artifacts.json what was built, with sizes and the IREE version
 """
 
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs: dict[str, Path] = {
         "mlp": write_app(apps / "mlp", "mlp-gpu", REPO / "examples" / "mlp", CUDA_AND_CPU),
         "placement": REPO / "examples" / "placement" / "app.toml",
+        "pipeline": REPO / "examples" / "pipeline" / "app.toml",
         "decoder": write_app(
             apps / "decoder",
             "decoder",

@@ -3,9 +3,19 @@ matmul and GEMV cases, compiled here through SYNaPSe into a bundle that
 `time_bundle.py` times on the GPU machine with the runtime alone.
 
     .venv/bin/python benchmarks/gpu/tune_bundle.py [-o benchmarks/gpu/tune_bundle] [--per-case 10]
+        [--z3 16]
 
-Writes BUNDLE/<case>/{reference,cNN}.vmfb and BUNDLE/bundle.json (per candidate: config, matched
-ops; candidates whose spec matched nothing or did not compile are left out and listed).
+Matmul candidates: with `--z3 N`, N solutions of IREE's own pipeline constraints
+(myelin.tuning.smt: z3, pruned, spread over tile shapes), else a sample of the hand-written space
+of myelin.tuning.cuda. GEMV cases are named by the weight's layout in the model (`nk`: torch's
+[out, in]); each also gets candidates in the other stored layout (the weight-layout knob,
+myelin.tuning.layout): their IR is the one the layout rewrite produces (tests/plex/
+test_weight_layout.py checks that it is the other layout's GEMV), and their `layout` field tells
+the timing half to feed the weight transposed, as the build stores it.
+
+Writes BUNDLE/<case>/{reference,cNN,lNN}.vmfb and BUNDLE/bundle.json (per candidate: config,
+stored layout, matched ops; candidates whose spec matched nothing or did not compile are left
+out and listed).
 """
 
 from __future__ import annotations
@@ -80,30 +90,64 @@ GEMV_MAPS = {
 }
 
 
-def cases(per_case: int, seed: int) -> dict[str, dict]:
-    rng = random.Random(seed)
+class Z3Tiles:
+    """A z3 solution as the bundle records it (the interface of MmaTiles the loop uses)."""
+
+    def __init__(self, candidate) -> None:
+        self.candidate = candidate
+
+    def compilation_info(self) -> str:
+        return self.candidate.compilation_info
+
+    def to_json(self) -> dict:
+        return {"z3": self.candidate.describe(), **self.candidate.knobs}
+
+
+def matmul_tiles(per_case: int, z3_count: int, rng: random.Random) -> list:
+    if z3_count:
+        from myelin.tuning.smt import emit_constraints, pick, solve_constraints
+
+        solved = solve_constraints(emit_constraints(matmul_mlir(), FLAGS), limit=2000)
+        print(f"z3: {len(solved)} pruned solutions of IREE's constraints; timing {z3_count}")
+        return [Z3Tiles(c) for c in pick(solved, z3_count)]
     mm = mma_space(M, N, K)
     # the notes' 128x256 tile first, then a sample of the rest
     first = [t for t in mm if (t.wm, t.wn, t.sm, t.sn, t.r) == (128, 256, 4, 8, 2)]
-    picked = first + rng.sample([t for t in mm if t not in first], per_case - len(first))
+    return first + rng.sample([t for t in mm if t not in first], per_case - len(first))
+
+
+def cases(per_case: int, seed: int, z3_count: int = 0) -> dict[str, dict]:
+    rng = random.Random(seed)
     match = ContractionMatch("f16", "f16", "f32", MM_MAPS, (), (M,), (N,), (K,))
     out = {
         "matmul_8192": {
             "source": matmul_mlir(),
             "match": match,
-            "tiles": picked,
+            "tiles": matmul_tiles(per_case, z3_count, rng),
             "inputs": [[M, K], [K, N]],
         }
     }
+    spaces = {layout: gemv_space(layout, GN, GK) for layout in ("nk", "kn")}
+    picked = {k: rng.sample(v, min(per_case, len(v))) for k, v in spaces.items()}
     for layout in ("nk", "kn"):
-        space = gemv_space(layout, GN, GK)
-        g = ContractionMatch("f16", "f16", "f32", GEMV_MAPS[layout], (), (), (GN,), (GK,))
+        other = "kn" if layout == "nk" else "nk"
         shape = [GN, GK] if layout == "nk" else [GK, GN]
         out[f"gemv_{layout}"] = {
             "source": gemv_mlir(layout),
-            "match": g,
-            "tiles": rng.sample(space, min(per_case, len(space))),
+            "layout": layout,
+            "match": ContractionMatch("f16", "f16", "f32", GEMV_MAPS[layout], (), (), (GN,), (GK,)),
+            "tiles": picked[layout],
             "inputs": [[1, GK], shape],
+            # the layout knob: the weight stored the other way, with that layout's configs
+            # (and IREE's default config for it, "l-default")
+            "relaid": {
+                "layout": other,
+                "source": gemv_mlir(other),
+                "match": ContractionMatch(
+                    "f16", "f16", "f32", GEMV_MAPS[other], (), (), (GN,), (GK,)
+                ),
+                "tiles": picked[other],
+            },
         }
     return out
 
@@ -119,15 +163,31 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache/plex/tune-cuda")
+    ap.add_argument(
+        "--z3", type=int, default=0, help="matmul: N candidates from IREE's constraints"
+    )
     a = ap.parse_args()
-    all_cases = cases(a.per_case, a.seed)
-    nodes, meta = [], {}
+    all_cases = cases(a.per_case, a.seed, a.z3)
+    nodes, meta, layouts = [], {}, {}
     for name, case in all_cases.items():
         nodes.append(Node(f"{name}:reference", CudaCandidateJob(case["source"], None, FLAGS)))
+        layouts[f"{name}:reference"] = case.get("layout")
         for i, tiles in enumerate(case["tiles"]):
             spec = render_spec([SpecEntry(name, case["match"], tiles.compilation_info())])
             nodes.append(Node(f"{name}:c{i:02d}", CudaCandidateJob(case["source"], spec, FLAGS)))
             meta[f"{name}:c{i:02d}"] = tiles.to_json()
+            layouts[f"{name}:c{i:02d}"] = case.get("layout")
+        relaid = case.get("relaid")
+        if relaid is None:
+            continue
+        node_id = f"{name}:l-default"
+        nodes.append(Node(node_id, CudaCandidateJob(relaid["source"], None, FLAGS)))
+        meta[node_id], layouts[node_id] = {"default": True}, relaid["layout"]
+        for i, tiles in enumerate(relaid["tiles"]):
+            spec = render_spec([SpecEntry(name, relaid["match"], tiles.compilation_info())])
+            node_id = f"{name}:l{i:02d}"
+            nodes.append(Node(node_id, CudaCandidateJob(relaid["source"], spec, FLAGS)))
+            meta[node_id], layouts[node_id] = tiles.to_json(), relaid["layout"]
     results = Executor(Cache(a.cache), jobs=a.jobs, salt=fingerprint_salt()).run(Plan(nodes))
     shutil.rmtree(a.output, ignore_errors=True)
     bundle: dict = {"cases": {}, "left_out": {}}
@@ -142,7 +202,7 @@ def main() -> None:
                 bundle["left_out"][node.id] = "compile failed: " + (out / FAILED).read_text()[-300:]
                 continue
             matched = int((out / MATCHED).read_text())
-            if label != "reference" and matched == 0:
+            if label not in ("reference", "l-default") and matched == 0:
                 bundle["left_out"][node.id] = "spec matched no op"
                 continue
             shutil.copyfile(out / CANDIDATE_VMFB, folder / f"{label}.vmfb")
@@ -152,11 +212,14 @@ def main() -> None:
                     "file": f"{name}/{label}.vmfb",
                     "matched": matched,
                     "config": meta.get(node.id),
+                    # the weight's stored layout; another than the case's: fed transposed
+                    "layout": layouts.get(node.id),
                 }
             )
         bundle["cases"][name] = {
             "inputs": case["inputs"],
             "dtype": "float16",
+            "layout": case.get("layout"),
             "candidates": entries,
         }
     (a.output / "bundle.json").write_text(json.dumps(bundle, indent=1))

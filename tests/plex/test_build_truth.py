@@ -84,7 +84,10 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             python_sources=InputTree(tmp, ".py"),
             what="p:m",
         ),
-        EncodeJob(Output("import:p:m"), Output("weights:p:w"), "w", policy, 5, "p:m"),
+        EncodeJob(
+            Output("import:p:m"), Output("weights:p:w"), "w", policy, 5, "p:m",
+            layouts=(("*.weight", "nk"),),
+        ),
         KernelsJob(Output("encode:p:m"), "triton", "sm_90a", "triton 3.9.0", "p:m"),
         CompileJob(
             source=Output("encode:p:m"),

@@ -59,3 +59,83 @@ def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reuse
     assert again.dispatches[0].reused
     assert len(again.dispatches[0].trials) == len(entry["trials"])
     assert any("reusing tuning.json" in line for line in lines)
+
+
+def test_at_batch_one_the_weight_layout_is_searched_and_the_package_builds_the_same(tmp_path):
+    """examples/mlp at batch 1 is a chain of GEMVs: its weights' other stored layout is one
+    candidate each, timed against the default; a kept layout goes into the package."""
+    app = copy_example("mlp", tmp_path / "mlp")
+    out, cache = tmp_path / "tuned", tmp_path / "cache"
+    kwargs = dict(trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache)
+    result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
+
+    tried = {(t.keys, t.layout) for t in result.layouts}
+    assert (("mlp::w1",), "nk") in tried and (("mlp::w2",), "nk") in tried  # both stored K x N
+    assert all(t.status == "ok" and t.relative > 0 for t in result.layouts)
+    assert result.outputs_equal
+    package = tomllib.loads((out / "plex.toml").read_text())
+    kept = {k: "nk" for t in result.layouts if t.kept for k in t.keys}
+    assert package["tuning"]["cpu"].get("layouts", {}) == kept
+    database = json.loads((out / "tuning.json").read_text())
+    assert sum(e.get("kind") == "weight-layout" for e in database["entries"].values()) == 2
+    assert "| weight layout tried |" in (out / "summary.md").read_text()
+
+    # the package's build (spec and kept layouts) computes what the untuned build computes
+    name = package["package"]["name"]
+    text = app.read_text().replace('packages = ["."]', f'packages = [".", "{out}"]')
+    app.write_text(text + f'\n[myelin]\ntuning = "{name}:cpu"\n')
+    build(app, tmp_path / "tuned.mln", cache_dir=cache)
+    build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
+    x = X[:1]
+    with myelin.Instance().load(tmp_path / "tuned.mln") as m, m.session() as s:
+        tuned = np.asarray(s.call("forward", x))
+    with myelin.Instance().load(tmp_path / "plain.mln") as m, m.session() as s:
+        plain = np.asarray(s.call("forward", x))
+    np.testing.assert_allclose(tuned, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, monkeypatch):
+    """With every layout kept (the threshold raised: this machine's timing noise must not
+    decide which path is tested), the tile search runs on the re-laid-out build, whose
+    dispatches read the stored layout, and the package records the layouts."""
+    from plex.tune import _layouts
+
+    monkeypatch.setattr(_layouts, "KEEP_BELOW", 1e9)
+    app = copy_example("mlp", tmp_path / "mlp")
+    out, cache = tmp_path / "tuned", tmp_path / "cache"
+    kwargs = dict(trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache)
+    result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
+    assert {k for t in result.layouts if t.kept for k in t.keys} == {"mlp::w1", "mlp::w2"}
+    package = tomllib.loads((out / "plex.toml").read_text())
+    assert package["tuning"]["cpu"]["layouts"] == {"mlp::w1": "nk", "mlp::w2": "nk"}
+    # the spec was written against the re-laid-out matmul: B read N x K, (d1, d2)
+    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in (out / "cpu.mlir").read_text()
+    assert result.outputs_equal
+    name = package["package"]["name"]
+    text = app.read_text().replace('packages = ["."]', f'packages = [".", "{out}"]')
+    app.write_text(text + f'\n[myelin]\ntuning = "{name}:cpu"\n')
+    build(app, tmp_path / "tuned.mln", cache_dir=cache)
+    with myelin.Instance().load(tmp_path / "tuned.mln") as m, m.session() as s:
+        tuned = np.asarray(s.call("forward", X[:1]))
+    build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
+    with myelin.Instance().load(tmp_path / "plain.mln") as m, m.session() as s:
+        np.testing.assert_allclose(tuned, np.asarray(s.call("forward", X[:1])), rtol=1e-5, atol=1e-6)
+
+
+def test_the_blas_backend_is_one_more_candidate(tmp_path):
+    """--backend: every matmul on the BLAS backend (OpenBLAS sgemm), one candidate checked
+    against the reference's outputs and timed; reported and recorded, not put in the package."""
+    pytest.importorskip("scipy_openblas32", reason="the BLAS backend needs pip install '.[blas]'")
+    from pathlib import Path
+
+    blas = Path(__file__).resolve().parents[2] / "examples" / "backends" / "blas"
+    app = copy_example("mlp", tmp_path / "mlp")
+    out = tmp_path / "tuned"
+    kwargs = dict(trials=1, batch=1, max_dispatches=1, rounds=2, dims=["*=32"])
+    result = tune(app, "cpu", out, log=lambda line: None, cache_dir=tmp_path / "cache", backend=blas, **kwargs)
+    assert result.backend.backend == "blas:blas"
+    assert result.backend.status == "ok" and result.backend.relative > 0  # outputs equal
+    assert "backend blas:blas, every matmul on it:" in (out / "summary.md").read_text()
+    database = json.loads((out / "tuning.json").read_text())
+    assert [e["status"] for e in database["entries"].values() if e.get("kind") == "backend"] == ["ok"]
+    assert "blas" not in (out / "plex.toml").read_text()  # placement is the app's decision

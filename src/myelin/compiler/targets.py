@@ -84,6 +84,7 @@ def target_flags(devices: Sequence[TargetDevice]) -> list[str]:
             n = ordinals.get(kind, 0)
             ordinals[kind] = n + 1
             flags.append(f"--iree-hal-target-device={d.name}={kind}[{n}]")
+    _check_one_cuda_arch(devices)
     seen: set[str] = set()
     for d in devices:
         for f in _device_flags(d):
@@ -100,3 +101,15 @@ def _known(device: TargetDevice) -> str:
             f"accepted: {', '.join(TARGETS)}"
         )
     return device.target
+
+
+def _check_one_cuda_arch(devices: Sequence[TargetDevice]) -> None:
+    """Refuse CUDA devices of one variant with different archs: IREE 3.13 takes one
+    --iree-cuda-target per compile, so one of the archs would be silently ignored."""
+    archs = {d.name: d.arch or DEFAULT_CUDA_ARCH for d in devices if d.target == "cuda"}
+    if len(set(archs.values())) > 1:
+        listed = ", ".join(f"'{name}' {arch}" for name, arch in archs.items())
+        raise CompileError(
+            f"the CUDA devices of one variant need one arch (IREE compiles a module for one "
+            f"CUDA target), got {listed}; give them the same arch, or put them in two variants"
+        )

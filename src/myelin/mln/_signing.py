@@ -23,16 +23,15 @@ loads files without a trust policy needs nothing beyond the standard library and
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from myelin.errors import ArtifactError, SigningKeyError
+from myelin.errors import SigningKeyError
 from myelin.mln._layout import CHUNK_SIZE, FLAG_SIGNED, HEADER_SIZE, Header
 
 SIGNATURE_MAGIC = b"\x89MLNSIG\n"
@@ -115,20 +114,13 @@ def load_private_key(source: KeySource) -> Any:
     """An ed25519 private key from a PEM file (PKCS#8, as `openssl genpkey -algorithm ed25519`
     writes it), PEM bytes, or an Ed25519PrivateKey."""
     serialization, ed25519 = _crypto()
-    if isinstance(source, ed25519.Ed25519PrivateKey):
-        return source
-    data, where = _pem(source, "private key")
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise SigningKeyError(
-            f"{where}: not an unencrypted PEM private key (PKCS#8): {exc}"
-        ) from exc
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise SigningKeyError(
-            f"{where}: a {type(key).__name__}; .mln files are signed with ed25519"
-        )
-    return key
+    return _load_key(
+        source,
+        ed25519.Ed25519PrivateKey,
+        "private key",
+        "an unencrypted PEM private key (PKCS#8)",
+        lambda data: serialization.load_pem_private_key(data, password=None),
+    )
 
 
 def load_public_key(source: KeySource) -> Any:
@@ -136,20 +128,30 @@ def load_public_key(source: KeySource) -> Any:
     writes it), PEM bytes, or an Ed25519PublicKey. A private key is refused: trust is given to
     a public key, and a private key does not belong where artifacts are loaded."""
     serialization, ed25519 = _crypto()
-    if isinstance(source, ed25519.Ed25519PublicKey):
+    return _load_key(
+        source,
+        ed25519.Ed25519PublicKey,
+        "public key",
+        "a PEM public key (SubjectPublicKeyInfo)",
+        serialization.load_pem_public_key,
+    )
+
+
+def _load_key(
+    source: KeySource, key_type: type, what: str, expected: str, parse: Callable[[bytes], Any]
+) -> Any:
+    if isinstance(source, key_type):
         return source
-    data, where = _pem(source, "public key")
-    if b"PRIVATE KEY" in data:
+    data, where = _pem(source, what)
+    if what == "public key" and b"PRIVATE KEY" in data:
         raise SigningKeyError(
             f"{where}: is a private key; trust the public key (plex keygen writes both)"
         )
     try:
-        key = serialization.load_pem_public_key(data)
+        key = parse(data)
     except (ValueError, TypeError) as exc:
-        raise SigningKeyError(
-            f"{where}: not a PEM public key (SubjectPublicKeyInfo): {exc}"
-        ) from exc
-    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise SigningKeyError(f"{where}: not {expected}: {exc}") from exc
+    if not isinstance(key, key_type):
         raise SigningKeyError(
             f"{where}: a {type(key).__name__}; .mln files are signed with ed25519"
         )
@@ -224,29 +226,14 @@ def sign_file(
 
 
 def _write_atomically(target: Path, header: bytes, mapping: Any, end: int, trailer: bytes) -> None:
-    from myelin.mln._writer import remove_stale_temporaries, temp_suffix
+    from myelin.mln._writer import atomic_file
 
-    remove_stale_temporaries(target)
-    temp = target.with_name(f"{target.name}{temp_suffix()}")
-    created = False
-    try:
-        with open(temp, "xb") as out:
-            created = True
-            out.write(header)
-            view = memoryview(mapping)
-            try:
-                for start in range(HEADER_SIZE, end, CHUNK_SIZE):
-                    out.write(view[start : min(start + CHUNK_SIZE, end)])
-            finally:
-                view.release()
-            out.write(trailer)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, target)
-    except BaseException as exc:
-        if created:
-            with contextlib.suppress(OSError):
-                temp.unlink()
-        if isinstance(exc, OSError):
-            raise ArtifactError(f"{target}: cannot write: {exc}") from exc
-        raise
+    with atomic_file(target) as out:
+        out.write(header)
+        view = memoryview(mapping)
+        try:
+            for start in range(HEADER_SIZE, end, CHUNK_SIZE):
+                out.write(view[start : min(start + CHUNK_SIZE, end)])
+        finally:
+            view.release()
+        out.write(trailer)

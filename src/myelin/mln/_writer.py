@@ -12,7 +12,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Union
@@ -91,42 +91,26 @@ class MlnWriter:
         # Validate before writing any bytes: a bad manifest fails fast, even with GBs of weights.
         self._encode_checked(path, offsets, [_PLACEHOLDER_SHA256] * len(offsets), manifest_offset)
 
-        remove_stale_temporaries(path)
-        temp = path.with_name(f"{path.name}{temp_suffix()}")
-        created = False
-        try:
-            with open(temp, "xb") as out:
-                created = True
-                out.write(bytes(HEADER_SIZE))  # the header goes in last
-                position, digests = HEADER_SIZE, []
-                for section, offset in zip(self._sections, offsets, strict=True):
-                    out.write(bytes(offset - position))
-                    digests.append(_copy_hashing(section, out, path))
-                    position = offset + section.length
-                manifest_bytes = self._encode_checked(path, offsets, digests, manifest_offset)
-                out.write(bytes(manifest_offset - position))
-                out.write(manifest_bytes)
-                header = Header(
-                    FORMAT_MAJOR,
-                    FORMAT_MINOR,
-                    0,
-                    manifest_offset,
-                    len(manifest_bytes),
-                    hashlib.sha256(manifest_bytes).digest(),
-                )
-                out.seek(0)
-                out.write(header.pack())
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, path)
-        except BaseException as exc:
-            if created:
-                with contextlib.suppress(OSError):
-                    temp.unlink()
-            if isinstance(exc, OSError):
-                raise ArtifactError(f"{path}: cannot write: {exc}") from exc
-            raise
-        _fsync_directory(path.parent)
+        with atomic_file(path) as out:
+            out.write(bytes(HEADER_SIZE))  # the header goes in last
+            position, digests = HEADER_SIZE, []
+            for section, offset in zip(self._sections, offsets, strict=True):
+                out.write(bytes(offset - position))
+                digests.append(_copy_hashing(section, out, path))
+                position = offset + section.length
+            manifest_bytes = self._encode_checked(path, offsets, digests, manifest_offset)
+            out.write(bytes(manifest_offset - position))
+            out.write(manifest_bytes)
+            header = Header(
+                FORMAT_MAJOR,
+                FORMAT_MINOR,
+                0,
+                manifest_offset,
+                len(manifest_bytes),
+                hashlib.sha256(manifest_bytes).digest(),
+            )
+            out.seek(0)
+            out.write(header.pack())
         return path
 
     def _plan(self) -> tuple[list[int], int]:
@@ -225,6 +209,34 @@ def _copy_hashing(section: _PendingSection, out: BinaryIO, target: Path) -> str:
                 f"(section {section.name!r}, expected {section.length} bytes)"
             )
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_file(target: Path) -> Iterator[BinaryIO]:
+    """A new file that replaces `target` only once it is complete and on disk.
+
+    Written through a temporary sibling and an atomic rename, so a reader that has the old file
+    mapped keeps its bytes, and a failure (or a kill) never leaves a half-written `target`: the
+    temporary is removed on error, and one a dead writer left is removed by the next write.
+    """
+    remove_stale_temporaries(target)
+    temp = target.with_name(f"{target.name}{temp_suffix()}")
+    created = False
+    try:
+        with open(temp, "xb") as out:
+            created = True
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, target)
+    except BaseException as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        if isinstance(exc, OSError):
+            raise ArtifactError(f"{target}: cannot write: {exc}") from exc
+        raise
+    _fsync_directory(target.parent)
 
 
 def _fsync_directory(directory: Path) -> None:

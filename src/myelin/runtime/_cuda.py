@@ -1,4 +1,4 @@
-"""The two CUDA driver calls the runtime makes itself (through libcuda, which IREE's CUDA
+"""The CUDA driver calls the runtime makes itself (through libcuda, which IREE's CUDA
 driver has loaded already): nothing here is needed on a machine without a GPU."""
 
 from __future__ import annotations
@@ -25,3 +25,54 @@ def synchronize_legacy_stream() -> None:
     status = _libcuda().cuStreamSynchronize(ctypes.c_void_p(CU_STREAM_LEGACY))
     if status != 0:
         raise RuntimeError(f"cuStreamSynchronize(CU_STREAM_LEGACY) failed with CUDA error {status}")
+
+
+# CUresult values the peer-access setup tells apart.
+CUDA_SUCCESS = 0
+CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+
+
+def enable_peer_access(first: int, second: int) -> str | None:
+    """Let GPUs `first` and `second` (CUDA ordinals) read each other's memory; None when they
+    can, else the reason for people.
+
+    IREE 3.13's CUDA HAL runs every device on its GPU's primary context and never enables peer
+    access (its HIP HAL does), so without this a copy between two GPUs' buffers is staged through
+    host memory by the CUDA driver. Enabling it on the primary contexts IREE uses is a CUDA-level
+    setting at IREE's boundary: no IREE object is touched."""
+    cuda = _libcuda()
+    devices = []
+    for ordinal in (first, second):
+        device = ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != CUDA_SUCCESS:
+            return f"CUDA has no GPU {ordinal}"
+        devices.append(device)
+    for a, b in ((0, 1), (1, 0)):
+        can = ctypes.c_int()
+        status = cuda.cuDeviceCanAccessPeer(ctypes.byref(can), devices[a], devices[b])
+        if status != CUDA_SUCCESS or not can.value:
+            return (
+                f"GPU {(first, second)[a]} cannot access the memory of GPU {(first, second)[b]} "
+                "(no peer-to-peer path between them, cuDeviceCanAccessPeer)"
+            )
+    contexts = []
+    try:
+        for device in devices:
+            context = ctypes.c_void_p()
+            status = cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+            if status != CUDA_SUCCESS:
+                return f"cuDevicePrimaryCtxRetain failed with CUDA error {status}"
+            contexts.append((device, context))
+        for (_, current), (_, peer) in ((contexts[0], contexts[1]), (contexts[1], contexts[0])):
+            if cuda.cuCtxPushCurrent_v2(current) != CUDA_SUCCESS:
+                return "cuCtxPushCurrent failed"
+            try:
+                status = cuda.cuCtxEnablePeerAccess(peer, 0)
+            finally:
+                cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+            if status not in (CUDA_SUCCESS, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+                return f"cuCtxEnablePeerAccess failed with CUDA error {status}"
+        return None
+    finally:
+        for device, _ in contexts:  # IREE holds its own reference on each primary context
+            cuda.cuDevicePrimaryCtxRelease_v2(device)

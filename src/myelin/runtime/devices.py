@@ -36,6 +36,19 @@ CUDA_ALLOCATORS = ("pool", "caching")
 _DRIVER_ALLOCATOR: dict[str, str] = {}
 _DRIVER_LOCK = threading.Lock()
 
+# What each move method is, by the memory it goes between (`DeviceRegistry.transfers_by_kind`):
+# "host" between two host-memory (CPU) devices, "host-gpu" between host memory and a GPU's memory
+# in one copy, "peer" from one GPU's memory into another's. No method stages a GPU-to-GPU move
+# through host memory: without a peer path between the two GPUs the move is refused.
+TRANSFER_KINDS: dict[str, str] = {
+    "queue-copy": "host",
+    "host-to-device": "host-gpu",
+    "device-to-host-visible": "host-gpu",
+    "peer-copy": "peer",
+}
+# Drivers whose devices can move arrays between each other with a peer copy (myelin.runtime._cuda).
+PEER_DRIVERS = frozenset({"cuda"})
+
 
 def driver_ordinals(drivers: Sequence[str]) -> list[int]:
     """Ordinal of each device among the devices of its driver: [local-task, cuda, local-task]
@@ -74,6 +87,9 @@ class DeviceRegistry:
         self._drivers: dict[str, rt.HalDriver] = {}
         self._devices: dict[tuple[str, int], rt.HalDevice] = {}
         self._failures: dict[str, str] = {}
+        self._device_counts: dict[str, int] = {}
+        # (lower ordinal, higher ordinal) of two GPUs -> None (peer access on) or why not
+        self._peer_paths: dict[tuple[int, int], str | None] = {}
         # (source driver, target driver, method) -> moves made; see `move`.
         self.transfers: dict[tuple[str, str, str], TransferCount] = {}
 
@@ -170,10 +186,46 @@ class DeviceRegistry:
 
     def driver_of(self, device: rt.HalDevice) -> str | None:
         """The driver of a device this registry created; None for a device made elsewhere."""
+        key = self._key_of(device)
+        return key[0] if key is not None else None
+
+    def _key_of(self, device: rt.HalDevice) -> tuple[str, int] | None:
         with self._lock:
-            for (driver, _), dev in self._devices.items():
+            for key, dev in self._devices.items():
                 if dev is device:
-                    return driver
+                    return key
+        return None
+
+    def device_count(self, driver: str) -> int | None:
+        """How many devices `driver` offers here (GPUs of a GPU driver); None for a host driver,
+        which creates as many distinct devices as asked for. Raises DeviceUnavailable when the
+        driver cannot start."""
+        if driver in HOST_DRIVERS:
+            return None
+        with self._lock:
+            if driver in self._device_counts:
+                return self._device_counts[driver]
+        count = len(self._driver(driver).query_available_devices())
+        with self._lock:
+            return self._device_counts.setdefault(driver, count)
+
+    def why_too_few(self, requirements: Sequence[DeviceRecord]) -> str | None:
+        """None when this machine has as many devices of each GPU driver as a variant lists
+        (its n-th CUDA device is GPU n), else a reason for people."""
+        needed: dict[str, int] = {}
+        for r in requirements:
+            needed[r.driver] = needed.get(r.driver, 0) + 1
+        for driver, count in needed.items():
+            try:
+                have = self.device_count(driver)
+            except DeviceUnavailable as e:
+                return str(e)
+            if have is not None and have < count:
+                names = ", ".join(r.name for r in requirements if r.driver == driver)
+                return (
+                    f"it needs {count} '{driver}' devices ({names}) and this machine has "
+                    f"{have}; use a variant with fewer devices, or a machine with {count}"
+                )
         return None
 
     def onto(self, values: Sequence[object], target: rt.HalDevice) -> Sequence[object]:
@@ -193,7 +245,11 @@ class DeviceRegistry:
         - host-memory device -> GPU: one host-to-device copy from the source buffer's own memory
           (the CPU device's memory is host memory) into a buffer of the GPU's allocator;
         - GPU -> host-memory device: a queue copy on the GPU into host-visible memory of the
-          GPU's allocator, which the CPU device reads in place.
+          GPU's allocator, which the CPU device reads in place;
+        - GPU -> GPU of one driver that has peer copies (CUDA): peer access between the two
+          GPUs enabled once (myelin.runtime._cuda), then a queue copy on the target GPU from the
+          source buffer into a buffer of the target's allocator. Two GPUs without a peer path
+          are refused: the move would go through host memory.
         """
         source = array._device
         if source is target:
@@ -239,6 +295,15 @@ class DeviceRegistry:
                 allocation_size=nbytes,
             )
             _queue_copy(source, view.get_buffer(), buffer)
+        elif source_driver == target_driver and source_driver in PEER_DRIVERS:
+            method = "peer-copy"
+            self._require_peer_path(source, target)
+            buffer = target.allocator.allocate_buffer(
+                memory_type=rt.MemoryType.DEVICE_LOCAL,
+                allowed_usage=rt.BufferUsage.DEFAULT,
+                allocation_size=nbytes,
+            )
+            _queue_copy(target, view.get_buffer(), buffer)
         else:
             raise DeviceUnavailable(
                 f"moving a device array from a '{source_driver}' device to a '{target_driver}' "
@@ -254,6 +319,53 @@ class DeviceRegistry:
         return rt.DeviceArray(
             target, moved, implicit_host_transfer=True, override_dtype=array.dtype
         )
+
+    def open_peer_paths(self, devices: Sequence[rt.HalDevice]) -> None:
+        """Enable peer access between every two GPUs of a variant, at load: the runtime's moves
+        need it (`move`), and so does Stream's own transfer inside a module, which hands gpu1 a
+        buffer gpu0 wrote (`stream.cmd.flush to(@gpu1)`, docs/platforms.md). Where a pair has no
+        peer path the reason is kept and a move between them raises it."""
+        gpus = [d for d in devices if self.driver_of(d) in PEER_DRIVERS]
+        for i, first in enumerate(gpus):
+            for second in gpus[i + 1 :]:
+                self._peer_path(first, second)
+
+    def _peer_path(self, source: rt.HalDevice, target: rt.HalDevice) -> str | None:
+        """None when the GPUs of two CUDA devices can access each other's memory (enabled once
+        per pair), else why not."""
+        a, b = self._key_of(source), self._key_of(target)
+        assert a is not None and b is not None
+        pair = (min(a[1], b[1]), max(a[1], b[1]))
+        with self._lock:
+            if pair in self._peer_paths:
+                return self._peer_paths[pair]
+        from myelin.runtime._cuda import enable_peer_access
+
+        reason = enable_peer_access(*pair)
+        with self._lock:
+            return self._peer_paths.setdefault(pair, reason)
+
+    def _require_peer_path(self, source: rt.HalDevice, target: rt.HalDevice) -> None:
+        """Raise DeviceUnavailable (with the fix) where two GPUs have no peer path."""
+        reason = self._peer_path(source, target)
+        if reason is not None:
+            a, b = self._key_of(source), self._key_of(target)
+            assert a is not None and b is not None
+            raise DeviceUnavailable(
+                f"cannot move a device array from GPU {a[1]} to GPU {b[1]} without going through "
+                f"host memory: {reason}; pass output='numpy' between these two entrypoints, or "
+                "place both on one GPU"
+            )
+
+    def transfers_by_kind(self) -> dict[str, TransferCount]:
+        """The moves made so far, summed per kind (TRANSFER_KINDS: host, host-gpu, peer)."""
+        out: dict[str, TransferCount] = {}
+        with self._lock:
+            for (_, _, method), count in self.transfers.items():
+                total = out.setdefault(TRANSFER_KINDS[method], TransferCount())
+                total.count += count.count
+                total.bytes += count.bytes
+        return out
 
     def why_unusable(self, requirement: DeviceRecord) -> str | None:
         """None when a variant's device can be used here, else a reason for people."""

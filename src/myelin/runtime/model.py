@@ -66,17 +66,16 @@ def choose_variant(
             raise DeviceUnavailable(
                 f"{path.name} has no variant '{wanted}'; it has: {', '.join(names)}"
             )
-        for device in chosen.devices:
-            reason = registry.why_unusable(device)
-            if reason:
-                raise DeviceUnavailable(
-                    f"{path.name}: variant '{wanted}' cannot run here: {reason}; "
-                    f"this machine has drivers: {', '.join(registry.usable_drivers())}"
-                )
+        why = why_variant_unusable(chosen, registry)
+        if why:
+            raise DeviceUnavailable(
+                f"{path.name}: variant '{wanted}' cannot run here: {'; '.join(why)}; "
+                f"this machine has drivers: {', '.join(registry.usable_drivers())}"
+            )
         return chosen
     reasons = []
     for v in manifest.variants:
-        why = [r for r in (registry.why_unusable(d) for d in v.devices) if r]
+        why = why_variant_unusable(v, registry)
         if not why:
             return v
         reasons.append(f"'{v.name}': {'; '.join(why)}")
@@ -84,6 +83,18 @@ def choose_variant(
         f"no variant of {path.name} can run on this machine ({' | '.join(reasons)}); "
         f"this machine has drivers: {', '.join(registry.usable_drivers()) or 'none'}"
     )
+
+
+def why_variant_unusable(variant: VariantRecord, registry: DeviceRegistry) -> list[str]:
+    """Why a variant cannot run here (empty: it can): each device's own requirements (driver,
+    CPU features, CUDA arch), then the number of devices per GPU driver (two CUDA devices need
+    two GPUs)."""
+    why = [r for r in (registry.why_unusable(d) for d in variant.devices) if r]
+    if not why:
+        too_few = registry.why_too_few(variant.devices)
+        if too_few:
+            why.append(too_few)
+    return why
 
 
 def _type_text(spec: TensorSpec) -> str:
@@ -180,6 +191,7 @@ class Model:
             self.policies: dict[str, Any] = dict(self.manifest.get("policies") or {})
             self.registry = registry
             self.devices = registry.devices_for([d.driver for d in self.variant_record.devices])
+            registry.open_peer_paths(self.devices)
             self.device_names = [d.name for d in self.variant_record.devices]
             self._modules = self._load_modules()
             self._providers = self._parameter_providers()

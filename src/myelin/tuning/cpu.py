@@ -144,6 +144,11 @@ def _element_bytes(type_name: str) -> int:
 _FUNC = re.compile(r"func\.func @([\w$.-]+)\(")
 # The root op of a dispatch is the one whose lowering_config distributes it.
 _ROOT = re.compile(r"(linalg\.(?:batch_)?matmul|linalg\.generic)\b.*\bdistribution = ")
+# on GPU targets the root op is the one IREE gave a workgroup tile
+_GPU_ROOT = re.compile(
+    r"(linalg\.(?:batch_)?matmul|linalg\.generic)\b.*\blowering_config = #iree_gpu\.lowering_config"
+    r"<\{[^}]*\bworkgroup = "
+)
 _ALIAS = re.compile(r"^(#[\w.$-]+) = (.*)$", re.MULTILINE)
 _TENSOR = re.compile(r"tensor<([^>]*)>")
 _MAP = re.compile(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>")
@@ -193,18 +198,19 @@ def _tensor(text: str) -> tuple[list[int | None], str]:
     return [None if d == "?" else int(d) for d in dims], element
 
 
-def configured_contractions(ir_text: str) -> list[ConfiguredContraction]:
+def configured_contractions(ir_text: str, *, gpu: bool = False) -> list[ConfiguredContraction]:
     """Dispatches of configured IR (`executable-configurations` phase) whose root op is a
-    matmul-like contraction with projected-permutation maps."""
+    matmul-like contraction with projected-permutation maps (`gpu`: IR of a GPU target)."""
+    root = _GPU_ROOT if gpu else _ROOT
     found = []
     ir_text = expand_aliases(ir_text)
     funcs = list(_FUNC.finditer(ir_text))
     for i, f in enumerate(funcs):
         body = ir_text[f.end() : funcs[i + 1].start() if i + 1 < len(funcs) else len(ir_text)]
-        line = next((ln for ln in body.splitlines() if _ROOT.search(ln)), None)
+        line = next((ln for ln in body.splitlines() if root.search(ln)), None)
         if line is None:
             continue
-        op_name = _ROOT.search(line).group(1)
+        op_name = root.search(line).group(1)
         if " ins(" not in line:
             continue
         ins = line[line.index(" ins(") :]
@@ -227,7 +233,7 @@ def configured_contractions(ir_text: str) -> list[ConfiguredContraction]:
         dims = {r: tuple(sizes[d] for d in range(loops) if roles[d] == r) for r in "bmnk"}
         if not dims["m"] or not dims["n"] or not dims["k"]:
             continue
-        config = re.search(r"lowering_config = (#iree_cpu\.lowering_config<[^>]*>)", line)
+        config = re.search(r"lowering_config = (#iree_(?:cpu|gpu)\.lowering_config<[^>]*>)", line)
         found.append(
             ConfiguredContraction(
                 dispatch=f.group(1),

@@ -61,6 +61,9 @@ class EncodeJob(Job):
     policy: CodecPolicy
     codecs_format: int  # myelin.codecs.FORMAT_VERSION: a new storage format re-encodes
     what: str
+    # the selected tuning specs' weight layouts (myelin.tuning.layout), (parameter glob,
+    # "nk" | "kn") in order, the last match winning: applied to the parameters no codec takes
+    layouts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

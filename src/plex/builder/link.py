@@ -135,11 +135,12 @@ def _parameter_sources(
             (meta["exported_scope"], e["key"]): (imported_id, folder / e["file"])
             for e in meta["exported"]
         }
-        parameters, codecs = meta["parameters"], {}
+        parameters, codecs, layouts = meta["parameters"], {}, {}
         if graph.encoded is not None:  # weight codecs: the stored parts replace them
             encoded_id = graph.encoded.node_id
             encode_meta = read_import_meta(outputs.dir(encoded_id))
             parameters, codecs = encode_meta["parameters"], codec_parts(encode_meta)
+            layouts = {(r["scope"], r["key"]): r for r in encode_meta.get("weight_layouts", [])}
             folder = outputs.dir(encoded_id) / EXPORTED_DIR
             exported.update(
                 {(e["scope"], e["key"]): (encoded_id, folder / e["file"])
@@ -168,6 +169,7 @@ def _parameter_sources(
                     "file": outputs.file(node_id, path),
                     "length": size,
                     "codec": codecs.get((scope, key)),
+                    "weight_layout": layouts.get((scope, key)),
                 },
             )
             if scope not in scopes:
@@ -400,6 +402,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                 "shape": list(p["shape"]),
                 "layout": "dense",
                 **_codec_fields(p["codec"]),
+                **_layout_fields(p["weight_layout"], p["dtype"], p["shape"]),
             }
         )
     tuning = _tuning(job, outputs)
@@ -465,6 +468,20 @@ def _backend_fields(device, outputs: _Outputs, sections: list[dict]) -> dict:
             "plugin": add(f"{prefix}/plugin", meta["plugin"]),
             "libraries": libraries,
         }
+    }
+
+
+def _layout_fields(record: dict | None, dtype: str, stored: list[int]) -> dict:
+    """Manifest fields of a parameter stored in a tuned weight layout (myelin.tuning.layout):
+    the logical shape, the stored one, and `order` (stored axis i is logical axis order[i])."""
+    if record is None:
+        return {}
+    return {
+        "shape": record["logical_shape"],
+        "layout": f"dense, stored {record['layout']} (tuned weight layout)",
+        "storage": {"dtype": dtype, "shape": list(stored)},
+        "order": record["order"],
+        "weight_layout": record["layout"],
     }
 
 

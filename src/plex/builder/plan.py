@@ -160,10 +160,22 @@ def codec_policy(app: AppSpec, graph: GraphSpec) -> CodecPolicy:
     )
 
 
+def weight_layouts(app: AppSpec) -> tuple[tuple[str, str], ...]:
+    """The stored weight layouts the app's tuning specs choose, (parameter glob, layout) in
+    `[myelin] tuning` order: a parameter's stored bytes serve every variant, so they are the
+    graph's, whichever target's tuning chose them."""
+    return tuple(rule for spec in app.tuning for rule in spec.layouts)
+
+
+def encodes(app: AppSpec, graph: GraphSpec) -> bool:
+    """Whether a graph has an encode node: a codec may apply, or a weight layout."""
+    return not codec_policy(app, graph).trivial or bool(weight_layouts(app))
+
+
 def module_source_id(app: AppSpec, graph: GraphSpec) -> str:
     """The node holding an imported graph's input-phase IR and parameter list for compiling:
-    its encode node when a codec may apply, else its import node."""
-    return import_node_id(graph) if codec_policy(app, graph).trivial else encode_node_id(graph)
+    its encode node when a codec or weight layout may apply, else its import node."""
+    return encode_node_id(graph) if encodes(app, graph) else import_node_id(graph)
 
 
 @dataclass(frozen=True)
@@ -353,9 +365,8 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         nodes.append(_import_node(graph, package_dirs[graph.package]))
     nodes.extend(_backend_nodes(app))
     for graph in import_units(app):
-        policy = codec_policy(app, graph)
-        if not policy.trivial:
-            nodes.append(_encode_node(graph, policy))
+        if encodes(app, graph):
+            nodes.append(_encode_node(graph, codec_policy(app, graph), weight_layouts(app)))
     libraries = sorted({lib for v in app.variants if (lib := kernels_library(v)) is not None})
     for graph in import_units(app):
         for library in libraries:
@@ -419,7 +430,9 @@ def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
 ISOLATE_STEPS = True
 
 
-def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
+def _encode_node(
+    graph: GraphSpec, policy: CodecPolicy, layouts: tuple[tuple[str, str], ...]
+) -> Node:
     weights = _weights_of(graph)
     job = EncodeJob(
         imported=Output(import_node_id(graph)),
@@ -428,6 +441,7 @@ def _encode_node(graph: GraphSpec, policy: CodecPolicy) -> Node:
         policy=policy,
         codecs_format=CODECS_FORMAT,
         what=graph.ref,
+        layouts=layouts,
     )
     label = f"encode weights of {graph.ref}"
     return Node(encode_node_id(graph), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
@@ -497,7 +511,7 @@ def tuning_spec_of(app: AppSpec, variant: VariantSpec) -> TuningSpec | None:
 
 def _tuning_fields(app: AppSpec, variant: VariantSpec) -> dict:
     spec = tuning_spec_of(app, variant)
-    if spec is None:
+    if spec is None or spec.path is None:  # none, or weight layouts only (the encode node's)
         return {}
     return {
         "tuning_spec": InputFile(spec.path),
@@ -525,7 +539,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                 ref=graph.ref,
                 name=graph.name,
                 imported=Output(import_node_id(graph)),
-                encoded=None if codec_policy(app, graph).trivial else Output(encode_node_id(graph)),
+                encoded=Output(encode_node_id(graph)) if encodes(app, graph) else None,
                 weights=WeightsSource(
                     Output(weights_node_id(weights)),
                     weights.ref,

@@ -11,6 +11,7 @@ import json
 import mmap
 import tempfile
 from dataclasses import asdict
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.dtypes import numpy_dtype
 from myelin.errors import CompileError
 from myelin.frontends import DIRECT_INPUT_TYPES, FrontendRequest, frontend
+from myelin.tuning.layout import LayoutRequest, LayoutResult, apply_layouts
 from myelin.tuning.spec import CONFIG_DUMP_FLAG, count_marked, instrument_spec, spec_flag
 from plex.builder.jobs import CompileJob, EncodeJob, ImportJob, KernelsJob, WeightsJob
 from plex.builder.records import (
@@ -192,8 +194,10 @@ def run_encode(job: EncodeJob, ctx: NodeContext) -> None:
     """Apply weight codecs to an imported graph (myelin.codecs). Writes what an import node
     writes (module, import.json, exported/) for the compile nodes, with `parameters` now the
     stored parts, each `exported` entry carrying its scope, and `codecs`: one record per
-    parameter (codec, why, logical and stored shapes). Parameters kept as they are still come
-    from the import node or the weights node."""
+    parameter (codec, why, logical and stored shapes). Weight layouts (`job.layouts`) then
+    re-lay-out parameters no codec took: their data is written here transposed and
+    `weight_layouts` records each. Parameters kept as they are still come from the import node
+    or the weights node."""
     out_dir, what, policy, weights_scope = ctx.out_dir, job.what, job.policy, job.weights_scope
     imported_dir = ctx.output(job.imported)
     weights_dir = ctx.output(job.weights) if job.weights is not None else None
@@ -230,19 +234,31 @@ def run_encode(job: EncodeJob, ctx: NodeContext) -> None:
         )
     except CompileError as e:
         raise BuildError(f"encoding the weights of graph {what} failed: {e}") from e
-    (out_dir / IMPORTED_MODULE).write_bytes(encoded.module_bytecode)
+    module_bytecode, laid_out, layout_warnings = _weight_layouts(
+        job, encoded.module_bytecode, encoded.records, parameters, what
+    )
+    (out_dir / IMPORTED_MODULE).write_bytes(module_bytecode)
     exported_dir = out_dir / EXPORTED_DIR
     exported_dir.mkdir()
     stored = []
-    for i, tensor in enumerate(encoded.stored):
+    tensors_out = [(t.scope, t.key, t.data) for t in encoded.stored]
+    for p, result in laid_out:  # the data in its stored axis order
+        value = load_value(p)
+        if value is not None:
+            stored_data = np.ascontiguousarray(value.transpose(result.order))
+            tensors_out.append((p.scope, p.key, stored_data))
+    for i, (scope, key, data) in enumerate(tensors_out):
         name = f"{i:05d}.bin"
-        tensor.data.tofile(exported_dir / name)
-        stored.append({"scope": tensor.scope, "key": tensor.key, "file": name})
+        data.tofile(exported_dir / name)
+        stored.append({"scope": scope, "key": key, "file": name})
     by_key = {(p["scope"], p["key"]): p for p in meta["parameters"]}
+    stored_shapes = {(p.scope, p.key): list(r.stored_shape(p.shape)) for p, r in laid_out}
     parameters_out = []
     for record in encoded.records:
         if record.codec == NO_CODEC:
-            parameters_out.append(by_key[(record.scope, record.key)])
+            kept = by_key[(record.scope, record.key)]
+            shape = stored_shapes.get((record.scope, record.key))
+            parameters_out.append(kept if shape is None else {**kept, "shape": shape})
             continue
         for part in record.parts:  # byte-exact dtype and shape, for compose's size check
             dtype, shape = part["dtype"], list(part["shape"])
@@ -265,12 +281,80 @@ def run_encode(job: EncodeJob, ctx: NodeContext) -> None:
                 "exported": stored,
                 "codecs": [r.to_json() for r in encoded.records],
                 "codec_policy": policy.to_json(),
-                "codec_warnings": encoded.warnings,
+                "codec_warnings": [*encoded.warnings, *layout_warnings],
+                # (scope, key) -> the stored layout, for the .mln's parameter records
+                "weight_layouts": [
+                    {**r.to_json(), "logical_shape": list(p.shape)} for p, r in laid_out
+                ],
             },
             indent=1,
             sort_keys=True,
         )
     )
+
+
+def _weight_layouts(
+    job: EncodeJob,
+    module_bytecode: bytes,
+    records: list,
+    parameters: list[ParameterInput],
+    what: str,
+) -> tuple[bytes, list[tuple[ParameterInput, LayoutResult]], list[str]]:
+    """Apply the job's weight layouts (myelin.tuning.layout) to the parameters no codec took:
+    the rewritten IR, the parameters re-laid-out with their result, and one warning per rule
+    that changed nothing (a layout that silently does nothing is a tuning that did not apply)."""
+    if not job.layouts:
+        return module_bytecode, [], []
+    by_key = {(p.scope, p.key): p for p in parameters}
+    requests, codec_of = [], {}
+    for record in records:
+        layout = _layout_for(record.scope, record.key, job.layouts)
+        if layout is None:
+            continue
+        if record.codec != NO_CODEC:
+            codec_of[(record.scope, record.key)] = record.codec
+            continue
+        p = by_key[(record.scope, record.key)]
+        requests.append(LayoutRequest(p.global_name, p.scope, p.key, p.shape, layout))
+    warnings = [
+        f"weight layout not applied to {scope}::{key}: it has codec {codec}, which stores it "
+        "in its consumer's order already"
+        for (scope, key), codec in codec_of.items()
+    ]
+    matched = {
+        pattern
+        for r in records
+        for pattern, _ in job.layouts
+        if any(fnmatchcase(n, pattern) for n in (f"{r.scope}::{r.key}", r.key))
+    }
+    warnings += [
+        f'weight layout "{pattern}" = "{layout}" matches no parameter of the graph'
+        for pattern, layout in job.layouts
+        if pattern not in matched
+    ]
+    if not requests:
+        return module_bytecode, [], warnings
+    try:
+        module_bytecode, results = apply_layouts(module_bytecode, requests, what=what)
+    except CompileError as e:
+        raise BuildError(f"weight layouts of graph {what} failed: {e}") from e
+    laid_out = []
+    for request, result in zip(requests, results, strict=True):
+        if result.order:
+            laid_out.append((by_key[(request.scope, request.key)], result))
+        elif not result.reason.startswith("already stored"):
+            warnings.append(
+                f"weight layout {request.layout} not applied to {request.scope}::{request.key}: "
+                f"{result.reason}"
+            )
+    return module_bytecode, laid_out, warnings
+
+
+def _layout_for(scope: str, key: str, rules: tuple[tuple[str, str], ...]) -> str | None:
+    """The layout the last rule matching `scope::key` or `key` chooses, or None."""
+    names = (f"{scope}::{key}", key)
+    found = [layout for pattern, layout in rules if any(fnmatchcase(n, pattern) for n in names)]
+    return found[-1] if found else None
 
 
 @step(KernelsJob)

@@ -129,12 +129,18 @@ def inspect(
         for col in columns + (["why this codec"] if show_rule else []):
             table.add_column(col)
         sections_of = {(p.scope, p.key): p.section for p in params}
+        # a tuned weight layout (`[tuning.*] layouts`): the order the data is stored in
+        stored_as = {
+            (p.scope, p.key): f" (stored {p.extras['weight_layout']})"
+            for p in params
+            if p.extras.get("weight_layout")
+        }
         for r in rows:
             table.add_row(
                 escape(r.scope),
                 escape(r.key),
                 r.dtype,
-                "x".join(map(str, r.shape)),
+                "x".join(map(str, r.shape)) + stored_as.get((r.scope, r.key), ""),
                 r.codec,
                 str(r.stored_bytes),
                 str(sections[sections_of[(r.scope, r.key)]].offset + r.offset),

@@ -57,6 +57,13 @@ def tune(
         "batch is timed by a task that claims one GPU (docs/cluster.md).",
         metavar="NAME",
     ),
+    backend: Path = typer.Option(
+        None,
+        "--backend",
+        help="A backend package folder (e.g. examples/backends/blas): also time every matmul "
+        "on it, as one candidate (docs/tuning.md).",
+        metavar="DIR",
+    ),
 ) -> None:
     """Tune an app for one device: ranked hot dispatches, nevergrad search, checked outputs."""
     from plex.tune import tune as run_tune
@@ -76,4 +83,5 @@ def tune(
         jobs=jobs,
         log=lambda line: typer.echo(line, err=False),
         executor=executor,
+        backend=backend,
     )

@@ -95,12 +95,21 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
     tuning: dict[str, TuningSpec] = {}
     for tname, t in model.tuning.items():
         _check_name(doc, ("tuning", tname), tname, NAME)
+        if t.path is None and not t.layouts:
+            raise doc.error(
+                ("tuning", tname),
+                'sets nothing: give it a spec (path = "spec.mlir") or weight layouts '
+                '(layouts = { "*.weight" = "nk" })',
+            )
         tuning[tname] = TuningSpec(
             ref=f"{name}:{tname}",
             package=name,
             name=tname,
-            path=_existing(doc, ("tuning", tname, "path"), folder, t.path),
+            path=None
+            if t.path is None
+            else _existing(doc, ("tuning", tname, "path"), folder, t.path),
             target=t.target,
+            layouts=tuple(t.layouts.items()),
         )
 
     graphs = {
@@ -114,7 +123,7 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
     files += [g.source for g in graphs.values() if g.source is not None]
     files += [s.source for g in graphs.values() for s in g.shards]
     files += [w.source for w in weights.values() if w.source is not None]
-    files += [t.path for t in tuning.values()]
+    files += [t.path for t in tuning.values() if t.path is not None]
     files += [f for b in backends.values() for f in (*b.sources, *filter(None, [b.library]))]
     ordered = tuple(sorted(set(files), key=lambda f: _relative(folder, f)))
     spec = PackageSpec(

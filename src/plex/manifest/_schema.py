@@ -16,6 +16,7 @@ from myelin.codecs import check_codec_name
 from myelin.compiler.scheduling import FAVORS
 from myelin.platforms import DRIVERS, KERNEL_LIBRARIES, TARGETS
 from myelin.sizes import parse_size
+from myelin.tuning.layout import check_layout
 from plex.manifest._executor import parse_executor
 
 # -- accepted values: one definition each ---------------------------------------------------------
@@ -83,9 +84,15 @@ class WeightsTable(_Table):
     codec: Codec = "fp32"
 
 
+# A stored weight layout (myelin.tuning.layout): "nk" or "kn".
+WeightLayout = Annotated[str, AfterValidator(check_layout)]
+
+
 class TuningTable(_Table):
-    path: str
+    path: str | None = None  # the transform-dialect spec; a table may hold only layouts
     target: Target
+    # parameter glob ("scope::key" or "key") -> its stored layout; the last match wins
+    layouts: dict[str, WeightLayout] = {}
 
 
 # Ops an external backend may implement; myelin.backends rewrites them into calls to it.

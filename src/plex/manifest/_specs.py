@@ -92,8 +92,10 @@ class TuningSpec:
     ref: str
     package: str
     name: str
-    path: Path
+    path: Path | None  # None: the table sets only weight layouts
     target: str
+    # (parameter glob, "nk" | "kn") in file order: the stored layouts it chooses
+    layouts: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

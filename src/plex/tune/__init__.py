@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -62,6 +63,9 @@ class TuneResult:
     untuned_spread: float
     tuned_spread: float
     outputs_equal: bool
+    layouts: list = field(default_factory=list)  # plex.tune._layouts.LayoutTrial, in order
+    backend: object | None = None  # plex.tune._backend.BackendTrial, with --backend
+    backend_dir: Path | None = None
 
     @property
     def speedup(self) -> float:
@@ -85,6 +89,7 @@ def tune(
     seed: int = 0,
     log: Callable[[str], None] = print,
     executor: str = "local",
+    backend: Path | None = None,
 ) -> TuneResult:
     from myelin.mln import MlnReader
     from myelin.runtime.profiling import capture
@@ -94,7 +99,9 @@ def tune(
     from plex.builder.versions import versions
     from plex.cli.tensor_args import parse_dims, synthetic_inputs
     from plex.manifest import load_app
+    from plex.tune._candidates import candidate_app
     from plex.tune._database import Database, entry_key
+    from plex.tune._layouts import layout_trials
 
     app = load_app(app_path)
     spec_device = next((d for d in app.devices if d.name == device), None)
@@ -158,6 +165,62 @@ def tune(
         log(f"  hot: {c.dispatch} {share_of(c.dispatch):.0%} of the call ({c.match.describe()})")
 
     database = Database.open(out_dir)
+    with MlnReader(reference) as reader:
+        weights = [
+            (f"{p.scope}::{p.key}", tuple(p.shape))
+            for p in reader.artifact_manifest.parameters
+            if len(p.shape) == 2
+        ]
+    layout_results = _search_layouts(
+        layout_trials(ranked, weights, _dim_sizes(dims)),
+        candidates,
+        reference,
+        function,
+        inputs,
+        want,
+        rounds,
+        database,
+        f"llvm-cpu:{arch}",
+        iree,
+        log,
+    )
+    backend_trial = (
+        _try_backend(
+            backend,
+            device,
+            derived.read_text(),
+            candidates,
+            reference,
+            function,
+            inputs,
+            want,
+            rounds,
+            database,
+            f"llvm-cpu:{arch}",
+            iree,
+            log,
+        )
+        if backend is not None
+        else None
+    )
+    if candidates.layouts:  # the tile search runs on the kept layouts: new maps, new dispatches
+        [reference] = candidates.build([None])
+        if reference is None:
+            raise TuneError(f"the build with the kept weight layouts failed: see {work}")
+        ir_dir, folder = work / "ir-layouts", work / "layouts"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        build_app = folder / "app.toml"
+        layouts = candidates.layouts
+        build_app.write_text(candidate_app(derived.read_text(), folder, None, layouts, "llvm-cpu"))
+        build(build_app, ir_dir, compile_to="executable-configurations", cache_dir=cache)
+        ir_text = "\n".join(p.read_text() for p in sorted(ir_dir.rglob("*.mlir")))
+        found = {c.dispatch: c for c in configured_contractions(ir_text)}
+        profile = capture(reference, function, inputs, work / "profile-layouts", repeat=rounds)
+        total = sum(d.total_ns for d in profile.dispatches) or 1
+        measured = {d.name: d.total_ns for d in profile.dispatches}
+        ranked = sorted(found.values(), key=lambda c: share_of(c.dispatch), reverse=True)
+        ranked = ranked[:max_dispatches]
     results: list[DispatchResult] = []
     for index, c in enumerate(ranked):
         key = entry_key(c.match.fingerprint(), f"llvm-cpu:{arch}", iree)
@@ -201,9 +264,13 @@ def tune(
     [tuned] = candidates.build([spec_text])
     if tuned is None:
         raise TuneError(f"the tuned build failed: see {work}")
+    candidates.layouts = ()
+    [untuned] = candidates.build([None])  # the app as it is: no spec, no layouts
+    assert untuned is not None
     equal = same_outputs(outputs_of(tuned, function, inputs), want)
-    final = candidates.timer([reference, tuned], function, inputs, max(rounds, 7))
-    package = _write_package(out_dir, app.name, device, spec_text)
+    final = candidates.timer([untuned, tuned], function, inputs, max(rounds, 7))
+    kept_layouts = tuple(rule for t in layout_results if t.kept for rule in t.rules)
+    package = _write_package(out_dir, app.name, device, spec_text, kept_layouts)
     from plex.tune._report import plot, summary
 
     result = TuneResult(
@@ -215,6 +282,9 @@ def tune(
         untuned_spread=final[0].spread,
         tuned_spread=final[1].spread,
         outputs_equal=equal,
+        layouts=layout_results,
+        backend=backend_trial,
+        backend_dir=backend,
     )
     plot(result, out_dir / "tuning.png")
     (out_dir / "summary.md").write_text(summary(result, app.name, device, function, dims))
@@ -361,8 +431,32 @@ class _Candidates:
         self.work, self.jobs, self.executor = work, jobs, executor
         self.timer = make_timer(executor, log)
         self.placements: dict = {}  # node id -> where the last batch's candidates built
+        # weight layouts every candidate is built with (those the layout search kept)
+        self.layouts: tuple[tuple[str, str], ...] = ()
+
+    def build_layouts(self, layouts: Sequence[tuple[tuple[str, str], ...]]) -> list[Path | None]:
+        """Candidates with these weight layouts each (on top of the kept ones), no spec."""
+        saved = self.layouts
+        try:
+            return self._build([(None, saved + extra) for extra in layouts])
+        finally:
+            self.layouts = saved
 
     def build(self, specs: Sequence[str | None]) -> list[Path | None]:
+        return self._build([(spec, self.layouts) for spec in specs])
+
+    def build_app(self, app_toml: str) -> Path | None:
+        """One candidate of another app text (a backend placement), no spec, no layouts."""
+        saved = self.app_toml
+        try:
+            self.app_toml = app_toml
+            return self._build([(None, ())])[0]
+        finally:
+            self.app_toml = saved
+
+    def _build(
+        self, wanted: Sequence[tuple[str | None, tuple[tuple[str, str], ...]]]
+    ) -> list[Path | None]:
         from plex.builder import make_executor
         from plex.builder.versions import fingerprint_salt
         from plex.tune._candidates import CANDIDATE_MLN, FAILED, CandidateJob
@@ -371,11 +465,18 @@ class _Candidates:
         nodes = [
             Node(
                 f"candidate:{i}",
-                CandidateJob(self.app_toml, spec, "llvm-cpu", self.fingerprints, self.cache),
+                CandidateJob(
+                    self.app_toml,
+                    spec,
+                    "llvm-cpu",
+                    self.fingerprints,
+                    self.cache,
+                    layouts=layouts,
+                ),
                 label=f"candidate {i}",
                 heavy=True,
             )
-            for i, spec in enumerate(specs)
+            for i, (spec, layouts) in enumerate(wanted)
         ]
         executor = make_executor(
             self.executor,
@@ -446,14 +547,139 @@ def _spec_for(
     return render_spec(entries, header=header)
 
 
-def _write_package(out_dir: Path, app: str, device: str, spec_text: str) -> Path:
+def _write_package(
+    out_dir: Path,
+    app: str,
+    device: str,
+    spec_text: str,
+    layouts: tuple[tuple[str, str], ...] = (),
+) -> Path:
+    import tomli_w
+
     name = re.sub(r"[^a-z0-9_]", "_", app.lower()).lstrip("_0123456789") or "app"
     (out_dir / f"{device}.mlir").write_text(spec_text)
+    table: dict = {"path": f"{device}.mlir", "target": "llvm-cpu"}
+    if layouts:
+        table["layouts"] = dict(layouts)
     package = out_dir / "plex.toml"
     package.write_text(
         "# Written by plex tune. Select it in the app:\n"
         f'# [myelin] tuning = "{name}_tuning:{device}"\n'
-        f'[package]\nname = "{name}_tuning"\n\n[tuning.{device}]\npath = "{device}.mlir"\n'
-        'target = "llvm-cpu"\n'
+        + tomli_w.dumps({"package": {"name": f"{name}_tuning"}, "tuning": {device: table}})
     )
     return package
+
+
+def _try_backend(
+    package_dir: Path,
+    device: str,
+    app_toml: str,
+    candidates: _Candidates,
+    reference: Path,
+    function: str,
+    inputs: list,
+    want: list[np.ndarray],
+    rounds: int,
+    database: Database,
+    target: str,
+    iree: str,
+    log: Callable[[str], None],
+):
+    """The app's matmuls on an external backend (plex.tune._backend): one candidate, checked
+    and timed against the reference; recorded in tuning.json, never written into the package."""
+    from plex.tune._backend import BackendTrial, backend_app, backend_ref, check_and_time
+    from plex.tune._database import entry_key
+
+    try:
+        ref = backend_ref(package_dir)
+    except ValueError as e:
+        raise TuneError(str(e)) from None
+    trial = BackendTrial(ref)
+    log(f"  backend {ref}: every matmul on it, one candidate")
+    artifact = candidates.build_app(backend_app(app_toml, device, package_dir))
+    if artifact is None:
+        trial.status = "failed"
+    else:
+        equal, trial.relative, trial.spread = check_and_time(
+            reference, artifact, function, list(inputs), want, rounds
+        )
+        trial.status = "ok" if equal else "mismatch"
+    database.entries[entry_key(f"backend:{ref}", target, iree)] = {
+        "target": target,
+        "iree": iree,
+        **trial.to_json(),
+    }
+    database.save()
+    rel = f"{trial.relative:.3f}x the reference's time" if trial.relative else trial.status
+    log(f"  backend {ref}: {rel}")
+    return trial
+
+
+def _dim_sizes(dims: Sequence[str]) -> list[int]:
+    """The sizes `--dim NAME=SIZE` gives (what a dynamic M is at the tuned inputs)."""
+    sizes = []
+    for d in dims:
+        value = d.rpartition("=")[2]
+        if value.isdigit():
+            sizes.append(int(value))
+    return sizes
+
+
+def _search_layouts(
+    trials: list,
+    candidates: _Candidates,
+    reference: Path,
+    function: str,
+    inputs: list,
+    want: list[np.ndarray],
+    rounds: int,
+    database: Database,
+    target: str,
+    iree: str,
+    log: Callable[[str], None],
+) -> list:
+    """Build, check and time each layout trial against the reference (one batch); keep those
+    faster than it, and set them on `candidates` for every later build. tuning.json keeps each
+    result under the dispatch's parameters, target and IREE version; a later run reuses it."""
+    from myelin.tuning.timing import outputs_of, same_outputs
+    from plex.tune import _layouts
+    from plex.tune._database import entry_key
+
+    if not trials:
+        return []
+    keys = {id(t): entry_key(f"layout:{','.join(t.keys)}:{t.layout}", target, iree) for t in trials}
+    todo = []
+    for t in trials:
+        stored = database.entries.get(keys[id(t)])
+        if stored is not None:
+            t.status, t.relative, t.spread = stored["status"], stored["relative"], stored["spread"]
+            log(f"  layout {t.layout} for {', '.join(t.keys)}: reusing tuning.json")
+        else:
+            todo.append(t)
+    built = candidates.build_layouts([t.rules for t in todo])
+    ok = [(t, a) for t, a in zip(todo, built, strict=True) if a is not None]
+    for t, a in zip(todo, built, strict=True):
+        if a is None:
+            t.status = "failed"
+    if ok:
+        timings = candidates.timer([reference, *(a for _, a in ok)], function, inputs, rounds)
+        base = timings[0].median_s
+        for (t, artifact), timing in zip(ok, timings[1:], strict=True):
+            if not same_outputs(outputs_of(artifact, function, inputs), want):
+                t.status = "mismatch"
+                continue
+            t.status, t.relative, t.spread = "ok", timing.median_s / base, timing.spread
+    for t in todo:
+        database.entries[keys[id(t)]] = {
+            "kind": "weight-layout",
+            "target": target,
+            "iree": iree,
+            **t.to_json(),
+        }
+    database.save()
+    for t in trials:
+        t.kept = t.status == "ok" and t.relative is not None and t.relative < _layouts.KEEP_BELOW
+        rel = f"{t.relative:.3f}x the default layout's time" if t.relative else t.status
+        log(f"  layout {t.layout} for {', '.join(t.keys)} ({t.dispatch}): {rel}")
+    candidates.layouts = tuple(rule for t in trials if t.kept for rule in t.rules)
+    return trials

@@ -35,23 +35,43 @@ class CandidateJob(Job):
     target: str
     packages: tuple[str, ...]  # fingerprints of the app's packages: their content is the model
     cache_dir: Path = keyless("the inner build's cache; a place, not an input")
+    # weight layouts (parameter glob, "nk" | "kn"): myelin.tuning.layout
+    layouts: tuple[tuple[str, str], ...] = ()
+
+
+def candidate_app(
+    app_toml: str,
+    folder: Path,
+    spec: str | None,
+    layouts: tuple[tuple[str, str], ...],
+    target: str,
+) -> str:
+    """The app text that builds with this spec and these weight layouts: a package written
+    into `folder` holds them as one `[tuning.candidate]` table, which the app selects."""
+    import tomli_w
+
+    if spec is None and not layouts:
+        return app_toml
+    package = folder / "candidate"
+    package.mkdir()
+    table: dict = {"target": target}
+    if spec is not None:
+        (package / "spec.mlir").write_text(spec, encoding="utf-8")
+        table["path"] = "spec.mlir"
+    if layouts:
+        table["layouts"] = dict(layouts)
+    (package / "plex.toml").write_text(
+        tomli_w.dumps({"package": {"name": "plex_tune_candidate"}, "tuning": {"candidate": table}})
+    )
+    app_text = app_toml.replace("packages = [", f'packages = ["{package}", ', 1)
+    return app_text + '\n[myelin]\ntuning = "plex_tune_candidate:candidate"\n'
 
 
 @step(CandidateJob)
 def run_candidate(job: CandidateJob, ctx: NodeContext) -> None:
     with tempfile.TemporaryDirectory(prefix="plex-tune-") as work:
         folder = Path(work)
-        app_text = job.app_toml
-        if job.spec is not None:
-            package = folder / "candidate"
-            package.mkdir()
-            (package / "spec.mlir").write_text(job.spec, encoding="utf-8")
-            (package / "plex.toml").write_text(
-                '[package]\nname = "plex_tune_candidate"\n\n[tuning.candidate]\n'
-                f'path = "spec.mlir"\ntarget = "{job.target}"\n'
-            )
-            app_text = app_text.replace("packages = [", f'packages = ["{package}", ', 1)
-            app_text += '\n[myelin]\ntuning = "plex_tune_candidate:candidate"\n'
+        app_text = candidate_app(job.app_toml, folder, job.spec, job.layouts, job.target)
         app = folder / "app.toml"
         app.write_text(app_text, encoding="utf-8")
         command = [

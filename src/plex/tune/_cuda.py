@@ -8,12 +8,12 @@ the compiler. A failed compile is recorded (cached) as a result, not raised.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from myelin.tuning.smt import iree_compile
 from myelin.tuning.spec import CONFIG_DUMP_FLAG, count_marked, instrument_spec, spec_flag
 from synapse import Job, NodeContext, step
 
@@ -33,9 +33,7 @@ class CudaCandidateJob(Job):
 
 @step(CudaCandidateJob)
 def run_cuda_candidate(job: CudaCandidateJob, ctx: NodeContext) -> None:
-    compiler = shutil.which("iree-compile") or str(
-        Path(__file__).parents[3] / ".venv/bin/iree-compile"
-    )
+    compiler = iree_compile()
     with tempfile.TemporaryDirectory(prefix="plex-cuda-") as work:
         folder = Path(work)
         (folder / "model.mlir").write_text(job.source)

@@ -63,6 +63,27 @@ def summary(result: TuneResult, app: str, device: str, function: str, dims: Sequ
             best = f"dist {c['dm']}x{c['dn']} vec {c['vm']}x{c['vn']}x{c['vk']}{peel}"
             rel = f"{d.best['relative']:.3f}x" + (" (reused)" if d.reused else "")
         rows.append(f"| {d.dispatch} | {d.share:.0%} | {ok}/{rejected} | {best} | {rel} |")
+    if result.layouts:
+        rows += [
+            "",
+            "| weight layout tried | parameters | for dispatch | time vs default layout | kept |",
+            "|---|---|---|---|---|",
+        ]
+        for t in result.layouts:
+            rel = f"{t.relative:.3f}x" if t.relative is not None else t.status
+            rows.append(
+                f"| {t.layout} | {', '.join(t.keys)} | {t.dispatch} | {rel} | "
+                f"{'yes' if t.kept else 'no'} |"
+            )
+    b = result.backend
+    if b is not None:
+        rel = f"{b.relative:.3f}x the untuned build's time" if b.relative else b.status
+        rows += ["", f"backend {b.backend}, every matmul on it: {rel}"]
+        if b.faster:
+            rows.append(
+                f"(faster: a tuning package cannot place ops; to use it, in the app: "
+                f"{b.app_lines(result.backend_dir)})"
+            )
     rows += [
         "",
         f"whole call, interleaved: untuned {result.untuned_s * 1e3:.3f} ms "
