@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--json", default="kernels_h200.json")
     parser.add_argument("--flags", default="", help="IREE runtime flags (--device_allocator=...)")
     parser.add_argument("--short", action="store_true", help="the overhead rows only")
+    parser.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
     args = parser.parse_args()
     if args.flags:  # before the first driver is created
         import iree.runtime as rt
@@ -107,9 +108,10 @@ def main() -> None:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "flags": args.flags,
+        "allocator": args.allocator,
     }
 
-    model = myelin.Instance().load(args.mln)
+    model = myelin.Instance(cuda_allocator=args.allocator).load(args.mln)
     results["variant"] = model.variant_name
     s = model.session()
     mm, mm_bt, into, ident = (
@@ -181,9 +183,12 @@ def main() -> None:
     if args.short:
         print(json.dumps({k: round(v["overhead_ms"], 3) for k, v in rows.items()}))
         print(json.dumps({k: round(v["wall_ms"], 3) for k, v in rows.items()}))
+        print(json.dumps({k: round(v["vs_torch"], 3) for k, v in rows.items()}))
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
         return
     # IREE's own codegen (sm_80 PTX, the fallback variant) for scale
-    codegen = myelin.Instance().load(args.mln, variant="cuda")
+    codegen = myelin.Instance(cuda_allocator=args.allocator).load(args.mln, variant="cuda")
     with codegen.session() as s2:
         f = s2.resolve("matmul")
         w = wall_ms(lambda: f(a, b, output="device"), reps=2, warmup=1)

@@ -27,7 +27,9 @@ DEFAULT_CUDA_ARCH = "sm_80"
 
 # `[devices.<name>] kernels` on a CUDA device: library kernels for the contractions they cover
 # (myelin.kernels, docs/kernels.md). Their code is sm_90a, so it runs on compute capability 9.0.
-KERNEL_LIBRARIES: tuple[str, ...] = ("triton",)
+# "triton": matmuls; "triton-attention": matmuls and flash attention, experimental (the attention
+# kernel's external dispatch has not yet run on an H200).
+KERNEL_LIBRARIES: tuple[str, ...] = ("triton", "triton-attention")
 KERNELS_CUDA_ARCH = "sm_90a"
 
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)

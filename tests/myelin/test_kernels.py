@@ -15,7 +15,8 @@ from myelin.kernels._triton import MatmulConfig, compile_matmul
 
 # mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
 # mm_ab: A x B at f16; bf16: A x B^T in bf16; decode: M = 8 (the skinny kernel); odd: K = 100 is no multiple of 64 (stays IREE's);
-# f32: f32 inputs (no kernel takes them).
+# f32: f32 inputs (no kernel takes them); linear: x @ w.t() as torch's F.linear lowers it (a
+# linalg.transpose of the [N, K] weight feeding an A x B matmul: the kernel reads w as B^T).
 GRAPH = """
 #abt = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>,
         affine_map<(m, n, k) -> (m, n)>]
@@ -77,8 +78,19 @@ func.func @f32(%a: tensor<64x128xf32>, %b: tensor<128x128xf32>) -> tensor<64x128
       outs(%f : tensor<64x128xf32>) -> tensor<64x128xf32>
   return %r : tensor<64x128xf32>
 }
+func.func @linear(%x: tensor<64x256xf16>, %w: tensor<128x256xf16>) -> tensor<64x128xf16> {
+  %et = tensor.empty() : tensor<256x128xf16>
+  %wt = linalg.transpose ins(%w : tensor<128x256xf16>) outs(%et : tensor<256x128xf16>)
+      permutation = [1, 0]
+  %e = tensor.empty() : tensor<64x128xf16>
+  %z = arith.constant 0.0 : f16
+  %f = linalg.fill ins(%z : f16) outs(%e : tensor<64x128xf16>) -> tensor<64x128xf16>
+  %r = linalg.matmul ins(%x, %wt : tensor<64x256xf16>, tensor<256x128xf16>)
+      outs(%f : tensor<64x128xf16>) -> tensor<64x128xf16>
+  return %r : tensor<64x128xf16>
+}
 """
-FUNCTIONS = ["mm", "mm_ab", "bf16", "decode", "odd", "f32"]
+FUNCTIONS = ["mm", "mm_ab", "bf16", "decode", "odd", "f32", "linear"]
 
 
 def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
@@ -109,6 +121,14 @@ def test_the_rewrite_reports_which_matmul_goes_to_which_kernel(kernelized):
     assert sites["odd"]["kernel"] is None and "K % 64" in sites["odd"]["reason"]
     assert sites["f32"]["kernel"] is None and "f16 or bf16" in sites["f32"]["reason"]
     assert sites["decode"]["kernel"] == "plex_matmul_abt_f16_f16_16x32x256_w4s4"
+    linear = sites["linear"]
+    assert linear["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert linear["op"] == "matmul_transpose_b" and (linear["m"], linear["n"], linear["k"]) == (
+        64,
+        128,
+        256,
+    )
+    assert "B^T read from the transpose's input" in linear["reason"]
     assert len(kernelized.kernels) == 4
 
 
@@ -133,8 +153,11 @@ def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(ke
             "plex_matmul_ab_f16_f16_128x256x64_w8s3",
             "plex_matmul_abt_bf16_f32_128x256x64_w8s3",
             "plex_matmul_abt_f16_f16_16x32x256_w4s4",
+            "plex_matmul_abt_f16_f16_128x256x64_w8s3",  # linear
         ]
     )
+    # linear's weight is read in place: no dispatch materializes its transpose
+    assert not [n for exe, n in calls if "linear_dispatch" in n and "transpose" in n], calls
     codegen = [name for exe, name in calls if not exe.startswith("extern_dispatch")]
     assert any("odd_dispatch" in n and "matmul" in n for n in codegen), codegen
     assert any("f32_dispatch" in n and "matmul" in n for n in codegen), codegen

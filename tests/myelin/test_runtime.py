@@ -109,6 +109,36 @@ def test_dlpack_inputs_and_device_outputs_chain(mlp_model, mlp_weights):
         assert rel_err(np.asarray(on_device.to_host()), mlp_reference(mlp_weights, x)[1]) < RTOL
 
 
+def test_device_arrays_take_the_fast_check_and_wrong_ones_the_worded_error(
+    mlp_model, mlp_weights, monkeypatch
+):
+    """A device result passed back in skips the full input check (it reads the buffer view's
+    element type and shape instead: what a 14-input GPU call paid 0.2-0.4 ms for); a device
+    array of the wrong dtype or shape still gets the full check's error."""
+    import iree.runtime as rt
+
+    from myelin.runtime import session as session_module
+
+    x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
+    with mlp_model.session() as s:
+        call = s.resolve("forward")
+        device = call._device
+        h = s.call("hidden", x, output="device")  # (3, 32), on the entrypoint's device
+        calls = []
+        monkeypatch.setattr(session_module, "check_inputs", lambda *a: calls.append(a) or None)
+        assert call._matches((rt.asdevicearray(device, x),))
+        y = call(rt.asdevicearray(device, x))
+        assert rel_err(y, mlp_reference(mlp_weights, x)[1]) < RTOL
+        assert calls == []  # the fast check took it
+        monkeypatch.undo()
+        assert not call._matches((h,))  # wrong width: 32 where forward takes 16
+        with pytest.raises(myelin.InputError, match="size 32 in dimension 1, expected 16"):
+            call(h)
+        wrong = rt.asdevicearray(device, x.astype(np.float16))
+        with pytest.raises(myelin.InputError, match="dtype float16, expected float32"):
+            call(wrong)
+
+
 def test_sessions_run_concurrently_from_threads(mlp_model, mlp_weights):
     errors: list[BaseException] = []
 

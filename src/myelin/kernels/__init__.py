@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from myelin.kernels._triton import MatmulConfig
 from myelin.platforms import KERNEL_LIBRARIES, KERNELS_CUDA_ARCH
 
-__all__ = ["KERNELS_CUDA_ARCH", "KERNEL_LIBRARIES", "KernelizedGraph", "apply_kernels"]
+__all__ = [
+    "ATTENTION_LIBRARY",
+    "KERNELS_CUDA_ARCH",
+    "KERNEL_LIBRARIES",
+    "KernelizedGraph",
+    "apply_kernels",
+]
+
+# The library value that also rewrites attention (experimental until checked on an H200).
+ATTENTION_LIBRARY = "triton-attention"
 
 
 @dataclass(frozen=True)
@@ -49,13 +58,20 @@ def choose_matmul_config(
 
 
 def apply_kernels(
-    module_bytecode: bytes, *, library: str, arch: str = KERNELS_CUDA_ARCH, what: str = "graph"
+    module_bytecode: bytes,
+    *,
+    library: str,
+    arch: str = KERNELS_CUDA_ARCH,
+    what: str = "graph",
 ) -> KernelizedGraph:
     """Match the graph's matmuls (IR at the `input` phase), compile the kernels they need and
-    rewrite them into external dispatches. Ops no kernel covers are left to IREE."""
+    rewrite them into external dispatches. Ops no kernel covers are left to IREE.
+
+    With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
+    flash-attention kernel too (experimental: docs/kernels.md)."""
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
-    from myelin.kernels import _rewrite, _triton
+    from myelin.kernels import _attention, _rewrite, _triton
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -69,10 +85,16 @@ def apply_kernels(
             configs = {m.config.name: m.config for m in matches if m.config is not None}
             kernels = {name: _triton.compile_matmul(c, arch) for name, c in configs.items()}
             _rewrite.rewrite(module, matches, kernels, session.context)
+            sites = [m.site.to_json() for m in matches]
+            if library == ATTENTION_LIBRARY:
+                found = _attention.find_attention(module)
+                wanted = {m.config.name: m.config for m in found if m.config is not None}
+                compiled = {n: _attention.compile_attention(c, arch) for n, c in wanted.items()}
+                _attention.rewrite(module, found, compiled)
+                kernels.update(compiled)
+                sites += [m.site for m in found]
             if not module.verify():
                 raise CompileError(f"{what}: the graph with kernels does not verify (internal)")
             buffer = io.BytesIO()
             module.write_bytecode(buffer)
-    return KernelizedGraph(
-        buffer.getvalue(), tuple(m.site.to_json() for m in matches), tuple(sorted(kernels))
-    )
+    return KernelizedGraph(buffer.getvalue(), tuple(sites), tuple(sorted(kernels)))

@@ -67,6 +67,10 @@ class _Match:
     a_type: ir.Type = field(default=None)  # type: ignore[assignment]
     b_type: ir.Type = field(default=None)  # type: ignore[assignment]
     result_type: ir.Type = field(default=None)  # type: ignore[assignment]
+    # B as the kernel reads it: the matmul's B, or the source of the `linalg.transpose` that
+    # produced it (then the kernel reads the untransposed weight as A x B^T).
+    b_value: ir.Value = field(default=None)  # type: ignore[assignment]
+    transpose: ir.Operation | None = None
 
 
 def _element(t: ir.Type) -> str:
@@ -120,6 +124,19 @@ def _truncf_consumer(result: ir.Value) -> tuple[ir.Operation, str] | None:
     return (user, out) if out in _INPUT_TYPES else None
 
 
+def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
+    """The input of the 2-D `linalg.transpose` (permutation [1, 0]) that produced `value`: what
+    torch's `F.linear(x, w)` lowers to (`w.t()`, then `x @ w.t()`). The kernel reads `w` as
+    A x B^T instead, so the transposed copy of the weight is never made."""
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    if getattr(owner, "name", None) != "linalg.transpose":
+        return None
+    if str(owner.attributes["permutation"]) != "array<i64: 1, 0>":
+        return None
+    return owner.operands[0], owner
+
+
 def _function_name(op: ir.Operation) -> str:
     parent = op.parent
     while parent is not None and parent.name not in ("util.func", "func.func"):
@@ -148,6 +165,11 @@ def find_matmuls(
         dtype, acc = _element(a_t), _element(c_t)
         maps = str(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else None
         transposed = maps == _MAPS_ABT
+        b_value, transpose = b, None
+        source = _transposed_source(b) if maps in (None, _MAPS_AB) else None
+        if source is not None:
+            b_value, transpose = source
+            b_t, transposed = b_value.type, True
         a_dims, b_dims = _dims(a_t), _dims(b_t)
         m, k = a_dims
         n = b_dims[0] if transposed else b_dims[1]
@@ -177,9 +199,10 @@ def find_matmuls(
             out_dtype=out,
             b_transposed=transposed,
             kernel=config.name if config is not None else None,
-            reason=reason or ("matched, with its truncf" if narrowed else "matched"),
+            reason=(reason or ("matched, with its truncf" if narrowed else "matched"))
+            + (" (B^T read from the transpose's input)" if transpose is not None else ""),
         )
-        match = _Match(site, config, op, root)
+        match = _Match(site, config, op, root, b_value=b_value, transpose=transpose)
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
         matches.append(match)
     return matches
@@ -262,7 +285,7 @@ def rewrite(
             call = ir.Operation.create(
                 "util.call",
                 results=[m.result_type],
-                operands=[m.matmul.operands[0], m.matmul.operands[1]],
+                operands=[m.matmul.operands[0], m.b_value],
                 attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
             )
         m.root.results[0].replace_all_uses_with(call.results[0])
@@ -273,3 +296,5 @@ def rewrite(
         fill = getattr(fill, "operation", fill)
         if fill.name == "linalg.fill" and not list(fill.results[0].uses):
             fill.erase()
+        if m.transpose is not None and not list(m.transpose.results[0].uses):
+            m.transpose.erase()

@@ -105,16 +105,6 @@ def _matmul_fn():
 
 def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel:
     """Triton -> PTX (sm_90a: wgmma) -> our ptxas pass -> cubin, with no GPU present."""
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        raise CompileError(
-            'kernels = "triton" needs Triton at build time: pip install -e ".[kernels]" '
-            f"(Triton 3.9.0); {e}"
-        ) from e
-    capability = int(arch.removeprefix("sm_").rstrip("a"))
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
     signature = {
         "a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_out}",
@@ -128,12 +118,37 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
     }  # fmt: skip
     # Pointers 16-byte aligned, N and K multiples of 16 (checked where the kernel is matched).
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5)}
-    source = ASTSource(fn=_matmul_fn(), signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {
-        "num_warps": config.num_warps,
-        "num_stages": config.num_stages,
-        "ptx_version": PTX_VERSION,
-    }
+    return compile_triton(
+        _matmul_fn, signature, constexprs, attrs,
+        num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
+    )  # fmt: skip
+
+
+def compile_triton(
+    make_fn,
+    signature: dict,
+    constexprs: dict,
+    attrs: dict,
+    *,
+    num_warps: int,
+    num_stages: int,
+    name: str,
+    arch: str,
+) -> CompiledKernel:
+    """One Triton kernel (`make_fn()` returns the jitted function) compiled for `arch` into a
+    cubin whose entry is `name` and whose parameters are exactly what IREE passes."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        raise CompileError(
+            'kernels = "triton" needs Triton at build time: pip install -e ".[kernels]" '
+            f"(Triton 3.9.0); {e}"
+        ) from e
+    capability = int(arch.removeprefix("sm_").rstrip("a"))
+    source = ASTSource(fn=make_fn(), signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": num_stages, "ptx_version": PTX_VERSION}
     with tempfile.TemporaryDirectory() as cache:
         import os
 
@@ -155,9 +170,9 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
         global_scratch=int(getattr(meta, "global_scratch_size", 0) or 0),
         profile_scratch=int(getattr(meta, "profile_scratch_size", 0) or 0),
     )
-    ptx = _rename_entry(ptx, meta.name, config.name)
+    ptx = _rename_entry(ptx, meta.name, name)
     cubin = assemble(ptx, arch)
-    return CompiledKernel(config.name, cubin, ptx, int(meta.shared), config.num_warps * 32)
+    return CompiledKernel(name, cubin, ptx, int(meta.shared), num_warps * 32)
 
 
 def _drop_scratch_params(ptx: str, *, global_scratch: int, profile_scratch: int) -> str:

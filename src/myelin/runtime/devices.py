@@ -20,6 +20,22 @@ from myelin.mln import DeviceRecord
 from myelin.platforms import HOST_DRIVERS
 from myelin.runtime._iree_private import buffer_view_of
 
+# How a CUDA device allocates call results and transients (`Instance(cuda_allocator=...)`):
+# - "pool": IREE's default, CUDA stream-ordered allocations from IREE's memory pools. A result
+#   the caller drops is freed with a synchronous cuMemFree (IREE frees only queue-deallocated
+#   buffers asynchronously), and memory a pool holds above its release threshold goes back to
+#   the driver at the next context synchronize (torch.cuda.synchronize()) and is mapped again by
+#   the next call.
+# - "caching": IREE's caching allocator (`allocators=["caching"]` on the device) over
+#   synchronous allocations (`--cuda_async_allocations=false`): a freed buffer is kept and the
+#   next allocation of its size reuses it, so a steady stream of calls allocates nothing.
+CUDA_ALLOCATORS = ("pool", "caching")
+
+# The CUDA driver's allocation mode is a process-wide IREE flag read when the driver is created:
+# the first registry to create it decides (driver name -> the allocator it was created for).
+_DRIVER_ALLOCATOR: dict[str, str] = {}
+_DRIVER_LOCK = threading.Lock()
+
 # What each move method is, by the memory it goes between (`DeviceRegistry.transfers_by_kind`):
 # "host" between two host-memory (CPU) devices, "host-gpu" between host memory and a GPU's memory
 # in one copy, "peer" from one GPU's memory into another's. No method stages a GPU-to-GPU move
@@ -60,7 +76,13 @@ class DeviceRegistry:
     distinct devices, and models loaded on the same driver share them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, cuda_allocator: str = "pool") -> None:
+        if cuda_allocator not in CUDA_ALLOCATORS:
+            raise ValueError(
+                f"cuda_allocator must be one of {', '.join(map(repr, CUDA_ALLOCATORS))}, "
+                f"got {cuda_allocator!r}"
+            )
+        self.cuda_allocator = cuda_allocator
         self._lock = threading.Lock()
         self._drivers: dict[str, rt.HalDriver] = {}
         self._devices: dict[tuple[str, int], rt.HalDevice] = {}
@@ -88,7 +110,10 @@ class DeviceRegistry:
                 self._failures[name] = reason
                 raise DeviceUnavailable(reason)
             try:
-                driver = rt.get_driver(name)
+                driver = self._create_driver(name)
+            except DeviceUnavailable as e:
+                self._failures[name] = str(e)
+                raise
             except Exception as e:  # IREE reports a missing libcuda etc. as a RuntimeError
                 reason = f"driver '{name}' cannot start here: {_first_line(e)}"
                 self._failures[name] = reason
@@ -99,6 +124,30 @@ class DeviceRegistry:
             note_driver_created(name)  # plugins registered later would not reach it
             return driver
 
+    def _create_driver(self, name: str) -> rt.HalDriver:
+        """The driver, created once per process by IREE; for CUDA, in the allocation mode this
+        registry asks for (a process-wide flag, so a second mode is refused)."""
+        if name != "cuda":
+            return rt.get_driver(name)
+        with _DRIVER_LOCK:
+            made = _DRIVER_ALLOCATOR.get(name)
+            if made is None:
+                if self.cuda_allocator == "caching":
+                    rt.flags.parse_flags("--cuda_async_allocations=false")
+                driver = rt.get_driver(name)
+                _DRIVER_ALLOCATOR[name] = self.cuda_allocator
+                return driver
+        if made != self.cuda_allocator:
+            raise DeviceUnavailable(
+                f"driver 'cuda' was created in this process for cuda_allocator='{made}'; "
+                f"IREE's allocation mode is per process: use one cuda_allocator for every "
+                "Instance of the process"
+            )
+        return rt.get_driver(name)
+
+    def _allocators(self, driver: str) -> list[str] | None:
+        return ["caching"] if driver == "cuda" and self.cuda_allocator == "caching" else None
+
     def device(self, driver: str, ordinal: int = 0) -> rt.HalDevice:
         key = (driver, ordinal)
         with self._lock:
@@ -107,7 +156,8 @@ class DeviceRegistry:
         drv = self._driver(driver)
         try:
             if ordinal == 0 or driver in HOST_DRIVERS:
-                dev = drv.create_default_device()  # each call creates a distinct device
+                # each call creates a distinct device
+                dev = drv.create_default_device(allocators=self._allocators(driver))
             else:  # the n-th physical device (GPU n)
                 available = drv.query_available_devices()
                 if ordinal >= len(available):
@@ -115,7 +165,9 @@ class DeviceRegistry:
                         f"driver '{driver}' has {len(available)} device(s); the variant needs "
                         f"{ordinal + 1}"
                     )
-                dev = drv.create_device(available[ordinal]["device_id"])
+                dev = drv.create_device(
+                    available[ordinal]["device_id"], allocators=self._allocators(driver)
+                )
         except DeviceUnavailable:
             raise
         except Exception as e:

@@ -20,13 +20,18 @@ class Instance:
     policy: every load then hashes the whole file and refuses it, with SignatureError, unless it
     carries a valid signature by that key (`plex sign`), before any of its modules is wrapped or
     any parameter registered. Without `trust` (the default) signatures are not looked at.
+
+    `cuda_allocator` says how CUDA devices allocate call results and transients: "pool"
+    (IREE's default stream-ordered pools) or "caching" (IREE's caching allocator: a steady
+    stream of calls reuses its buffers instead of allocating and freeing them; docs/runtime.md
+    has the measurements). It is fixed per process when the CUDA driver starts.
     """
 
-    def __init__(self, *, trust: KeySource | None = None) -> None:
+    def __init__(self, *, trust: KeySource | None = None, cuda_allocator: str = "pool") -> None:
         # Load the key now: a bad key path fails here, not at the first load.
         self.trust = load_public_key(trust) if trust is not None else None
         self.vm_instance = rt.VmInstance()
-        self.device_registry = DeviceRegistry()
+        self.device_registry = DeviceRegistry(cuda_allocator=cuda_allocator)
 
     def load(
         self,

@@ -1,0 +1,347 @@
+"""Flash attention (prefill) as an IREE external dispatch: a Triton kernel for sm_90a, and the
+match and rewrite of `iree_linalg_ext.attention` (what torch's `scaled_dot_product_attention`
+becomes at IREE's `input` phase) into it.
+
+Experimental: only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention
+to IREE). The kernel's numerics are checked against torch in Triton's interpreter, and its sm_90a
+compile and the rewrite without a GPU (tests/myelin/test_kernels_attention.py), but the IREE
+external dispatch has not yet run on an H200. docs/kernels.md says what remains.
+
+The kernel: one program per (128 query rows, batch-head); keys in blocks of 64 with the online
+softmax (running max and sum in f32, exp2 with the scale folded into log2 units); causal is
+torch's `is_causal` (top-left aligned: query i sees keys 0..i), and blocks past the diagonal are
+skipped. Q, K, V, O are contiguous [batch*heads, sequence, head_dim]; the sequence lengths reach
+the kernel as i32 push constants, so any length works (rows and keys past the end are masked).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from iree.compiler import ir
+
+from myelin.kernels._triton import CompiledKernel, compile_triton
+
+_TYPES = {"f16": "fp16", "bf16": "bf16"}
+_HEAD_DIMS = (64, 128)
+_LOG2E = 1.4426950408889634
+
+# iree_linalg_ext.attention's maps for Q [b, m, k1], K [b, k2, k1], V [b, k2, n], the scale,
+# the (optional) mask [b, m, k2] and the result [b, m, n], as IREE 3.13 prints them.
+_Q, _K, _V = (
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>",
+)
+_SCALE = "affine_map<(d0, d1, d2, d3, d4) -> ()>"
+_MASK = "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>"
+_OUT = "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>"
+_MAPS_NO_MASK = f"[{_Q}, {_K}, {_V}, {_SCALE}, {_OUT}]"
+_MAPS_MASK = f"[{_Q}, {_K}, {_V}, {_SCALE}, {_MASK}, {_OUT}]"
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    dtype: str  # "f16" | "bf16"
+    head_dim: int
+    causal: bool
+    scale: float  # the softmax scale, baked into the kernel
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+    @property
+    def name(self) -> str:
+        kind = "causal" if self.causal else "full"
+        scale = struct.pack(">f", self.scale).hex()
+        return (
+            f"plex_attention_{kind}_{self.dtype}_d{self.head_dim}_"
+            f"{self.block_m}x{self.block_n}_w{self.num_warps}s{self.num_stages}_s{scale}"
+        )
+
+
+def _attention_fn():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def plex_attention(
+        q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK,
+        D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+        QK_SCALE: tl.constexpr,
+    ):  # fmt: skip
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = tl.arange(0, BN)
+        offs_d = tl.arange(0, D)
+        q_ptr += bh * SQ * D
+        k_ptr += bh * SK * D
+        v_ptr += bh * SK * D
+        o_ptr += bh * SQ * D
+        rows = offs_m[:, None] < SQ
+        q = tl.load(q_ptr + offs_m[:, None] * D + offs_d[None, :], mask=rows, other=0.0)
+        m_i = tl.full((BM,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BM,), tl.float32)
+        acc = tl.zeros((BM, D), tl.float32)
+        hi = SK
+        if CAUSAL:  # query i sees keys 0..i: later key blocks are skipped
+            hi = tl.minimum(SK, (pid_m + 1) * BM)
+        for start in range(0, hi, BN):
+            cols = start + offs_n
+            k = tl.load(
+                k_ptr + cols[None, :] * D + offs_d[:, None], mask=cols[None, :] < SK, other=0.0
+            )
+            s = tl.dot(q, k) * QK_SCALE  # log2 units
+            valid = cols[None, :] < SK
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                v_ptr + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < SK, other=0.0
+            )
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        acc = acc / l_i[:, None]
+        out = o_ptr + offs_m[:, None] * D + offs_d[None, :]
+        tl.store(out, acc.to(o_ptr.dtype.element_ty), mask=rows)
+
+    return plex_attention
+
+
+def launch_constants(config: AttentionConfig) -> dict:
+    """The kernel's compile-time constants (also what the interpreter test passes)."""
+    return {
+        "D": config.head_dim,
+        "BM": config.block_m,
+        "BN": config.block_n,
+        "CAUSAL": config.causal,
+        "QK_SCALE": config.scale * _LOG2E,
+    }
+
+
+def compile_attention(config: AttentionConfig, arch: str = "sm_90a") -> CompiledKernel:
+    t = _TYPES[config.dtype]
+    signature = {
+        "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "o_ptr": f"*{t}",
+        "SQ": "i32", "SK": "i32",
+        "D": "constexpr", "BM": "constexpr", "BN": "constexpr", "CAUSAL": "constexpr",
+        "QK_SCALE": "constexpr",
+    }  # fmt: skip
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    return compile_triton(
+        _attention_fn, signature, launch_constants(config), attrs,
+        num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
+    )  # fmt: skip
+
+
+@dataclass
+class AttentionMatch:
+    site: dict  # the report entry (same fields as a matmul's; op "attention")
+    config: AttentionConfig | None
+    op: ir.Operation
+    shape: tuple[int, int, int, int]  # (batch*heads, query length, key length, head dim)
+    mask_ops: list[ir.Operation]  # the causal mask's producers, erased once unused
+
+
+def _owner(value: ir.Value):
+    owner = value.owner
+    return getattr(owner, "operation", owner)
+
+
+def _static_dims(t: ir.Type) -> list[int] | None:
+    rt = ir.RankedTensorType(t)
+    if any(rt.is_dynamic_dim(i) for i in range(rt.rank)):
+        return None
+    return [rt.get_dim_size(i) for i in range(rt.rank)]
+
+
+def _float_constant(value: ir.Value) -> float | None:
+    owner = _owner(value)
+    if getattr(owner, "name", None) != "arith.constant":
+        return None
+    try:
+        return ir.FloatAttr(owner.attributes["value"]).value
+    except (ValueError, KeyError):
+        return None
+
+
+def _causal_mask(value: ir.Value) -> list[ir.Operation] | None:
+    """The ops that make `value` torch's causal mask (0 where query >= key, -inf elsewhere,
+    through reshapes), or None when it is any other mask."""
+    chain = []
+    owner = _owner(value)
+    while getattr(owner, "name", None) in ("tensor.collapse_shape", "tensor.expand_shape"):
+        chain.append(owner)
+        owner = _owner(owner.operands[0])
+    if getattr(owner, "name", None) != "linalg.generic" or len(owner.operands) != 1:
+        return None
+    rank = ir.RankedTensorType(owner.results[0].type).rank
+    body = list(owner.regions[0].blocks[0].operations)
+    if [o.name for o in body] != [
+        "linalg.index", "linalg.index", "arith.cmpi", "arith.select", "linalg.yield"
+    ]:  # fmt: skip
+        return None
+    dims = [ir.IntegerAttr(o.attributes["dim"]).value for o in body[:2]]
+    cmp, select = body[2], body[3]
+    if dims != [rank - 2, rank - 1] or "arith.cmpi sge" not in str(cmp):
+        return None
+    if list(cmp.operands) != [body[0].results[0], body[1].results[0]]:
+        return None
+    if select.operands[0] != cmp.results[0]:
+        return None
+    if _float_constant(select.operands[1]) != 0.0:
+        return None
+    if _float_constant(select.operands[2]) != float("-inf"):
+        return None
+    chain.append(owner)
+    fill = _owner(owner.operands[0])
+    if getattr(fill, "name", None) == "linalg.fill":
+        chain.append(fill)
+    return chain
+
+
+def _function_name(op: ir.Operation) -> str:
+    parent = op.parent
+    while parent is not None and parent.name not in ("util.func", "func.func"):
+        parent = parent.parent
+    return "?" if parent is None else ir.StringAttr(parent.attributes["sym_name"]).value
+
+
+def find_attention(module: ir.Operation) -> list[AttentionMatch]:
+    """Every `iree_linalg_ext.attention`, with the kernel it goes to or why it stays IREE's."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "iree_linalg_ext.attention":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    matches = []
+    for op in found:
+        operands = list(op.operands)
+        maps = str(op.attributes["indexing_maps"])
+        has_mask = maps == _MAPS_MASK and len(operands) == 6
+        q, k, v, scale = operands[:4]
+        dims = [_static_dims(x.type) for x in (q, k, v, op.results[0])]
+        dtype = str(ir.RankedTensorType(q.type).element_type)
+        shape = (0, 0, 0, 0)
+        mask_ops: list[ir.Operation] = []
+        reason = ""
+        scale_value = _float_constant(scale)
+        body = list(op.regions[0].blocks[0].operations) if op.regions else []
+        if maps not in (_MAPS_NO_MASK, _MAPS_MASK) or (maps == _MAPS_MASK) != has_mask:
+            reason = "layout is not Q [b, m, d], K [b, n, d], V [b, n, d]"
+        elif any(d is None or len(d) != 3 for d in dims):
+            reason = "shapes must be static, rank 3"
+        elif dtype not in _TYPES or any(
+            str(ir.RankedTensorType(x.type).element_type) != dtype for x in (k, v, op.results[0])
+        ):
+            reason = f"{dtype} attention: the kernel takes f16 or bf16 throughout"
+        elif dims[0][2] not in _HEAD_DIMS or dims[1][2] != dims[0][2] or dims[2][2] != dims[0][2]:
+            reason = f"head dim {dims[0][2]}: the kernel takes {_HEAD_DIMS} (Q, K, V equal)"
+        elif scale_value is None:
+            reason = "the scale is not a constant"
+        elif [o.name for o in body] != ["iree_linalg_ext.yield"]:
+            reason = "the scores are modified in the op's region"
+        elif has_mask and (mask_ops := _causal_mask(operands[4]) or []) == []:
+            reason = "the mask is not the causal mask"
+        if not reason:
+            shape = (dims[0][0], dims[0][1], dims[1][1], dims[0][2])
+        config = (
+            None
+            if reason
+            else AttentionConfig(dtype, shape[3], causal=has_mask, scale=float(scale_value))
+        )
+        site = {
+            "function": _function_name(op),
+            "location": str(op.location),
+            "op": "attention_causal" if has_mask else "attention",
+            "m": shape[1] if not reason else None,
+            "n": shape[3] if not reason else None,
+            "k": shape[2] if not reason else None,
+            "dtype": dtype,
+            "out_dtype": dtype,
+            "kernel": None if config is None else config.name,
+            "reason": reason or "matched",
+        }
+        matches.append(AttentionMatch(site, config, op, shape, mask_ops))
+    return matches
+
+
+def _hex(data: bytes) -> str:
+    return "0x" + data.hex().upper()
+
+
+def wrapper_text(name: str, kernel: CompiledKernel, match: AttentionMatch) -> str:
+    """The kernel's wrapper: (Q, K, V) -> O; lengths as i32 push constants, one workgroup per
+    128 query rows and batch-head."""
+    assert match.config is not None
+    bh, sq, sk, _ = match.shape
+    t = str(match.op.operands[0].type)
+    kt = str(match.op.operands[1].type)
+    vt = str(match.op.operands[2].type)
+    ot = str(match.op.results[0].type)
+    data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
+    binding = "#hal.pipeline.binding<storage_buffer"
+    return f"""
+util.func private @{name}(%q: {t}, %k: {kt}, %v: {vt}) -> {ot} {{
+  %bh = arith.constant {bh} : index
+  %sq = arith.constant {sq} : index
+  %sq_i32 = arith.constant {sq} : i32
+  %sk_i32 = arith.constant {sk} : i32
+  %r = hal.dispatch.extern "{kernel.name}"[%bh, %sq](%sq_i32, %sk_i32, %q, %k, %v)
+      : (i32, i32, {t}, {kt}, {vt}) -> {ot}
+    count(%device: !hal.device, %wbh: index, %wsq: index) -> (index, index, index) {{
+      %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {match.config.block_m})>()[%wsq]
+      %one = arith.constant 1 : index
+      hal.return %x, %wbh, %one : index, index, index
+    }}
+    layout(#hal.pipeline.layout<constants = 2, bindings = [
+      {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
+    objects({{
+      #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
+        #hal.executable.object<{{path = "{kernel.name}.cubin", data = {data}}}>
+      ]
+    }})
+    <{{workgroup_size = [{kernel.threads} : index, 1 : index, 1 : index],
+       workgroup_local_memory = {kernel.shared_bytes} : index}}>
+  util.return %r : {ot}
+}}
+"""
+
+
+def rewrite(
+    module: ir.Operation, matches: list[AttentionMatch], kernels: dict[str, CompiledKernel]
+) -> None:
+    """Replace every matched attention op by a call of its kernel's wrapper."""
+    body = module.regions[0].blocks[0]
+    wrappers: dict[tuple[str, str], str] = {}
+    for m in (x for x in matches if x.config is not None):
+        assert m.config is not None
+        key = (m.config.name, str(m.op.operands[0].type))
+        name = wrappers.get(key)
+        if name is None:
+            name = wrappers[key] = f"__plex_attention_{len(wrappers)}_{m.config.name}"
+            helper = ir.Module.parse(wrapper_text(name, kernels[m.config.name], m))
+            for op in list(helper.body.operations):
+                body.append(op.detach_from_parent())
+        with ir.InsertionPoint(m.op), m.op.location:
+            call = ir.Operation.create(
+                "util.call",
+                results=[m.op.results[0].type],
+                operands=list(m.op.operands[:3]),
+                attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+            )
+        m.op.results[0].replace_all_uses_with(call.results[0])
+        m.op.erase()
+        for op in m.mask_ops:  # the mask's producers, last user first
+            if not any(list(r.uses) for r in op.results):
+                op.erase()

@@ -1,0 +1,183 @@
+"""The flash-attention kernel, without a GPU: its sm_90a compile, its numerics against torch in
+Triton's interpreter, and the rewrite of `iree_linalg_ext.attention` into its external dispatch
+(compiled for CUDA to the flow phase). Only `kernels = "triton-attention"` (experimental until
+the kernel has run on an H200, docs/kernels.md) rewrites attention."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from myelin.compiler.pipeline import compile_module, import_graph
+from myelin.compiler.targets import TargetDevice
+from myelin.kernels import apply_kernels
+from myelin.kernels._attention import AttentionConfig, compile_attention
+
+MAPS = """
+#q = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>
+#k = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>
+#v = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
+#s = affine_map<(d0, d1, d2, d3, d4) -> ()>
+#m = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>
+#o = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>
+#id4 = affine_map<(a, b, c, d) -> (a, b, c, d)>
+"""
+
+
+def _attention(name: str, q: str, kv: str, scale: str, mask: str = "", mask_t: str = "") -> str:
+    maps = "#q, #k, #v, #s, #m, #o" if mask else "#q, #k, #v, #s, #o"
+    extra_in, extra_t = (f", {mask}", f", {mask_t}") if mask else ("", "")
+    return f"""
+  %oe = tensor.empty() : {q}
+  %r = iree_linalg_ext.attention <indexing_maps = [{maps}]>
+      ins(%q, %k, %v, %scale{extra_in} : {q}, {kv}, {kv}, f32{extra_t}) outs(%oe : {q}) {{
+  ^bb0(%x: f32):
+    iree_linalg_ext.yield %x : f32
+  }} -> {q}
+  return %r : {q}
+}}"""
+
+
+# causal: torch's is_causal mask as its lowering writes it (0 where query >= key, else -inf, over
+# [1, heads, q, k], collapsed); full: no mask, query and key lengths differ; d96: a head dim the
+# kernel does not take; notcausal: a mask of another shape (query > key) stays IREE's.
+def _mask(cmp: str) -> str:
+    t4, t3 = "tensor<1x4x200x200xf16>", "tensor<4x200x200xf16>"
+    return f"""
+  %zero = arith.constant 0.0 : f16
+  %ninf = arith.constant 0xFC00 : f16
+  %e = tensor.empty() : {t4}
+  %f = linalg.fill ins(%zero : f16) outs(%e : {t4}) -> {t4}
+  %mask = linalg.generic {{indexing_maps = [#id4], iterator_types = ["parallel", "parallel",
+      "parallel", "parallel"]}} outs(%f : {t4}) {{
+  ^bb0(%out: f16):
+    %i = linalg.index 2 : index
+    %j = linalg.index 3 : index
+    %c = arith.cmpi {cmp}, %i, %j : index
+    %sel = arith.select %c, %zero, %ninf : f16
+    linalg.yield %sel : f16
+  }} -> {t4}
+  %mk = tensor.collapse_shape %mask [[0, 1], [2], [3]] : {t4} into {t3}"""
+
+
+def _graph() -> str:
+    t = "tensor<4x200x64xf16>"
+    sig = f"(%q: {t}, %k: {t}, %v: {t}) -> {t}"
+    causal = (
+        f"func.func @causal{sig} {{\n  %scale = arith.constant 0.125 : f32"
+        + _mask("sge")
+        + _attention("causal", t, t, "0.125", "%mk", "tensor<4x200x200xf16>")
+    )
+    notcausal = (
+        f"func.func @notcausal{sig} {{\n  %scale = arith.constant 0.125 : f32"
+        + _mask("sgt")
+        + _attention("notcausal", t, t, "0.125", "%mk", "tensor<4x200x200xf16>")
+    )
+    q, kv = "tensor<8x100x128xf16>", "tensor<8x300x128xf16>"
+    full = (
+        f"func.func @full(%q: {q}, %k: {kv}, %v: {kv}) -> {q} {{\n"
+        "  %scale = arith.constant 0.0883883461 : f32" + _attention("full", q, kv, "")
+    )
+    t96 = "tensor<2x64x96xf16>"
+    d96 = (
+        f"func.func @d96(%q: {t96}, %k: {t96}, %v: {t96}) -> {t96} {{\n"
+        "  %scale = arith.constant 0.1 : f32" + _attention("d96", t96, t96, "")
+    )
+    return "\n".join([MAPS, causal, notcausal, full, d96])
+
+
+FUNCTIONS = ["causal", "notcausal", "full", "d96"]
+
+
+def test_the_attention_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
+    kernel = compile_attention(AttentionConfig("f16", 128, causal=True, scale=128**-0.5))
+    assert kernel.cubin[:4] == b"\x7fELF"
+    assert ".target sm_90a" in kernel.ptx and "wgmma.mma_async" in kernel.ptx
+    entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
+    # what IREE passes: Q, K, V, O bindings, then the two lengths (no Triton scratch pointers)
+    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 2
+    assert kernel.threads == 256 and kernel.shared_bytes <= 227 * 1024
+
+
+INTERPRET = """
+import json, math, sys
+import torch
+from myelin.kernels._attention import AttentionConfig, _attention_fn, launch_constants
+import triton
+fn = _attention_fn()
+out = {}
+for causal, bh, sq, sk, d in ((True, 3, 200, 200, 64), (False, 2, 100, 300, 128)):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(bh, sq, d, generator=g).half()
+    k, v = (torch.randn(bh, sk, d, generator=g).half() for _ in range(2))
+    o = torch.full((bh, sq, d), float("nan")).half()
+    config = AttentionConfig("f16", d, causal, d ** -0.5)
+    fn[(triton.cdiv(sq, config.block_m), bh)](q, k, v, o, sq, sk, **launch_constants(config))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float()[None], k.float()[None], v.float()[None], is_causal=causal)[0]
+    out[str(causal)] = float((o.float() - ref).norm() / ref.norm())
+print(json.dumps(out))
+"""
+
+
+def test_the_attention_kernel_matches_torch_in_tritons_interpreter():
+    """The algorithm (online softmax, causal skipping, masked tails of both lengths) against
+    torch's fp32 attention; the interpreter runs the kernel's Python on the CPU."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", INTERPRET], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    assert errors["True"] < 2e-3 and errors["False"] < 2e-3, errors
+
+
+@pytest.fixture(scope="module")
+def kernelized(tmp_path_factory):
+    source = tmp_path_factory.mktemp("attention") / "graph.mlir"
+    source.write_text(_graph())
+    imported = import_graph(Path(source), input_type="auto", module_name="g", scope="g")
+    return imported, apply_kernels(imported.module_bytecode, library="triton-attention")
+
+
+def test_the_rewrite_sends_sdpa_attention_to_the_kernel_and_leaves_the_rest(kernelized):
+    _, k = kernelized
+    sites = {s["function"]: s for s in k.sites}
+    assert sites["causal"]["op"] == "attention_causal" and sites["causal"]["kernel"].startswith(
+        "plex_attention_causal_f16_d64_"
+    )
+    assert (sites["causal"]["m"], sites["causal"]["k"], sites["causal"]["n"]) == (200, 200, 64)
+    assert sites["full"]["kernel"].startswith("plex_attention_full_f16_d128_")
+    assert (sites["full"]["m"], sites["full"]["k"]) == (100, 300)
+    assert sites["notcausal"]["kernel"] is None
+    assert sites["notcausal"]["reason"] == "the mask is not the causal mask"
+    assert sites["d96"]["kernel"] is None and "head dim 96" in sites["d96"]["reason"]
+    phases: dict[str, str] = {}
+    compile_module(
+        k.module_bytecode,
+        phase="input",
+        devices=[TargetDevice("gpu", target="cuda")],
+        functions=FUNCTIONS,
+        stop_at="flow",
+        on_phase=lambda phase, text: phases.__setitem__(phase, text),
+    )
+    calls = re.findall(r"flow\.dispatch @(\w+)::(?:@\w+::)?@(\w+)", phases["flow"])
+    externs = sorted(n for exe, n in calls if exe.startswith("extern_dispatch"))
+    assert [n.split("_")[2] for n in externs] == ["causal", "full"]
+    codegen = [n for exe, n in calls if not exe.startswith("extern_dispatch")]
+    assert any("d96_dispatch" in n and "attention" in n for n in codegen), codegen
+    assert any("notcausal_dispatch" in n and "attention" in n for n in codegen), codegen
+
+
+def test_the_matmul_library_leaves_attention_to_iree(kernelized):
+    imported, _ = kernelized
+    k = apply_kernels(imported.module_bytecode, library="triton")
+    assert k.sites == () and k.kernels == ()
