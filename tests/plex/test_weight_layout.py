@@ -113,7 +113,7 @@ def test_the_layout_is_keyed_and_rebuilds_only_the_encode_and_compile(tmp_path):
 
 def test_a_layout_that_matches_nothing_warns(tmp_path):
     app = laid_out_app(tmp_path / "a", '"nothing_here" = "nk"')
-    with pytest.warns(BuildWarning, match='"nothing_here" = "nk" matches no parameter'):
+    with pytest.warns(BuildWarning, match='"nothing_here" matches no parameter'):
         build(app, tmp_path / "a.mln", cache_dir=tmp_path / "cache")
 
 
@@ -201,3 +201,32 @@ def test_a_torch_linear_weight_stored_kn_loses_its_transpose():
         text = str(session.parse(out, what="linear"))
     assert "linalg.transpose" not in text
     assert "ins(%arg0, %w : tensor<4x16xf32>, tensor<16x32xf32>)" in text
+
+
+BROADCAST = """
+util.global private @w = #flow.parameter.named<"m"::"w"> : tensor<16x32xf32>
+func.func @main(%x: tensor<2x4x16xf32>) -> tensor<2x4x32xf32> {
+  %w = util.global.load @w : tensor<16x32xf32>
+  %e0 = tensor.empty() : tensor<2x16x32xf32>
+  %b = linalg.broadcast ins(%w : tensor<16x32xf32>) outs(%e0 : tensor<2x16x32xf32>) dimensions = [0]
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x4x32xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<2x4x32xf32>) -> tensor<2x4x32xf32>
+  %r = linalg.batch_matmul ins(%x, %b : tensor<2x4x16xf32>, tensor<2x16x32xf32>) outs(%f : tensor<2x4x32xf32>) -> tensor<2x4x32xf32>
+  return %r : tensor<2x4x32xf32>
+}
+"""
+
+
+def test_a_weight_read_through_a_broadcast_is_left_as_it_is_with_the_reason():
+    import io
+
+    from myelin.compiler.session import CompilerSession
+    from myelin.tuning.layout import LayoutRequest, apply_layouts
+
+    flags = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu"]
+    with CompilerSession(flags) as session:
+        buffer = io.BytesIO()
+        session.parse(BROADCAST.encode(), what="bmm").write_bytecode(buffer)
+    _, [result] = apply_layouts(buffer.getvalue(), [LayoutRequest("w", "m", "w", (16, 32), "nk")])
+    assert result.order == () and "broadcast" in result.reason

@@ -129,6 +129,9 @@ def _apply_one(module, request: LayoutRequest, context) -> LayoutResult:
             if found.kind != "contraction" or chain.consumer.name not in _REWRITABLE:
                 result.reason = f"a use is {found.kind} {found.consumer}, not a contraction"
                 return result
+            if ir.RankedTensorType(chain.value.type).rank != 2:
+                result.reason = f"{found.consumer} reads it broadcast to another rank"
+                return result
             if found.reduce_axes is None or len(found.reduce_axes) != 1:
                 result.reason = f"{found.consumer} contracts no single axis of it"
                 return result

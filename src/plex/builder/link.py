@@ -80,10 +80,17 @@ def _recorded_warnings(job: LinkJob, outputs: _Outputs) -> tuple[list[str], list
     for graph in job.graphs:
         meta = read_import_meta(outputs.dir(graph.imported.node_id))
         notes += [f"graph {graph.ref}: {w}" for w in meta.get("warnings", [])]
+    unmatched: set[str] | None = None  # weight-layout globs that no graph's parameter matched
     for graph in job.graphs:
         if graph.encoded is not None:
             meta = read_import_meta(outputs.dir(graph.encoded.node_id))
             notes += [f"graph {graph.ref}: {w}" for w in meta.get("codec_warnings", [])]
+            here = set(meta.get("weight_layouts_unmatched", []))
+            unmatched = here if unmatched is None else unmatched & here
+    notes += [
+        f'weight layout "{pattern}" matches no parameter of the app\'s graphs'
+        for pattern in sorted(unmatched or ())
+    ]
     violations: list[str] = []
     for module in job.modules:
         for variant, compiled in zip(job.variants, module.compiled, strict=True):

@@ -286,6 +286,7 @@ def run_encode(job: EncodeJob, ctx: NodeContext) -> None:
                 "weight_layouts": [
                     {**r.to_json(), "logical_shape": list(p.shape)} for p, r in laid_out
                 ],
+                "weight_layouts_unmatched": _unmatched_layouts(job, encoded.records),
             },
             indent=1,
             sort_keys=True,
@@ -321,17 +322,6 @@ def _weight_layouts(
         "in its consumer's order already"
         for (scope, key), codec in codec_of.items()
     ]
-    matched = {
-        pattern
-        for r in records
-        for pattern, _ in job.layouts
-        if any(fnmatchcase(n, pattern) for n in (f"{r.scope}::{r.key}", r.key))
-    }
-    warnings += [
-        f'weight layout "{pattern}" = "{layout}" matches no parameter of the graph'
-        for pattern, layout in job.layouts
-        if pattern not in matched
-    ]
     if not requests:
         return module_bytecode, [], warnings
     try:
@@ -348,6 +338,16 @@ def _weight_layouts(
                 f"{result.reason}"
             )
     return module_bytecode, laid_out, warnings
+
+
+def _unmatched_layouts(job: EncodeJob, records: list) -> list[str]:
+    """The layout globs that name no parameter of this graph; the link step warns about those
+    that name no parameter of any graph (a glob is meant for some graph of the app)."""
+    return [
+        pattern
+        for pattern, _ in job.layouts
+        if not any(fnmatchcase(n, pattern) for r in records for n in (f"{r.scope}::{r.key}", r.key))
+    ]
 
 
 def _layout_for(scope: str, key: str, rules: tuple[tuple[str, str], ...]) -> str | None:
