@@ -1,11 +1,13 @@
 """Every private API of iree.runtime that MyeLiN relies on, behind one small shim.
 
-The public Python API of iree-base-runtime 3.13 lacks three things the runtime needs: the native
+The public Python API of iree-base-runtime 3.13 lacks four things the runtime needs: the native
 argument packer that `FunctionInvoker` uses (built once per session instead of per call), a
-device array's HAL buffer view (to move it between devices without a host round trip), and
-switching off nanobind's exit-time leak report for devices kept alive on purpose. They live in
-`iree.runtime._binding` and on `DeviceArray._buffer_view`; a new IREE release is checked here,
-in one place.
+device array's HAL buffer view and device (to move it between devices without a host round trip,
+and to check a device argument without reading its dtype and shape through `DeviceArray`, which
+costs microseconds per input), the HAL element type of a numpy dtype, and switching off
+nanobind's exit-time leak report for devices kept alive on purpose. They live in
+`iree.runtime._binding`, `iree.runtime.array_interop` and on `DeviceArray._buffer_view` /
+`._device`; a new IREE release is checked here, in one place.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ from iree.runtime._binding import (  # the wheel is pinned: iree-base-runtime==3
     _invoke_statics,
     disable_leak_checker,
 )
+from iree.runtime.array_interop import map_dtype_to_element_type
 
 __all__ = [
     "InvokeContext",
     "argument_packer",
     "buffer_view_of",
+    "device_of",
     "disable_leak_checker",
+    "element_type_of",
     "is_device_array",
 ]
 
@@ -41,3 +46,15 @@ def is_device_array(value: object) -> bool:
 def buffer_view_of(array: Any) -> Any:
     """The HAL buffer view behind a `DeviceArray`."""
     return array._buffer_view
+
+
+def device_of(array: Any) -> Any:
+    """The HAL device a `DeviceArray`'s buffer lives on."""
+    return array._device
+
+
+def element_type_of(dtype: Any) -> int | None:
+    """The HAL element type a buffer view of numpy `dtype` reports (`HalBufferView.element_type`
+    is a plain int), or None when IREE has none for it."""
+    element_type = map_dtype_to_element_type(dtype)
+    return None if element_type is None else int(element_type)

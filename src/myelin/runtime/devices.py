@@ -18,7 +18,7 @@ from myelin import hostinfo
 from myelin.errors import DeviceUnavailable
 from myelin.mln import DeviceRecord
 from myelin.platforms import HOST_DRIVERS
-from myelin.runtime._iree_private import buffer_view_of
+from myelin.runtime._iree_private import buffer_view_of, device_of
 
 # How a CUDA device allocates call results and transients (`Instance(cuda_allocator=...)`):
 # - "pool": IREE's default, CUDA stream-ordered allocations from IREE's memory pools. A result
@@ -231,7 +231,7 @@ class DeviceRegistry:
     def onto(self, values: Sequence[object], target: rt.HalDevice) -> Sequence[object]:
         """Call arguments with every device array that lives on another device moved onto
         `target` (see `move`); numpy arrays and scalars pass unchanged."""
-        if not any(isinstance(v, rt.DeviceArray) and v._device is not target for v in values):
+        if not any(isinstance(v, rt.DeviceArray) and device_of(v) is not target for v in values):
             return values
         return [self.move(v, target) if isinstance(v, rt.DeviceArray) else v for v in values]
 
@@ -251,7 +251,7 @@ class DeviceRegistry:
           source buffer into a buffer of the target's allocator. Two GPUs without a peer path
           are refused: the move would go through host memory.
         """
-        source = array._device
+        source = device_of(array)
         if source is target:
             return array
         source_driver = self.driver_of(source)

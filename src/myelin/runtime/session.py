@@ -32,11 +32,17 @@ from typing import Any, Literal, get_args
 
 import iree.runtime as rt
 import numpy as np
-from iree.runtime.array_interop import map_dtype_to_element_type
 
 from myelin.dtypes import numpy_dtype
 from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
-from myelin.runtime._iree_private import InvokeContext, argument_packer, is_device_array
+from myelin.runtime._iree_private import (
+    InvokeContext,
+    argument_packer,
+    buffer_view_of,
+    device_of,
+    element_type_of,
+    is_device_array,
+)
 from myelin.runtime.admission import Reservation
 from myelin.runtime.tensors import (
     DeviceTensor,
@@ -237,7 +243,7 @@ class ResolvedCall:
         # The HAL element type of each tensor input, for the fast check of device arrays (None:
         # a dtype IREE has no element type for; such inputs take the full check).
         self._expected_hal = [
-            _element_type(e[0]) if e is not None else None for e in self._expected
+            element_type_of(e[0]) if e is not None else None for e in self._expected
         ]
         # Dynamic dims that share a name, as ((input, axis), ...) groups, for the fast check.
         self._equal_dims = [members for _, members in shared_dims(self.signature.inputs)]
@@ -265,9 +271,9 @@ class ResolvedCall:
             elif kind is DeviceTensor or kind is rt.DeviceArray:
                 # A device array's check reads its buffer view: dtype and shape through
                 # DeviceArray cost microseconds each, which a 14-input call pays 14 times.
-                if value._device is not self._device:
+                if device_of(value) is not self._device:
                     return False
-                view = value._buffer_view
+                view = buffer_view_of(value)
                 if hal is None or view.element_type != hal:
                     return False
                 shape = view.shape
@@ -376,7 +382,7 @@ class ResolvedCall:
         stop.check()
         # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
         # through the host; its buffer view is what it passes without a copy.
-        values = [v._buffer_view if isinstance(v, DeviceTensor) else v for v in values]
+        values = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
         args = self._packer.pack(InvokeContext(device), values, {})
         results = rt.VmVariantList(len(self._out_dtypes))
         if self._async:
@@ -472,13 +478,6 @@ def _release_when_done(
     keep_alive = list(keep)
 
     threading.Thread(target=wait, name="myelin-abandoned-call", daemon=True).start()
-
-
-def _element_type(dtype: np.dtype) -> int | None:
-    """The HAL element type a buffer view of `dtype` reports (`HalBufferView.element_type` is
-    a plain int), or None when IREE has none for it."""
-    element_type = map_dtype_to_element_type(dtype)
-    return None if element_type is None else int(element_type)
 
 
 def _first_line(e: BaseException) -> str:
