@@ -2,8 +2,10 @@
 
 Each covered op (today `matmul`: f32 `linalg.matmul` and `linalg.batch_matmul` whose output
 starts as zeros) is replaced by a `flow.dispatch` of one `stream.executable` per backend device,
-whose single workgroup calls the import `plex_<backend>_matmul` with the bindings' base pointers,
-offsets and sizes (IREE's executable-plugin calling convention, `llvm.bareptr`). The dispatch
+whose workgroups each call the import `plex_<backend>_matmul` on their slice of the op (whole
+batches, else blocks of rows) with the bindings' base pointers, offsets and sizes (IREE's
+executable-plugin calling convention, `llvm.bareptr`). Attention is decomposed first into two
+batch matmuls and a codegen softmax (myelin.compiler.backend_attention). The dispatch
 carries the backend device's `stream.affinity`, which IREE honours on `flow.dispatch` ops; the
 plugin resolves the import when the device loads the executable (myelin.runtime.backends).
 
