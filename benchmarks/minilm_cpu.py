@@ -16,7 +16,8 @@ exported here with torch.onnx (TorchScript exporter, opset 17, dynamic batch and
 Runtimes are timed in chunks, not call by call: a runtime's worker threads keep spinning a while
 after a call and would slow whichever runtime runs next. Each round runs every runtime for
 `--calls` calls (order rotated per round) and keeps the per-call median; the table reports the
-median over rounds and the spread (min-max) of the per-round ratios against torch.
+median over rounds and the medians and spreads (min-max) of the per-round ratios against torch
+and against ONNX Runtime (> 1: faster than it).
 """
 
 from __future__ import annotations
@@ -245,23 +246,22 @@ def main() -> None:
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for name in order:
                     per_round[name].append(per_call_ms(runners[name], feed, args.calls))
-            base = per_round["torch eager"]
             for name in names:
-                ratios = [b / t for b, t in zip(base, per_round[name], strict=True)]
-                rows.append(
-                    (
-                        batch,
-                        name,
-                        statistics.median(per_round[name]),
-                        statistics.median(ratios),
-                        min(ratios),
-                        max(ratios),
-                    )
-                )
-        print("| batch | runtime | median ms/call | speed vs torch (median) | spread (min-max) |")
-        print("|---|---|---|---|---|")
-        for batch, name, ms, ratio, lo, hi in rows:
-            print(f"| {batch} | {name} | {ms:.1f} | {ratio:.2f}x | {lo:.2f}-{hi:.2f} |")
+                ratios = {
+                    base: [b / t for b, t in zip(per_round[base], per_round[name], strict=True)]
+                    for base in ("torch eager", "ONNX Runtime")
+                }
+                rows.append((batch, name, statistics.median(per_round[name]), ratios))
+        print(
+            "| batch | runtime | median ms/call | vs torch (median) | spread | vs ORT (median) "
+            "| spread |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for batch, name, ms, ratios in rows:
+            cells = [
+                f"{statistics.median(r):.2f}x | {min(r):.2f}-{max(r):.2f}" for r in ratios.values()
+            ]
+            print(f"| {batch} | {name} | {ms:.1f} | {' | '.join(cells)} |")
         for model, session in keep:
             session.close()
             model.close()

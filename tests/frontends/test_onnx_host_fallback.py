@@ -72,3 +72,43 @@ def test_host_fallback_builds_and_matches_onnx_runtime(tmp_path):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     functions = model.variant_record.modules[0].extras["host_functions"]
     assert [(f["node"], f["op_type"]) for f in functions] == [("dft", "DFT")]
+
+
+def test_a_failure_naming_no_node_falls_back_on_the_only_candidate(tmp_path):
+    """DFT (opset 20) with its axis a Constant: IREE fails on a location-less constant, not on
+    the DFT; the DFT is the only node left to blame, so it moves to the host (reference
+    implementation: numpy's FFT) and the result matches numpy."""
+    f32, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["axis"], name="axis", value=helper.make_tensor("a", i64, [], [1])
+        ),
+        helper.make_node("DFT", ["x", "", "axis"], ["y"], name="dft"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "forward",
+        [helper.make_tensor_value_info("x", f32, [1, 10, 1])],
+        [helper.make_tensor_value_info("y", f32, [1, 10, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 10
+    package = tmp_path / "pkg"
+    package.mkdir()
+    onnx.save(onnx.shape_inference.infer_shapes(model), package / "model.onnx")
+    (package / "plex.toml").write_text(
+        '[package]\nname = "dft"\n[graph.dft]\nsource = "model.onnx"\nhost_fallback = true\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text('[app]\nname = "dft"\npackages = ["pkg"]\n')
+    out = tmp_path / "dft.mln"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BuildWarning)
+        build(app, out)
+    x = np.random.default_rng(0).standard_normal((1, 10, 1), dtype=np.float32)
+    spectrum = np.fft.fft(x[..., 0], axis=1)
+    want = np.stack([spectrum.real, spectrum.imag], axis=-1)
+    model = myelin.Instance().load(out)
+    with model.session() as s:
+        y = s.call("forward", x)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

@@ -221,3 +221,107 @@ def test_op_placement_needs_a_backend_device(tmp_path):
     app.write_text(app.read_text().replace('"mm:matmul" = "cpu"', '"mm" = "blas"'))
     with pytest.raises(ManifestError, match="it runs ops, not graphs"):
         load_app(app)
+
+
+# an attention (as IREE's torch import makes it, i1 mask) next to a batched matmul whose every
+# B is transposed, with enough rows and batches to be split over several workgroups
+ATTENTION_MODEL = """
+#q = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>
+#k = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>
+#v = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
+#s = affine_map<(d0, d1, d2, d3, d4) -> ()>
+#m = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>
+#o = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>
+func.func @forward(%q: tensor<?x?x32xf32>, %k: tensor<?x?x32xf32>, %v: tensor<?x?x32xf32>,
+                   %mask: tensor<?x?x?xi1>, %x: tensor<?x?x24xf32>, %w: tensor<?x40x24xf32>)
+    -> (tensor<?x?x32xf32>, tensor<?x?x40xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %scale = arith.constant 0.25 : f32
+  %zero = arith.constant 0.0 : f32
+  %b = tensor.dim %q, %c0 : tensor<?x?x32xf32>
+  %l = tensor.dim %q, %c1 : tensor<?x?x32xf32>
+  %e = tensor.empty(%b, %l) : tensor<?x?x32xf32>
+  %a = iree_linalg_ext.attention <indexing_maps = [#q, #k, #v, #s, #m, #o]>
+      ins(%q, %k, %v, %scale, %mask : tensor<?x?x32xf32>, tensor<?x?x32xf32>,
+          tensor<?x?x32xf32>, f32, tensor<?x?x?xi1>) outs(%e : tensor<?x?x32xf32>) {
+    ^bb0(%s: f32):
+      iree_linalg_ext.yield %s : f32
+  } -> tensor<?x?x32xf32>
+  %nb = tensor.dim %x, %c0 : tensor<?x?x24xf32>
+  %nm = tensor.dim %x, %c1 : tensor<?x?x24xf32>
+  %t0 = tensor.empty(%nb) : tensor<?x24x40xf32>
+  %t = linalg.transpose ins(%w : tensor<?x40x24xf32>) outs(%t0 : tensor<?x24x40xf32>) permutation = [0, 2, 1]
+  %y0 = tensor.empty(%nb, %nm) : tensor<?x?x40xf32>
+  %yz = linalg.fill ins(%zero : f32) outs(%y0 : tensor<?x?x40xf32>) -> tensor<?x?x40xf32>
+  %y = linalg.batch_matmul ins(%x, %t : tensor<?x?x24xf32>, tensor<?x24x40xf32>) outs(%yz : tensor<?x?x40xf32>) -> tensor<?x?x40xf32>
+  return %a, %y : tensor<?x?x32xf32>, tensor<?x?x40xf32>
+}
+"""
+
+ATTENTION_RUN = """
+import json, sys
+import numpy as np
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((20, 150, 32), dtype=np.float32) for _ in range(3))
+mask = rng.random((20, 150, 150)) < 0.7
+mask[:, :, 0] = True  # every query sees at least one key
+x = rng.standard_normal((20, 150, 24), dtype=np.float32)
+w = rng.standard_normal((20, 40, 24), dtype=np.float32)
+with model.session() as s:
+    a, y = s.call("forward", q, k, v, mask, x, w)
+scores = np.where(mask, q @ k.transpose(0, 2, 1) * 0.25, -np.inf)
+p = np.exp(scores - scores.max(-1, keepdims=True))
+want_a = (p / p.sum(-1, keepdims=True)) @ v
+want_y = x @ w.transpose(0, 2, 1)
+print(json.dumps({"a": float(np.abs(a - want_a).max()), "y": float(np.abs(y - want_y).max())}))
+"""
+
+
+def test_attention_and_split_calls_on_the_backend_match_numpy(tmp_path):
+    from iree.compiler import ir
+
+    from myelin.compiler.backend_ops import place_backend_ops
+
+    with ir.Context():
+        module = ir.Module.parse(ATTENTION_MODEL)
+        calls = place_backend_ops(
+            module.operation, [("blas", "blas", "matmul", 0)], ["cpu", "blas"]
+        )
+    placed = [(c.function, c.op, c.device, c.note.split(":")[0]) for c in calls]
+    assert placed == [
+        ("forward", "iree_linalg_ext.attention", "blas", "decomposed"),
+        ("forward", "linalg.batch_matmul", "blas", "transposed B"),
+        ("plex_attention_0", "linalg.batch_matmul", "blas", "transposed B"),  # Q @ K^T
+        ("plex_attention_0", "linalg.batch_matmul", "blas", "plain"),  # P @ V
+    ]
+
+    (tmp_path / "mm").mkdir()
+    (tmp_path / "mm" / "model.mlir").write_text(ATTENTION_MODEL)
+    (tmp_path / "mm" / "plex.toml").write_text(
+        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(blas=BLAS))
+    out = tmp_path / "mm.mln"
+    build(app, out)
+    result = _run(ATTENTION_RUN, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["a"] < 1e-5 and errors["y"] < 1e-4, errors
+
+
+def test_a_backend_artifact_can_be_profiled(tmp_path):
+    import numpy as np
+
+    from myelin.runtime.profiling import capture
+
+    out = tmp_path / "mm.mln"
+    build(_app(tmp_path), out)
+    rng = np.random.default_rng(0)
+    shapes = [(7, 64), (48, 64), (48, 32), (7, 48), (48, 48)]
+    inputs = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
+    result = capture(out, "forward", inputs, tmp_path / "profile")
+    assert result.profile.exists() and result.dispatches, result

@@ -2,8 +2,10 @@
 
 Each covered op (today `matmul`: f32 `linalg.matmul` and `linalg.batch_matmul` whose output
 starts as zeros) is replaced by a `flow.dispatch` of one `stream.executable` per backend device,
-whose single workgroup calls the import `plex_<backend>_matmul` with the bindings' base pointers,
-offsets and sizes (IREE's executable-plugin calling convention, `llvm.bareptr`). The dispatch
+whose workgroups each call the import `plex_<backend>_matmul` on their slice of the op (whole
+batches, else blocks of rows) with the bindings' base pointers, offsets and sizes (IREE's
+executable-plugin calling convention, `llvm.bareptr`). Attention is decomposed first into two
+batch matmuls and a codegen softmax (myelin.compiler.backend_attention). The dispatch
 carries the backend device's `stream.affinity`, which IREE honours on `flow.dispatch` ops; the
 plugin resolves the import when the device loads the executable (myelin.runtime.backends).
 
@@ -28,11 +30,18 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.backends import import_symbol
+from myelin.compiler.backend_attention import ATTENTION, decompose_attention
+from myelin.compiler.backend_attention import why_not as attention_why_not
 from myelin.compiler.placement import walk_region
 from myelin.errors import CompileError
 
 TRANSPOSE_B = 1  # PLEX_MATMUL_TRANSPOSE_B
 SHARED_B = 2  # PLEX_MATMUL_SHARED_B
+# A call is split into workgroups that the device's worker pool runs in parallel, each calling
+# the backend on its slice (whole batches, else blocks of rows): at most this many, and row
+# blocks of at least this many rows (each call re-packs B: fewer, larger slices pack it less).
+MAX_WORKGROUPS = 16
+MIN_ROWS_PER_WORKGROUP = 64
 
 # (device, backend, op, min_flops), in [placement] order
 BackendOpRule = tuple[str, str, str, int]
@@ -65,12 +74,15 @@ def _executable_text(name: str, backend: str) -> str:
     # The subspans' memrefs have a dynamic offset: Stream packs several tensors into one
     # buffer and passes each one's offset to the dispatch; with an identity layout the offset
     # folds to 0 and every call would see the buffer's start (measured: wrong results).
+    # Workgroup w of W takes its share of the call's units (the batch when batch > 1, else the
+    # rows of A and C) and calls the backend on that slice: the local-task pool spreads the
+    # workgroups over its workers, so the vendor library runs single-threaded on each.
     return f"""
 #dyn = strided<[1], offset: ?>
 stream.executable private @{name} {{
   stream.executable.export public @matmul workgroups(%w: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
-    stream.return %c1, %c1, %c1 : index, index, index
+    stream.return %w, %c1, %c1 : index, index, index
   }}
   builtin.module {{
     func.func private @{symbol}(memref<f32>, index, memref<f32>, index, memref<f32>, index,
@@ -78,6 +90,7 @@ stream.executable private @{name} {{
     func.func @matmul(%ba: !stream.binding, %bb: !stream.binding, %bc: !stream.binding,
         %batch: index, %m: index, %n: index, %k: index, %flags: index, %lb: index) {{
       %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
       %bm = arith.muli %batch, %m : index
       %la = arith.muli %bm, %k : index
       %lc = arith.muli %bm, %n : index
@@ -90,7 +103,30 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %c0p, %co, %cs, %cst = memref.extract_strided_metadata %c
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
-      func.call @{symbol}(%a0, %ao, %b0, %bo, %c0p, %co, %batch, %m, %n, %k, %flags)
+      %wid = stream.dispatch.workgroup.id[0] : index
+      %wcount = stream.dispatch.workgroup.count[0] : index
+      %by_batch = arith.cmpi ugt, %batch, %c1 : index
+      %units = arith.select %by_batch, %batch, %m : index
+      %per = arith.ceildivui %units, %wcount : index
+      %start = arith.muli %wid, %per : index
+      %first = arith.minui %start, %units : index
+      %left = arith.subi %units, %first : index
+      %count = arith.minui %per, %left : index
+      %mk = arith.muli %m, %k : index
+      %mn = arith.muli %m, %n : index
+      %kn = arith.muli %k, %n : index
+      %a_unit = arith.select %by_batch, %mk, %k : index
+      %b_unit = arith.select %by_batch, %kn, %c0 : index
+      %c_unit = arith.select %by_batch, %mn, %n : index
+      %a_skip = arith.muli %first, %a_unit : index
+      %b_skip = arith.muli %first, %b_unit : index
+      %c_skip = arith.muli %first, %c_unit : index
+      %ao2 = arith.addi %ao, %a_skip : index
+      %bo2 = arith.addi %bo, %b_skip : index
+      %co2 = arith.addi %co, %c_skip : index
+      %batch2 = arith.select %by_batch, %count, %batch : index
+      %m2 = arith.select %by_batch, %m, %count : index
+      func.call @{symbol}(%a0, %ao2, %b0, %bo2, %c0p, %co2, %batch2, %m2, %n, %k, %flags)
           : (memref<f32>, index, memref<f32>, index, memref<f32>, index, index, index, index,
              index, index) -> ()
       return
@@ -105,8 +141,6 @@ def _functions(module: ir.Operation) -> Iterator[ir.Operation]:
         op = op.operation
         if op.name in ("util.func", "func.func") and op.regions and op.regions[0].blocks:
             yield op
-
-
 
 
 def _producer(value: ir.Value) -> ir.Operation | None:
@@ -133,6 +167,16 @@ def _transposed_2d(value: ir.Value) -> ir.Value | None:
     if op is None or op.name != "linalg.transpose":
         return None
     if list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) != [1, 0]:
+        return None
+    return op.operands[0]
+
+
+def _transposed_batch(value: ir.Value) -> ir.Value | None:
+    """The source of a `linalg.transpose` of a 3-D tensor with permutation [0, 2, 1], else None."""
+    op = _producer(value)
+    if op is None or op.name != "linalg.transpose":
+        return None
+    if list(ir.DenseI64ArrayAttr(op.attributes["permutation"])) != [0, 2, 1]:
         return None
     return op.operands[0]
 
@@ -193,6 +237,20 @@ class _Builder:
     def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
         return self._create("arith.muli", [a, b], [self.index], {}).result
 
+    def binary(self, name: str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self._create(name, [a, b], [self.index], {}).result
+
+    def workgroups(self, batch: ir.Value, m: ir.Value) -> ir.Value:
+        """How many workgroups a call is split into (the executable's slicing, see above)."""
+        pred = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 8)  # ugt
+        i1 = ir.IntegerType.get_signless(1)
+        by_batch = self._create(
+            "arith.cmpi", [batch, self.constant(1)], [i1], {"predicate": pred}
+        ).result
+        rows = self.binary("arith.ceildivui", m, self.constant(MIN_ROWS_PER_WORKGROUP))
+        units = self._create("arith.select", [by_batch, batch, rows], [self.index], {}).result
+        return self.binary("arith.minui", units, self.constant(MAX_WORKGROUPS))
+
     def dynamic_dims(self, tensor: ir.Value) -> list[ir.Value]:
         t = ir.RankedTensorType(tensor.type)
         return [self.dim(tensor, i) for i in range(t.rank) if t.is_dynamic_dim(i)]
@@ -205,7 +263,7 @@ class _Builder:
         scalars = operands[2:]
         argument_dims = [d for t in tensors for d in self.dynamic_dims(t)]
         result_dims = self.dynamic_dims(init)
-        workload = [self.constant(1)]
+        workload = [self.workgroups(scalars[0], scalars[1])]
         attributes = {
             "entry_points": ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, "matmul"])]),
             "operandSegmentSizes": ir.DenseI32ArrayAttr.get(
@@ -255,6 +313,14 @@ def place_backend_ops(
         raise CompileError(f"{what}: backend device '{device}' is not a device of this variant")
     executable = f"plex_backend_{device}"
     calls: list[BackendCall] = []
+    for fn in list(_functions(module)):
+        fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
+        for op in [o for o in walk_region(fn.regions[0]) if o.name == ATTENTION]:
+            why = attention_why_not(op)
+            if why is None:
+                decompose_attention(module, op, f"plex_attention_{len(calls)}")
+            note = why or "decomposed: Q @ K^T and P @ V on the backend, softmax codegen"
+            calls.append(BackendCall(fn_name, ATTENTION, None if why else device, "", note))
     rewritten = 0
     for fn in list(_functions(module)):
         fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
@@ -295,10 +361,10 @@ def _rewrite_matmul(
         shared = _broadcast_2d(b)
         if shared is not None:
             b, flags = shared, SHARED_B
-    if not batched or shared is not None:
-        source = _transposed_2d(b)
-        if source is not None and _f32_tensor(source) is not None:
-            b, flags = source, flags | TRANSPOSE_B
+    # a 2-D B (or one shared by the batch) transposed, or each batch's B transposed
+    source = _transposed_2d(b) if not batched or shared is not None else _transposed_batch(b)
+    if source is not None and _f32_tensor(source) is not None:
+        b, flags = source, flags | TRANSPOSE_B
     tb = ir.RankedTensorType(b.type)
     m_axis = 1 if batched else 0
     sizes = {

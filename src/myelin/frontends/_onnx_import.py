@@ -344,7 +344,8 @@ def _run(module: ir.Operation, pipeline: str, op_types: dict[str, str]) -> None:
             PassManager.parse(pipeline).run(module)
         except ir.MLIRError as e:
             error = CompileError(f"lowering the ONNX model failed: {_describe(e, op_types)}")
-            error.node = _failing_node(e)  # type: ignore[attr-defined]  # for host fallback
+            # for host fallback: the node the failure names, else the one node left to blame
+            error.node = _failing_node(e) or _sole_op_node(module)  # type: ignore[attr-defined]
             raise error from e
 
 
@@ -362,6 +363,27 @@ def _failing_node(error: ir.MLIRError) -> str | None:
         if node:
             return node
     return None
+
+
+def _sole_op_node(module: ir.Operation) -> str | None:
+    """The node of the module's torch ops when exactly one node has any (constants aside).
+
+    A conversion can fail on an op with no location (e.g. the `torch.constant.int` of a DFT
+    whose axis is a constant), which names no node; the failed pass leaves the IR as it was,
+    so in a model whose only non-constant node is that one, it is the node to blame. With
+    several candidates nothing is guessed (a guess would move a node that lowers to the host)."""
+    nodes: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = op.name
+        if name.startswith(("torch.aten.", "torch.prims.", "torch.operator")):
+            node = _node_of(op.location)
+            if node:
+                nodes.add(node)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return next(iter(nodes)) if len(nodes) == 1 else None
 
 
 def _describe(error: ir.MLIRError, op_types: dict[str, str]) -> str:

@@ -58,8 +58,15 @@ def _memfd(name: str, data: memoryview) -> int:
     return fd
 
 
+# Threads a backend's vendor library gets by default: one. The compiler splits each backend call
+# into workgroups (myelin.compiler.backend_ops) that the local-task pool runs on its workers, so
+# the parallelism is IREE's; a vendor pool of its own on top oversubscribes the cores (measured
+# on MiniLM, 2 vCPUs: OpenBLAS with 2 threads under IREE's 2 workers took 4x the CPU time).
+DEFAULT_BACKEND_THREADS = 1
+
+
 def load_backend(
-    reader: MlnReader, record: BackendRecord, *, threads: int | None = None
+    reader: MlnReader, record: BackendRecord, *, threads: int = DEFAULT_BACKEND_THREADS
 ) -> LoadedBackend:
     """Load one backend's libraries and plugin from the artifact and register the plugin."""
     path = reader.path
@@ -110,8 +117,7 @@ def load_backend(
                 f"{path.name}: backend '{record.name}': the plugin reports ABI {abi}, the "
                 f"manifest {record.abi}; the artifact is inconsistent, rebuild it"
             )
-        if threads is not None:
-            handle.plex_backend_set_threads(ctypes.c_int(threads))
+        handle.plex_backend_set_threads(ctypes.c_int(threads))
         import iree.runtime as rt
 
         rt.flags.parse_flags(f"--executable_plugin=/proc/self/fd/{fd}")
@@ -121,6 +127,7 @@ def load_backend(
 
 
 def set_backend_threads(threads: int) -> None:
-    """Threads every loaded backend's vendor library may use (e.g. 1 for --threads 1)."""
+    """Threads every loaded backend's vendor library may use per call (default 1: the
+    parallelism comes from the workgroups of each call, run by IREE's worker pool)."""
     for backend in loaded_backends():
         backend.handle.plex_backend_set_threads(ctypes.c_int(threads))

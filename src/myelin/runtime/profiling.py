@@ -186,6 +186,7 @@ def _command(
     import iree.runtime as rt
 
     args = [f"--device={d.driver}" for d in variant.devices]
+    args += _backend_plugins(reader, variant, work)
     # Modules in registration order, up to the entrypoint's: the tool calls into the last one.
     for m in variant.modules:
         path = work / f"{m.name}.vmfb"
@@ -224,8 +225,32 @@ def _command(
     ]
 
 
+def _backend_plugins(reader: MlnReader, variant: VariantRecord, work: Path) -> list[str]:
+    """`--executable_plugin` flags for the variant's external backends (myelin.runtime.backends).
+
+    The tool is another process: the plugin and its vendor libraries are written into the work
+    folder, the libraries under their sonames, which `_run` puts on the loader's search path."""
+    flags = []
+    for device in variant.devices:
+        backend = device.backend
+        if backend is None:
+            continue
+        for name in backend.libraries:
+            (work / name.rpartition("/")[2]).write_bytes(reader.section_view(name))
+        plugin = work / f"{backend.name}-plugin.so"
+        plugin.write_bytes(reader.section_view(backend.plugin))
+        flags.append(f"--executable_plugin={plugin}")
+    return flags
+
+
 def _run(command: list[str], drivers: Sequence[str]) -> None:
-    done = subprocess.run(command, capture_output=True, text=True)
+    env = dict(os.environ)
+    plugins = [a.partition("=")[2] for a in command if a.startswith("--executable_plugin=")]
+    if plugins:  # a backend's vendor libraries, next to its plugin; one vendor thread per call
+        folders = [str(Path(p).parent) for p in plugins]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*folders, env.get("LD_LIBRARY_PATH", "")])
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         text = (done.stderr or done.stdout).strip()
         lines = [ln for ln in text.splitlines() if ln.strip()]

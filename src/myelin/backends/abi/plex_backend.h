@@ -6,8 +6,10 @@
  * HAL bindings: the pointers are the device's own memory, nothing is staged or copied.
  *
  * Rules (docs/backends.md): return 0 on success, non-zero fails the dispatch; never keep a
- * pointer after returning; write only the output; be callable from any thread, one call at a
- * time per device (the backend device runs one dispatch at a time).
+ * pointer after returning; write only the output; be callable from any thread, several calls at
+ * a time: PLeX splits each op into workgroups (whole batches, else blocks of rows) that IREE's
+ * workers run in parallel, each calling the backend on its slice. Compute on the calling thread
+ * (plex_backend_set_threads(1) is the default): the parallelism is IREE's.
  */
 #ifndef PLEX_BACKEND_H_
 #define PLEX_BACKEND_H_
@@ -44,8 +46,8 @@ typedef struct plex_matmul_args_t {
 
 int plex_backend_matmul(const plex_matmul_args_t* args);
 
-/* Optional: how many threads the vendor library may use (0: its default). The runtime calls it
- * once after loading the plugin, from `myelin.Instance(backend_threads=...)`. */
+/* Optional: how many threads the vendor library may use per call. The runtime calls it with 1
+ * after loading the plugin, and again from myelin.runtime.backends.set_backend_threads(n). */
 PLEX_BACKEND_EXPORT void plex_backend_set_threads(int threads);
 
 #ifdef __cplusplus

@@ -1,0 +1,184 @@
+"""Attention under a matmul backend: `iree_linalg_ext.attention` as two batch matmuls + softmax.
+
+IREE 3.13 lowers its fused attention op on the CPU to one online-softmax loop nest; on MiniLM
+with dynamic shapes it took ~63% of a call (`plex profile`, batch 1, seq 128), more than the
+36 projections together. Where a graph's matmuls are placed on a backend, each attention whose
+shape the decomposition covers (f32 Q, K, V of rank 3 with IREE's standard indexing maps, an i1
+or f32 mask or none) is replaced by a call of a private function computing
+
+    S = Q @ K^T (batch matmul, K transposed in the call)              -> the backend
+    P = softmax(S * scale, masked: i1 false -> lowest f32, f32 added)  -> IREE codegen
+    O = P @ V (batch matmul)                                           -> the backend
+
+The two batch matmuls are then taken by the matmul rewrite like any other (myelin.compiler
+.backend_ops), so each head's products run in the vendor library, split over the heads across
+the device's workers. The score matrix [batch*heads, L, S] is materialized (the fused op keeps
+it in tiles): for MiniLM at batch 32, seq 128, 25 MiB per layer, transient.
+"""
+
+from __future__ import annotations
+
+from iree.compiler import ir
+
+ATTENTION = "iree_linalg_ext.attention"
+
+# d0 batch, d1 L (queries), d2 Ev, d3 E, d4 S (keys): Q, K, V, scale, [mask], out
+_MAPS = (
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> ()>",
+)
+_MASK_MAP = "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>"
+_OUT_MAP = "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>"
+
+_DYN = "tensor<?x?x?xf32>"
+_LOWEST = "-3.40282347E+38"  # a masked score: exp() of it is 0, and a fully masked row is no NaN
+
+
+def why_not(op: ir.Operation) -> str | None:
+    """None when `op` (an attention) is covered by the decomposition, else why it is not."""
+    maps = [str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    ins = list(op.operands)[:-1]
+    if len(ins) not in (4, 5) or len(op.results) != 1:
+        return "not the Q, K, V, scale[, mask] form"
+    expected = [*_MAPS, *([_MASK_MAP] if len(ins) == 5 else []), _OUT_MAP]
+    if maps != expected:
+        return "indexing maps other than batch x L x S"
+    for v in (*ins[:3], op.results[0]):
+        t = v.type
+        if not isinstance(t, ir.RankedTensorType) or not isinstance(
+            ir.RankedTensorType(t).element_type, ir.F32Type
+        ):
+            return "not f32"
+    if not isinstance(ins[3].type, ir.F32Type):
+        return "a scale that is not f32"
+    if len(ins) == 5:
+        element = ir.RankedTensorType(ins[4].type).element_type
+        if not isinstance(element, (ir.F32Type, ir.IntegerType)):
+            return "a mask that is neither i1 nor f32"
+        if isinstance(element, ir.IntegerType) and ir.IntegerType(element).width != 1:
+            return "a mask that is neither i1 nor f32"
+    region = op.regions[0].blocks[0] if op.regions and op.regions[0].blocks else None
+    if region is not None:
+        body = list(region.operations)
+        if len(body) != 1 or body[0].operation.operands[0] != region.arguments[0]:
+            return "a score modification region"
+    return None
+
+
+def _function_text(name: str, op: ir.Operation) -> str:
+    ins = list(op.operands)[:-1]
+    q_t, k_t, v_t = (str(v.type) for v in ins[:3])
+    out_t = str(op.results[0].type)
+    mask_t = str(ins[4].type) if len(ins) == 5 else None
+    mask_arg = f", %mask: {mask_t}" if mask_t else ""
+    # The softmax as generics: row max and exponentials each recompute the scaled, masked
+    # score; then row sums and quotients. Measured on [384, 128, 128] with dynamic shapes (CPU
+    # time): linalg.softmax ~1.7x this form plus a dispatch of its own for scale and mask; a
+    # row sum fused with the quotient (no materialized exponentials) 10x.
+    mask_in = mask_ty = mask_block = mask_cast = mask_map = ""
+    score = "%y = arith.mulf %x, %scale : f32"
+    if mask_t is not None:
+        element = str(ir.RankedTensorType(ins[4].type).element_type)
+        mask_dyn = f"tensor<?x?x?x{element}>"
+        # the barrier keeps the mask's producer (a broadcast over the heads, in MiniLM) out of
+        # the softmax dispatches: fused there, its index arithmetic made them ~15x slower
+        mask_cast = (
+            f"%maskc = tensor.cast %mask : {mask_t} to {mask_dyn}\n"
+            + "".join(f"  %md{i} = tensor.dim %maskc, %c{i} : {mask_dyn}\n" for i in range(3))
+            + f"  %maskb = util.optimization_barrier %maskc : {mask_dyn}\n"
+            f"  %maskd = flow.tensor.tie_shape %maskb : {mask_dyn}{{%md0, %md1, %md2}}"
+        )
+        mask_in, mask_ty, mask_block = ", %maskd", f", {mask_dyn}", f", %keep: {element}"
+        mask_map = ", #all"
+        combine = (
+            "arith.select %keep, %y0, %lowest : f32"
+            if element == "i1"
+            else "arith.addf %y0, %keep : f32"
+        )
+        score = f"%y0 = arith.mulf %x, %scale : f32\n      %y = {combine}"
+    return f"""
+#all = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#row = affine_map<(d0, d1, d2) -> (d0, d1)>
+util.func private @{name}(%q0: {q_t}, %k0: {k_t}, %v0: {v_t}, %scale: f32{mask_arg}) -> {out_t} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %zero = arith.constant 0.0 : f32
+  %lowest = arith.constant {_LOWEST} : f32
+  %q = tensor.cast %q0 : {q_t} to {_DYN}
+  %k = tensor.cast %k0 : {k_t} to {_DYN}
+  %v = tensor.cast %v0 : {v_t} to {_DYN}
+  {mask_cast}
+  %b = tensor.dim %q, %c0 : {_DYN}
+  %l = tensor.dim %q, %c1 : {_DYN}
+  %e = tensor.dim %q, %c2 : {_DYN}
+  %s = tensor.dim %k, %c1 : {_DYN}
+  %ev = tensor.dim %v, %c2 : {_DYN}
+  %kt0 = tensor.empty(%b, %e, %s) : {_DYN}
+  %kt = linalg.transpose ins(%k : {_DYN}) outs(%kt0 : {_DYN}) permutation = [0, 2, 1]
+  %s0 = tensor.empty(%b, %l, %s) : {_DYN}
+  %sz = linalg.fill ins(%zero : f32) outs(%s0 : {_DYN}) -> {_DYN}
+  %qk = linalg.batch_matmul ins(%q, %kt : {_DYN}, {_DYN}) outs(%sz : {_DYN}) -> {_DYN}
+  %r0 = tensor.empty(%b, %l) : tensor<?x?xf32>
+  %mi = linalg.fill ins(%lowest : f32) outs(%r0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %mx = linalg.generic {{indexing_maps = [#all{mask_map}, #row],
+      iterator_types = ["parallel", "parallel", "reduction"]}}
+      ins(%qk{mask_in} : {_DYN}{mask_ty}) outs(%mi : tensor<?x?xf32>) {{
+    ^bb0(%x: f32{mask_block}, %o: f32):
+      {score}
+      %r = arith.maximumf %y, %o : f32
+      linalg.yield %r : f32
+  }} -> tensor<?x?xf32>
+  %ex = linalg.generic {{indexing_maps = [#all{mask_map}, #row, #all],
+      iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%qk{mask_in}, %mx : {_DYN}{mask_ty}, tensor<?x?xf32>) outs(%s0 : {_DYN}) {{
+    ^bb0(%x: f32{mask_block}, %m: f32, %o: f32):
+      {score}
+      %d = arith.subf %y, %m : f32
+      %r = math.exp %d : f32
+      linalg.yield %r : f32
+  }} -> {_DYN}
+  %si = linalg.fill ins(%zero : f32) outs(%r0 : tensor<?x?xf32>) -> tensor<?x?xf32>
+  %sum = linalg.generic {{indexing_maps = [#all, #row],
+      iterator_types = ["parallel", "parallel", "reduction"]}}
+      ins(%ex : {_DYN}) outs(%si : tensor<?x?xf32>) {{
+    ^bb0(%x: f32, %o: f32):
+      %r = arith.addf %x, %o : f32
+      linalg.yield %r : f32
+  }} -> tensor<?x?xf32>
+  %p = linalg.generic {{indexing_maps = [#all, #row, #all],
+      iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%ex, %sum : {_DYN}, tensor<?x?xf32>) outs(%s0 : {_DYN}) {{
+    ^bb0(%x: f32, %t: f32, %o: f32):
+      %r = arith.divf %x, %t : f32
+      linalg.yield %r : f32
+  }} -> {_DYN}
+  %o0 = tensor.empty(%b, %l, %ev) : {_DYN}
+  %oz = linalg.fill ins(%zero : f32) outs(%o0 : {_DYN}) -> {_DYN}
+  %o = linalg.batch_matmul ins(%p, %v : {_DYN}, {_DYN}) outs(%oz : {_DYN}) -> {_DYN}
+  %out = tensor.cast %o : {_DYN} to {out_t}
+  util.return %out : {out_t}
+}}
+"""
+
+
+def decompose_attention(module: ir.Operation, op: ir.Operation, name: str) -> None:
+    """Replace `op` by a call of a new private function `name` (see the module docstring)."""
+    parsed = ir.Module.parse(_function_text(name, op))
+    block = module.regions[0].blocks[0]
+    for fn in list(parsed.body.operations):
+        fn.operation.detach_from_parent()
+        block.append(fn)
+    ins = list(op.operands)[:-1]
+    call = ir.Operation.create(
+        "util.call",
+        results=[op.results[0].type],
+        operands=ins,
+        attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+        loc=op.location,
+    )
+    ir.InsertionPoint(op).insert(call)
+    op.results[0].replace_all_uses_with(call.results[0])
+    op.erase()
