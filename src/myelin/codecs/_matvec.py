@@ -5,7 +5,7 @@ a Llama decode step (docs/codecs.md, "Matrix-vector products"):
 
 - its default tiles for a 1-row matmul (8 outputs x 8 contracted elements per step) leave an
   8-bit or 16-bit decode compute-bound: with 32 outputs per vector step and the contracted
-  axis unrolled by 1, int8's matvec runs 1.3-2x faster. The codec marks the contraction with
+  axis unrolled by 1, int8's matvec runs 1.3-2.2x faster. The codec marks the contraction with
   those tiles (`CPU_TILES_ATTRIBUTE`); the compile step turns the mark into IREE's
   `compilation_info` for llvm-cpu variants and drops it for every other target
   (`apply_cpu_tiles`), since one encoded graph serves every variant.
@@ -33,8 +33,8 @@ from myelin.codecs import Layout
 CPU_TILES_ATTRIBUTE = "plex.cpu_tiles"
 # The matvec tiles: outputs per workgroup, outputs per vector step (4 AVX2 / 2 AVX-512
 # registers), contracted elements per step. Measured on 32000x512, 1408x512, 512x1408 and
-# 512x512 weights (2-vCPU znver3): int8 1.3-2x faster than IREE's default [8, 8] tiles, q4's
-# grouped matvec 1.4x; 16 outputs per step with 128 per workgroup was within 10% of these.
+# 512x512 weights (2-vCPU znver3): int8 1.3-2.2x faster than IREE's default [8, 8] tiles, q4's
+# grouped matvec 1.4x; 16 outputs per step with 128 per workgroup was within 15% of these.
 MATVEC_DISTRIBUTION = 64
 MATVEC_VECTOR = 32
 
