@@ -88,6 +88,10 @@ class Layout:
     # `decode` equals `%r * %s + %b`; a matvec then folds %s and %b in once per group
     # (myelin.codecs._matvec.emit_grouped).
     grouped: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    # For a codec with one scale per output (int8): lines computing `%r : f32`, the code, from
+    # `%p0`, so that `decode` equals `%r * %p1`; a matvec then scales each output once, after
+    # the dot product (myelin.codecs._matvec.emit_scaled).
+    scaled: tuple[str, ...] | None = None
 
     @property
     def stored_bytes(self) -> int:

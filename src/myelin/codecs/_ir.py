@@ -928,7 +928,7 @@ def rewrite(
 ) -> list[str]:
     """Encode the parameter held by global `name`; returns one line per use ("contraction
     linalg.batch_matmul", ...). The old global and every load of it are gone afterwards."""
-    from myelin.codecs._matvec import emit_grouped, mark_matvec, matvec_loops
+    from myelin.codecs._matvec import emit_grouped, emit_scaled, mark_matvec, matvec_loops
 
     globals_ = module_globals(module)
     old = globals_[name]
@@ -966,6 +966,8 @@ def rewrite(
                         continue
                     if _emit_chunked(chain, layout, parts, what, context):
                         continue
+                if kind.kind == "contraction" and emit_scaled(chain, layout, parts, what, context):
+                    continue
                 matvec = None
                 if kind.kind == "contraction":
                     matvec = matvec_loops(chain.consumer, chain.operand)
