@@ -36,7 +36,7 @@ CODECS: dict[str, str] = {
 }
 NO_CODEC = "fp32"
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
