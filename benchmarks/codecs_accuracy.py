@@ -2,7 +2,7 @@
 tables of docs/codecs.md ("Measured").
 
     python benchmarks/codecs_accuracy.py [--models minilm,llama] [--codecs fp16,bf16,int8,q4,q4:g16]
-                                         [--steps 16] [--out DIR]
+                                         [--steps 16] [--out DIR] [--mln-dir DIR]
 
 Every artifact is built through the normal build (and its cache) from the example package with
 `[weights.codec] "*" = <codec>`, and run by MyeLiN.
@@ -95,11 +95,16 @@ def minilm(codecs: list[str], folder: Path) -> None:
         )
 
 
-def llama(codecs: list[str], folder: Path, steps: int) -> None:
+def llama(codecs: list[str], folder: Path, steps: int, mln_dir: Path | None = None) -> None:
     import myelin
 
     module = example("llama")
-    paths = {c: build_codec("llama", c, folder, prefix="llama_") for c in ["fp32", *codecs]}
+    paths = {
+        c: mln_dir / f"{c.replace(':', '_')}.mln"
+        if mln_dir is not None and (mln_dir / f"{c.replace(':', '_')}.mln").exists()
+        else build_codec("llama", c, folder, prefix="llama_")
+        for c in ["fp32", *codecs]
+    }
     runs = {}
     for codec, path in paths.items():
         model = myelin.Instance().load(path)
@@ -150,6 +155,9 @@ def main() -> None:
     parser.add_argument("--codecs", default="fp16,bf16,int8,q4,q4:g16")
     parser.add_argument("--steps", type=int, default=16, help="greedy steps of the decoder")
     parser.add_argument("--out", type=Path, help="keep the .mln files here")
+    parser.add_argument(
+        "--mln-dir", type=Path, help="llama: use <codec>.mln from here where it exists (else build)"
+    )
     args = parser.parse_args()
     folder = args.out or Path(tempfile.mkdtemp(prefix="codecs-accuracy-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -158,7 +166,7 @@ def main() -> None:
     if "minilm" in args.models:
         minilm(codecs, folder)
     if "llama" in args.models:
-        llama(codecs, folder, args.steps)
+        llama(codecs, folder, args.steps, args.mln_dir)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ minilm`: batch 1 and 32, plus the anonymous memory each artifact costs after loa
 
     python benchmarks/codecs_decode.py [--model llama|minilm] [--codecs fp32,fp16,int8,q4]
                                        [--rounds 12] [--steps 8] [--cpu host] [--mln-dir DIR]
+                                       [--kv-on-device]
 
 Each codec's artifact is built from examples/llama with `[weights.codec] "*" = <codec>` (through
 the normal build cache; `--mln-dir` reuses `<codec>.mln` files there). Every model runs the same
@@ -36,19 +37,24 @@ from codec_builds import build_codec
 PROMPT = [1, 306, 4658, 278, 6635, 29892]
 
 
-def decode_step(path: Path):
-    """A callable running one decode step of the model at `path` with fixed inputs."""
+def decode_step(path: Path, on_device: bool = False):
+    """A callable running one decode step of the model at `path` with fixed inputs. With
+    `on_device` the KV caches stay device arrays (prefill and decode return them so, as a
+    generation loop feeding them back would) and only the logits come back to the host."""
     import myelin
 
     model = myelin.Instance().load(path)
     session = model.session()
     prefill, decode = session.resolve("prefill"), session.resolve("decode")
-    logits, k, v = prefill(np.array([PROMPT], dtype=np.int64))
+    output = "device" if on_device else "numpy"
+    logits, k, v = prefill(np.array([PROMPT], dtype=np.int64), output=output)
+    logits = np.asarray(logits.to_host()) if on_device else logits
     token = np.array([[int(np.argmax(logits[0]))]], dtype=np.int64)
     pos = np.array([len(PROMPT)], dtype=np.int64)
 
     def step() -> np.ndarray:
-        return decode(token, pos, k, v)[0]
+        result = decode(token, pos, k, v, output=output)[0]
+        return np.asarray(result.to_host()) if on_device else result
 
     step.keep = (model, session)  # type: ignore[attr-defined]
     return step
@@ -158,6 +164,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed calls per codec per round")
     parser.add_argument("--cpu", default="host", help="[devices.cpu] cpu of the builds")
     parser.add_argument("--mln-dir", type=Path, help="use <codec>.mln from here (else build)")
+    parser.add_argument(
+        "--kv-on-device",
+        action="store_true",
+        help="llama: keep the KV caches as device arrays between calls (logits to the host)",
+    )
     args = parser.parse_args()
     codecs = args.codecs.split(",")
     assert codecs[0] == "fp32", "the first codec is the reference: fp32"
@@ -174,7 +185,7 @@ def main() -> None:
     if args.model == "minilm":
         minilm(codecs, paths, args, folder)
         return
-    steps = {codec: decode_step(path) for codec, path in paths.items()}
+    steps = {codec: decode_step(path, args.kv_on_device) for codec, path in paths.items()}
     reference = steps["fp32"]()
     for codec, step in steps.items():  # warm up, and show the step's error against fp32
         out = step()
@@ -200,6 +211,7 @@ def main() -> None:
     print(
         f"\nLlama-style decoder (examples/llama), one decode step; {platform.processor() or '?'}"
         f", {os.cpu_count()} CPUs, local-task; {args.rounds} rounds x {args.steps} calls"
+        + ("; KV caches on the device" if args.kv_on_device else "")
     )
     print(
         f"{'codec':<10} {'weights':>10} {'median ms':>10} {'spread ms':>16} "

@@ -36,7 +36,7 @@ CODECS: dict[str, str] = {
 }
 NO_CODEC = "fp32"
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 7
+FORMAT_VERSION = 9
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -83,6 +83,15 @@ class Layout:
     # (logical axis, group size) when parts are read per group along that axis (q4): the
     # decode then iterates the axis as (group, element in group), see _ir._emit_tensor_decode.
     split: tuple[int, int] | None = None
+    # For a grouped codec (q4): (lines computing `%r : f32`, the element's code, from `%p0`;
+    # lines computing the group's `%s` and `%b` from `%p1`, ... the other parts), so that
+    # `decode` equals `%r * %s + %b`; a matvec then folds %s and %b in once per group
+    # (myelin.codecs._matvec.emit_grouped).
+    grouped: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    # For a codec with one scale per output (int8): lines computing `%r : f32`, the code, from
+    # `%p0`, so that `decode` equals `%r * %p1`; a matvec then scales each output once, after
+    # the dot product (myelin.codecs._matvec.emit_scaled).
+    scaled: tuple[str, ...] | None = None
 
     @property
     def stored_bytes(self) -> int:

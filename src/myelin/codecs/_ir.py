@@ -521,7 +521,8 @@ def _split_of(layout: Layout) -> tuple[int, int] | None:
 # CPU worker (IREE fuses the decode through its reshape only at the output tiling level), and
 # IREE's llvm-cpu backend refuses more than 32 KiB of stack. So a contracted axis longer than
 # this is split into chunks of at most this many elements, one dispatch each, summed after: 256
-# keeps the tile at 32 KiB for output tiles of up to 32 floats (AVX-512 batch matmuls).
+# keeps the tile at 32 KiB for output tiles of up to 32 floats (AVX-512 batch matmuls). A
+# matvec (one activation row) takes q4's grouped form instead: no such tile (codecs._matvec).
 _CHUNK_K = 256
 
 
@@ -927,6 +928,8 @@ def rewrite(
 ) -> list[str]:
     """Encode the parameter held by global `name`; returns one line per use ("contraction
     linalg.batch_matmul", ...). The old global and every load of it are gone afterwards."""
+    from myelin.codecs._matvec import emit_grouped, emit_scaled, mark_matvec, matvec_loops
+
     globals_ = module_globals(module)
     old = globals_[name]
     rank = len(layout.logical_shape)
@@ -958,15 +961,21 @@ def rewrite(
                         stale.erase()
                 _emit_scalar_decode(chain, layout, parts, context)
             else:
-                if (
-                    kind.kind == "contraction"
-                    and _split_of(layout) is not None
-                    and _emit_chunked(chain, layout, parts, what, context)
-                ):
+                if kind.kind == "contraction" and _split_of(layout) is not None:
+                    if emit_grouped(chain, layout, parts, what, context):
+                        continue
+                    if _emit_chunked(chain, layout, parts, what, context):
+                        continue
+                if kind.kind == "contraction" and emit_scaled(chain, layout, parts, what, context):
                     continue
+                matvec = None
+                if kind.kind == "contraction":
+                    matvec = matvec_loops(chain.consumer, chain.operand)
                 placed = _emit_tensor_decode(chain, layout, parts, what, context)
                 if kind.kind == "contraction":
                     _wrap_in_dispatch_region([*placed, chain.consumer], context)
+                    if matvec is not None:
+                        mark_matvec(chain.consumer, *matvec, context)
         load.erase()
     old.erase()
     return report

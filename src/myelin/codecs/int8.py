@@ -47,6 +47,7 @@ def layout(
         f"int8 values, one float32 scale per index of {where}"
         + ("" if list(order) == sorted(order) else f"; axes stored in order {list(order)}"),
         order=order,
+        scaled=("%r = arith.sitofp %p0 : i8 to f32",) if len(kept) == 1 else None,
     )
 
 

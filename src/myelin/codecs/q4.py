@@ -46,6 +46,17 @@ from myelin.codecs import Layout, StoredPart, from_storage, permuted, to_storage
 NAME = "q4"
 DEFAULT_GROUP = 32
 _FLOATS = ("float32", "float16", "bfloat16")
+# The decode, w = code * s + b, in MLIR over the parts' scalars %p0 (the 4-bit code), %p1 (the
+# group's 8-bit scale), %p2 (its 8-bit offset), %p3 and %p4 (the output's float factors).
+_CODE = ("%qi = arith.extui %p0 : i4 to i32", "%code = arith.uitofp %qi : i32 to f32")
+_GROUP_FACTORS = (
+    "%si = arith.extui %p1 : i8 to i32",
+    "%sf = arith.uitofp %si : i32 to f32",
+    "%s = arith.mulf %sf, %p3 : f32",
+    "%bi = arith.extsi %p2 : i8 to i32",
+    "%bf = arith.sitofp %bi : i32 to f32",
+    "%b = arith.mulf %bf, %p4 : f32",
+)
 
 
 def parse_options(text: str | None) -> dict:
@@ -112,15 +123,9 @@ def layout(
         reduce_axes,
         parts,
         (
-            "%qi = arith.extui %p0 : i4 to i32",
-            "%qf = arith.uitofp %qi : i32 to f32",
-            "%si = arith.extui %p1 : i8 to i32",
-            "%sf = arith.uitofp %si : i32 to f32",
-            "%s = arith.mulf %sf, %p3 : f32",
-            "%bi = arith.extsi %p2 : i8 to i32",
-            "%bf = arith.sitofp %bi : i32 to f32",
-            "%b = arith.mulf %bf, %p4 : f32",
-            "%qs = arith.mulf %qf, %s : f32",
+            *_CODE,
+            *_GROUP_FACTORS,
+            "%qs = arith.mulf %code, %s : f32",
             "%r = arith.addf %qs, %b : f32",
         ),
         f"4-bit values stored [{axes}] (format 7), two per byte along {names[order[-1]]}, "
@@ -129,6 +134,7 @@ def layout(
         {"group": group},
         order=order,
         split=(axis, group),
+        grouped=((_CODE[0], "%r = arith.uitofp %qi : i32 to f32"), _GROUP_FACTORS),
     )
 
 

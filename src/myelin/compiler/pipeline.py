@@ -12,6 +12,7 @@ from pathlib import Path
 
 from iree.compiler import ir
 
+from myelin.codecs._matvec import apply_cpu_tiles
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
@@ -260,6 +261,8 @@ def compile_module(
                     module.attributes[name] = ir.Attribute.parse(text)
                 if len(devices) > 1:  # one device: nothing to place
                     apply_placement(module, placed)
+                # codec matvec tiles: IREE's compilation_info on llvm-cpu, dropped elsewhere
+                apply_cpu_tiles(module, all(d.target == "llvm-cpu" for d in devices))
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
                     host = [d.name for d in devices if d.target in ("llvm-cpu", "vmvx")]
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
