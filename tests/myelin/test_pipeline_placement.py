@@ -103,6 +103,15 @@ def test_two_devices_decode_what_one_device_decodes(artifact):
 
 def test_only_the_hidden_states_cross_between_the_devices(artifact):
     instance = myelin.Instance()
+    _, _, model = decode(instance, artifact, "two_cpus")
+    # Each stage's results (the hidden states, logits and KV caches) live on its own device.
+    with model.session() as s:
+        hidden, k0, _ = s.call("front.prefill", np.array([PROMPT]), output="device")
+        logits, k1, _ = s.call("back.prefill", hidden, output="device")
+        assert hidden._device is k0._device is model.hal_device("cpu0")
+        assert logits._device is k1._device is model.hal_device("cpu1")
+        del hidden, k0, logits, k1
+    instance.device_registry.transfers.clear()
     decode(instance, artifact, "two_cpus")
     dim = pipeline.Config().dim
     # The prompt's hidden states once, then one position per decoded token; the KV caches stay
