@@ -111,7 +111,8 @@ def tune(
     if spec_device.target != "llvm-cpu":
         raise TuneError(
             f"device {device!r} has target {spec_device.target!r}: plex tune times candidates "
-            "on llvm-cpu devices only so far (GPU: docs/tuning.md, 'GPU tuning')"
+            "here on llvm-cpu devices only; for a device on another machine use --bundle "
+            "BUNDLE, then --collect (docs/tuning.md, 'Split tuning')"
         )
     out_dir = out_dir.resolve()
     work = out_dir / ".work"
