@@ -312,16 +312,12 @@ def _search(
     log: Callable[[str], None],
 ) -> None:
     """nevergrad ask/tell over one dispatch's space, a batch of candidates per round."""
-    from myelin.tuning.cpu import space, tiles_from_choice
+    from myelin.tuning.cpu import space
     from myelin.tuning.spec import SpecEntry, render_spec
     from myelin.tuning.timing import outputs_of, same_outputs
 
     def propose(choice: dict) -> Proposal:
-        tiles = tiles_from_choice(choice, c.match, target)
-        why = tiles.violations(c.match, target)
-        return Proposal(
-            choice, tiles.to_json(), why, "" if why else tiles.compilation_info(c.match)
-        )
+        return cpu_proposal(c, choice, target)
 
     optimizer = make_optimizer(space(), trials, batch, seed, result.trials)
     done = sum(1 for t in result.trials if t["status"] != "rejected")
@@ -381,6 +377,15 @@ class Proposal:
     config: dict
     why: list[str]
     info: str
+
+
+def cpu_proposal(c: ConfiguredContraction, choice: dict, target: CpuTarget) -> Proposal:
+    """An asked llvm-cpu choice as tiles for this contraction, checked against the target."""
+    from myelin.tuning.cpu import tiles_from_choice
+
+    tiles = tiles_from_choice(choice, c.match, target)
+    why = tiles.violations(c.match, target)
+    return Proposal(choice, tiles.to_json(), why, "" if why else tiles.compilation_info(c.match))
 
 
 def make_optimizer(knobs: dict, trials: int, batch: int, seed: int, told: Sequence[dict]):

@@ -38,6 +38,7 @@ from plex.tune import (
     _symbol,
     _write_package,
     ask,
+    cpu_proposal,
     entry_of,
     make_optimizer,
     record,
@@ -123,18 +124,10 @@ def _setup(app_path: Path, device: str, out_dir: Path, cache_dir: Path | None, j
 
 
 def _cpu_space(ir_text: str):
-    from myelin.tuning.cpu import cpu_target_of, space, tiles_from_choice
+    from myelin.tuning.cpu import cpu_target_of, space
 
     target = cpu_target_of(ir_text)
-
-    def propose(c, choice: dict) -> Proposal:
-        tiles = tiles_from_choice(choice, c.match, target)
-        why = tiles.violations(c.match, target)
-        return Proposal(
-            choice, tiles.to_json(), why, "" if why else tiles.compilation_info(c.match)
-        )
-
-    return space(), propose
+    return space(), lambda c, choice: cpu_proposal(c, choice, target)
 
 
 def _cuda_space():
