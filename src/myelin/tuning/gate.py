@@ -35,8 +35,8 @@ def process_wide_spec(flags: Sequence[str]) -> Iterator[list[str]]:
             _condition.wait()
         _current = value
         _holders += 1
-    rest = _global_library(flags)
     try:
+        rest = _global_library(flags)
         yield [*(f for f in rest if not f.startswith(prefix)), f"{prefix}{value}"]
     finally:
         with _condition:
