@@ -138,3 +138,23 @@ def test_the_bundle_of_a_cuda_device_compiles_here_with_its_specs_applied(tmp_pa
     assert applied["matched_ops"] == 1
     for line in _split.next_commands(app, "gpu", out, bundle):
         assert f"  {line}\n" in done.stdout
+
+
+def test_a_process_that_set_a_cuda_spec_library_refuses_a_compile_without_it():
+    """IREE 3.13 takes the CUDA spec flag only process-wide: once set, it would tune every later
+    compile of the process, so another spec (or none) is refused, and the hold is released."""
+    code = """
+from myelin.errors import CompileError
+from myelin.tuning.gate import LIBRARY_FLAG, process_wide_spec
+with process_wide_spec([f"{LIBRARY_FLAG}=/x/spec.mlir", "--a"]) as flags:
+    assert flags == ["--a", "--iree-codegen-tuning-spec-path="], flags
+try:
+    with process_wide_spec(["--a"]):
+        raise SystemExit("not refused")
+except CompileError as e:
+    assert "another process" in str(e), e
+with process_wide_spec([f"{LIBRARY_FLAG}=/x/spec.mlir"]):
+    pass
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
