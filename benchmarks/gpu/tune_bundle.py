@@ -1,4 +1,5 @@
-"""The compile half of GPU tuning (docs/tuning.md, 'GPU tuning'): candidates for issue 17's
+"""The compile half of issue 17's GPU benchmark cases (docs/tuning.md, 'The benchmark scripts';
+the product flow for an app is `plex tune --bundle`): candidates for issue 17's
 matmul and GEMV cases, compiled here through SYNaPSe into a bundle that
 `time_bundle.py` times on the GPU machine with the runtime alone.
 

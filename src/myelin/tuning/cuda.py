@@ -132,3 +132,61 @@ def gemv_space(layout: str, n: int, k: int) -> list[GemvTiles]:
     else:
         values = itertools.product((64, 128, 256, 512, 1024), (2, 4, 8, 16), (1, 2, 4, 8))
     return [t for t in (GemvTiles(layout, *v) for v in values) if not t.violations(n, k)]
+
+
+@dataclass(frozen=True)
+class SimtTiles:
+    """Any shape of matmul (f32 too, a dynamic M too), as IREE's default configures one the
+    MMA intrinsics do not take: TileAndFuse SIMT, operands promoted to shared memory.
+    `wm` x `wn` outputs per workgroup, `tm` x `tn` per thread, K tile `r`."""
+
+    wm: int
+    wn: int
+    r: int
+    tm: int
+    tn: int
+
+    @property
+    def threads(self) -> int:
+        return (self.wm // self.tm) * (self.wn // self.tn)
+
+    def violations(self, m: int | None, n: int | None, k: int | None, element_bytes: int) -> list:
+        why = []
+        if self.wm % self.tm or self.wn % self.tn:
+            why.append("outputs per thread must divide the workgroup tile")
+        elif not 32 <= self.threads <= 1024 or self.threads % 32:
+            why.append(f"{self.threads} threads per workgroup (32..1024, a warp multiple)")
+        if (m is not None and m % self.wm) or (n is not None and n % self.wn):
+            why.append("workgroup tile must divide a static M or N")
+        if k is not None and k % self.r:
+            why.append("K tile must divide K")
+        if (self.wm + self.wn) * self.r * element_bytes > SHARED_MEMORY_BYTES:
+            why.append("shared memory over sm_80's limit")
+        if self.tm * self.tn > 64:
+            why.append("over 64 accumulators per thread")
+        return why
+
+    def compilation_info(self) -> str:
+        return (
+            "#iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{"
+            f"promote_operands = [0, 1], reduction = [0, 0, {self.r}], "
+            f"thread = [{self.tm}, {self.tn}, 0], workgroup = [{self.wm}, {self.wn}, 0]}}>, "
+            "translation_info = #iree_codegen.translation_info<pipeline = "
+            f"#iree_gpu.pipeline<TileAndFuse> workgroup_size = [{self.threads}, 1, 1] "
+            "subgroup_size = 32>>"
+        )
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "threads": self.threads}
+
+    def describe(self) -> str:
+        return f"simt wg {self.wm}x{self.wn} k{self.r} thread {self.tm}x{self.tn}"
+
+
+SIMT_KNOBS: dict[str, tuple[int, ...]] = {
+    "wm": (1, 2, 4, 8, 16, 32, 64),
+    "wn": (8, 16, 32, 64, 128, 256),
+    "r": (4, 8, 16, 32, 64),
+    "tm": (1, 2, 4),
+    "tn": (1, 2, 4),
+}

@@ -13,10 +13,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 SPEC_PATH_FLAG = "--iree-codegen-tuning-spec-path"
+# Not a session option in IREE 3.13's C API ("option not found"): a global command-line one,
+# set at most once per process through the embedding API's global command line.
+LIBRARY_FLAG = "--iree-codegen-transform-dialect-library"
 
 _condition = threading.Condition()
 _current: str | None = None
 _holders = 0
+_library: str | None = None  # the global library option, once this process set it
 
 
 @contextmanager
@@ -32,8 +36,36 @@ def process_wide_spec(flags: Sequence[str]) -> Iterator[list[str]]:
         _current = value
         _holders += 1
     try:
-        yield [*(f for f in flags if not f.startswith(prefix)), f"{prefix}{value}"]
+        rest = _global_library(flags)
+        yield [*(f for f in rest if not f.startswith(prefix)), f"{prefix}{value}"]
     finally:
         with _condition:
             _holders -= 1
             _condition.notify_all()
+
+
+def _global_library(flags: Sequence[str]) -> list[str]:
+    """The flags without LIBRARY_FLAG, which is set process-wide instead (IREE's public
+    `ireeCompilerSetupGlobalCL`, once per process): every compile of this process then applies
+    that library, on every target. So a process serves one library: a compile that names
+    another one, or none after one was set, is refused with the fix, never silently tuned
+    with the wrong spec. (`plex tune` builds each candidate in a process of its own.)"""
+    global _library
+    prefix = f"{LIBRARY_FLAG}="
+    value = next((f[len(prefix) :] for f in reversed(flags) if f.startswith(prefix)), "")
+    with _condition:
+        if _library is None and value:
+            from iree.compiler.api import _initializeGlobalCL
+
+            _initializeGlobalCL("plex", f"{prefix}{value}")
+            _library = value
+        elif _library is not None and value != _library:
+            from myelin.errors import CompileError
+
+            raise CompileError(
+                f"this process applies the tuning spec {_library} to every compile (IREE 3.13 "
+                f"takes {LIBRARY_FLAG} only process-wide); compile "
+                f"{'with ' + value if value else 'without it'} in another process (build one "
+                "variant per `plex build`)"
+            )
+    return [f for f in flags if not f.startswith(prefix)]

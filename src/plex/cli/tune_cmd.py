@@ -64,11 +64,42 @@ def tune(
         "on it, as one candidate (docs/tuning.md).",
         metavar="DIR",
     ),
+    bundle: Path = typer.Option(
+        None,
+        "--bundle",
+        help="Split tuning, for a device on another machine: compile the reference and one "
+        "round of candidates into BUNDLE, time them there with `python -m "
+        "myelin.tuning.time_bundle`, then --collect (docs/tuning.md).",
+        metavar="BUNDLE",
+    ),
+    collect: Path = typer.Option(
+        None,
+        "--collect",
+        help="Split tuning: tell the search what time_bundle measured (its -o folder), write "
+        "the package and, while trials remain, the next round's bundle.",
+        metavar="RESULTS",
+    ),
 ) -> None:
     """Tune an app for one device: ranked hot dispatches, nevergrad search, checked outputs."""
     from plex.tune import tune as run_tune
 
     path = app_path / "app.toml" if app_path.is_dir() else app_path
+    if bundle is not None or collect is not None:
+        _split(
+            path,
+            device,
+            out_dir,
+            bundle,
+            collect,
+            trials,
+            batch,
+            function,
+            dims,
+            dispatches,
+            rounds,
+            jobs,
+        )
+        return
     run_tune(
         path,
         device,
@@ -85,3 +116,51 @@ def tune(
         executor=executor,
         backend=backend,
     )
+
+
+def _split(
+    path: Path,
+    device: str,
+    out_dir: Path,
+    bundle: Path | None,
+    collect: Path | None,
+    trials: int,
+    batch: int,
+    function: str | None,
+    dims: list[str],
+    dispatches: int,
+    rounds: int,
+    jobs: int | None,
+) -> None:
+    """--bundle / --collect: one step of the split flow, then the exact next commands."""
+    from plex.tune import _split
+
+    echo = typer.echo
+    if collect is not None:
+        written = _split.collect(path, device, out_dir, collect, bundle, jobs=jobs, log=echo)
+        if written is None:
+            echo("plex tune: every dispatch has its trials; the package is final")
+            return
+        bundle = written
+    else:
+        assert bundle is not None
+        _split.make_bundle(
+            path,
+            device,
+            out_dir,
+            bundle,
+            trials=trials,
+            batch=batch,
+            function=function,
+            dims=dims,
+            max_dispatches=dispatches,
+            rounds=rounds,
+            jobs=jobs,
+            log=echo,
+        )
+    first, second = _split.next_commands(path, device, out_dir, bundle)
+    echo("next, on the device's machine, from a copy of this repository with the")
+    echo("iree-base-runtime wheel installed (no compiler needed; copy BUNDLE there):")
+    echo(f"  {first}")
+    echo("then here, with that results folder copied back:")
+    echo(f"  {second}")

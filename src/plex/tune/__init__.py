@@ -111,7 +111,8 @@ def tune(
     if spec_device.target != "llvm-cpu":
         raise TuneError(
             f"device {device!r} has target {spec_device.target!r}: plex tune times candidates "
-            "on llvm-cpu devices only so far (GPU: docs/tuning.md, 'GPU tuning')"
+            "here on llvm-cpu devices only; for a device on another machine use --bundle "
+            "BUNDLE, then --collect (docs/tuning.md, 'Split tuning')"
         )
     out_dir = out_dir.resolve()
     work = out_dir / ".work"
@@ -311,60 +312,33 @@ def _search(
     log: Callable[[str], None],
 ) -> None:
     """nevergrad ask/tell over one dispatch's space, a batch of candidates per round."""
-    import nevergrad as ng
-
-    from myelin.tuning.cpu import CpuTiles, space, tiles_from_choice
+    from myelin.tuning.cpu import space
     from myelin.tuning.spec import SpecEntry, render_spec
     from myelin.tuning.timing import outputs_of, same_outputs
 
-    knobs = space()
-    parametrization = ng.p.Dict(**{k: ng.p.Choice(list(v)) for k, v in knobs.items()})
-    parametrization.random_state = np.random.RandomState(seed)
-    optimizer = ng.optimizers.DiscreteOnePlusOne(
-        parametrization=parametrization, budget=trials * 200, num_workers=batch
-    )
-    for old in result.trials:  # --resume: what was measured before informs the search
-        if old.get("choice") is not None:
-            optimizer.tell(parametrization.spawn_child(new_value=old["choice"]), old["value"])
+    def propose(choice: dict) -> Proposal:
+        return cpu_proposal(c, choice, target)
+
+    optimizer = make_optimizer(space(), trials, batch, seed, result.trials)
     done = sum(1 for t in result.trials if t["status"] != "rejected")
     asked, start = 0, time.perf_counter()
     first_done = done
     while done < trials and asked < trials * 200:
-        wanted = min(batch, trials - done)
-        pending: list[tuple[object, CpuTiles, dict]] = []
-        while len(pending) < wanted and asked < trials * 200:
-            cand = optimizer.ask()
-            asked += 1
-            choice = dict(cand.value)
-            tiles = tiles_from_choice(choice, c.match, target)
-            why = tiles.violations(c.match, target)
-            if why:
-                optimizer.tell(cand, PENALTY)
-                result.trials.append(
-                    {
-                        "choice": choice,
-                        "config": tiles.to_json(),
-                        "status": "rejected",
-                        "why": why[0],
-                        "value": PENALTY,
-                    }
-                )
-                continue
-            pending.append((cand, tiles, choice))
+        pending, n = ask(
+            optimizer, propose, min(batch, trials - done), trials * 200 - asked, result
+        )
+        asked += n
         if not pending:
             break
-        specs = [
-            render_spec([SpecEntry(_symbol(c.dispatch), c.match, t.compilation_info(c.match))])
-            for _, t, _ in pending
-        ]
+        specs = [render_spec([SpecEntry(_symbol(c.dispatch), c.match, p.info)]) for _, p in pending]
         built = candidates.build(specs)
         ok = [(p, a) for p, a in zip(pending, built, strict=True) if a is not None]
         timings = candidates.timer([reference, *(a for _, a in ok)], function, inputs, rounds)
         base = timings[0].median_s
         measured = {id(p): (t, a) for (p, a), t in zip(ok, timings[1:], strict=True)}
         for p in pending:
-            cand, tiles, choice = p
-            trial = {"choice": choice, "config": tiles.to_json()}
+            cand, proposal = p
+            trial = {"choice": proposal.choice, "config": proposal.config}
             if id(p) not in measured:
                 trial.update(status="failed", value=PENALTY)
             else:
@@ -381,27 +355,9 @@ def _search(
                         default_s=base,
                     )
             optimizer.tell(cand, trial["value"])
-            result.trials.append(trial)
+            record(result, trial)
             done += 1
-            if trial["status"] == "ok" and (
-                result.best is None or trial["relative"] < result.best["relative"]
-            ):
-                result.best = {
-                    "config": trial["config"],
-                    "relative": trial["relative"],
-                    "median_s": trial["median_s"],
-                    "default_s": base,
-                }
-        database.entries[result.key] = {
-            "dispatch": c.dispatch,
-            "op": c.match.to_json(),
-            "describe": c.match.describe(),
-            "target": f"llvm-cpu:{arch}",
-            "iree": iree,
-            "trials": result.trials,
-            "best": result.best,
-            "default_config": c.default_config,
-        }
+        database.entries[result.key] = entry_of(result, c, f"llvm-cpu:{arch}", iree)
         database.save()
         elapsed = time.perf_counter() - start
         rate = elapsed / max(1, done - first_done)
@@ -410,6 +366,96 @@ def _search(
             f"  {c.dispatch}: trials {done}/{trials}, best {best}, "
             f"ETA {rate * (trials - done):.0f}s"
         )
+
+
+@dataclass
+class Proposal:
+    """One asked config: what the search chose, the config it is, why it breaks a constraint
+    (empty: valid) and the `compilation_info` a spec applies."""
+
+    choice: dict
+    config: dict
+    why: list[str]
+    info: str
+
+
+def cpu_proposal(c: ConfiguredContraction, choice: dict, target: CpuTarget) -> Proposal:
+    """An asked llvm-cpu choice as tiles for this contraction, checked against the target."""
+    from myelin.tuning.cpu import tiles_from_choice
+
+    tiles = tiles_from_choice(choice, c.match, target)
+    why = tiles.violations(c.match, target)
+    return Proposal(choice, tiles.to_json(), why, "" if why else tiles.compilation_info(c.match))
+
+
+def make_optimizer(knobs: dict, trials: int, batch: int, seed: int, told: Sequence[dict]):
+    """nevergrad's discrete (1+1) over the knobs, seeded, told every trial measured before: the
+    state a later round (`--resume`, or a split run's `--collect`) continues from."""
+    import nevergrad as ng
+
+    parametrization = ng.p.Dict(**{k: ng.p.Choice(list(v)) for k, v in knobs.items()})
+    parametrization.random_state = np.random.RandomState(seed)
+    optimizer = ng.optimizers.DiscreteOnePlusOne(
+        parametrization=parametrization, budget=trials * 200, num_workers=batch
+    )
+    for old in told:
+        if old.get("choice") is not None:
+            optimizer.tell(parametrization.spawn_child(new_value=old["choice"]), old["value"])
+    return optimizer
+
+
+def ask(
+    optimizer, propose: Callable[[dict], Proposal], wanted: int, budget: int, result
+) -> tuple[list, int]:
+    """Up to `wanted` valid proposals (and how many were asked); an invalid one is told the
+    penalty and recorded as rejected without compiling."""
+    pending: list = []
+    asked = 0
+    while len(pending) < wanted and asked < budget:
+        cand = optimizer.ask()
+        asked += 1
+        proposal = propose(dict(cand.value))
+        if proposal.why:
+            optimizer.tell(cand, PENALTY)
+            result.trials.append(
+                {
+                    "choice": proposal.choice,
+                    "config": proposal.config,
+                    "status": "rejected",
+                    "why": proposal.why[0],
+                    "value": PENALTY,
+                }
+            )
+            continue
+        pending.append((cand, proposal))
+    return pending, asked
+
+
+def record(result: DispatchResult, trial: dict) -> None:
+    """Append a measured trial; keep it as the best if it is the fastest that computed right."""
+    result.trials.append(trial)
+    if trial["status"] == "ok" and (
+        result.best is None or trial["relative"] < result.best["relative"]
+    ):
+        result.best = {
+            k: trial[k] for k in ("config", "relative", "median_s", "default_s") if k in trial
+        }
+        if "info" in trial:
+            result.best["info"] = trial["info"]
+
+
+def entry_of(result: DispatchResult, c: ConfiguredContraction, target: str, iree: str) -> dict:
+    """The tuning.json entry of one dispatch (the same for the local and the split flow)."""
+    return {
+        "dispatch": c.dispatch,
+        "op": c.match.to_json(),
+        "describe": c.match.describe(),
+        "target": target,
+        "iree": iree,
+        "trials": result.trials,
+        "best": result.best,
+        "default_config": c.default_config,
+    }
 
 
 class _Candidates:
@@ -424,9 +470,11 @@ class _Candidates:
         jobs: int | None,
         executor: str = "local",
         log: Callable[[str], None] = print,
+        target: str = "llvm-cpu",
     ) -> None:
         from plex.tune._cluster import make_timer
 
+        self.target = target
         self.app_toml, self.fingerprints, self.cache = app_toml, fingerprints, cache
         self.work, self.jobs, self.executor = work, jobs, executor
         self.timer = make_timer(executor, log)
@@ -468,7 +516,7 @@ class _Candidates:
                 CandidateJob(
                     self.app_toml,
                     spec,
-                    "llvm-cpu",
+                    self.target,
                     self.fingerprints,
                     self.cache,
                     layouts=layouts,
@@ -553,12 +601,13 @@ def _write_package(
     device: str,
     spec_text: str,
     layouts: tuple[tuple[str, str], ...] = (),
+    target: str = "llvm-cpu",
 ) -> Path:
     import tomli_w
 
     name = re.sub(r"[^a-z0-9_]", "_", app.lower()).lstrip("_0123456789") or "app"
     (out_dir / f"{device}.mlir").write_text(spec_text)
-    table: dict = {"path": f"{device}.mlir", "target": "llvm-cpu"}
+    table: dict = {"path": f"{device}.mlir", "target": target}
     if layouts:
         table["layouts"] = dict(layouts)
     package = out_dir / "plex.toml"
