@@ -329,13 +329,22 @@ def test_ctrl_c_cancels_running_tasks_instead_of_waiting(ray_cluster, tmp_path):
     plan = Plan([Node(f"compile:{i}", SleepOrFailJob(30.0 + i), heavy=True) for i in range(2)])
     events: list[Event] = []
     executor = RayExecutor(Cache(tmp_path / "cache"), shared_cache=None, on_event=events.append)
-    # Ctrl-C 3 s in: a real SIGINT, which wakes the main thread's wait as a key press does
-    timer = threading.Timer(3.0, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
-    start = time.monotonic()
+    # Ctrl-C once both tasks run (their start, not a fixed delay: a loaded machine takes
+    # seconds to submit): a real SIGINT, which wakes the main thread's wait as a key press does.
+    pressed: list[float] = []
+
+    def press_ctrl_c_when_both_run() -> None:
+        deadline = time.monotonic() + 120
+        while sum(e.kind == "start" for e in list(events)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c_when_both_run, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         executor.run(plan)
-    assert time.monotonic() - start < 20, "the 30 s steps were cancelled, not awaited"
+    assert time.monotonic() - pressed[0] < 15, "the 30 s steps were cancelled, not awaited"
     assert [e.status for e in events if e.kind == "done"] == ["interrupted"]
     assert Cache(tmp_path / "cache").ls() == []
 

@@ -5,12 +5,19 @@ A process per candidate, for two reasons verified on IREE 3.13: the tuning-spec 
 process-wide (candidates with different specs could not compile concurrently in one process),
 and some configs crash the compiler (a segfault must fail one candidate, not the tuner). The
 candidate's build shares the user's build cache, so its weights and import nodes are hits and
-only its compile node runs.
+only its compile node runs. That process is the isolation, so its build runs its steps in
+threads (PLEX_BUILD_ISOLATE=0) rather than starting a worker process of its own.
+
+A candidate build that runs past CANDIDATE_TIMEOUT_S is killed with its process group and tried
+once more, then counted as failed: IREE 3.13's compiler can deadlock in the tuning-spec pass
+(`MaterializeTuningSpecsPass` waiting forever on the library lock of `IREECodegenDialect`, seen
+intermittently under load), and one hung compile must not hang the tuner.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +29,9 @@ from synapse import Job, NodeContext, keyless, step
 CANDIDATE_MLN = "candidate.mln"
 BUILD_LOG = "build.log"
 FAILED = "failed"
+# A candidate's build compiles one module: seconds to a few minutes on a loaded 2-core machine.
+CANDIDATE_TIMEOUT_S = 900
+ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -82,14 +92,51 @@ def run_candidate(job: CandidateJob, ctx: NodeContext) -> None:
             str(ctx.out_dir / CANDIDATE_MLN),
             str(job.cache_dir),
         ]
-        env = {**os.environ, "PYTHONWARNINGS": "default"}
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        (ctx.out_dir / BUILD_LOG).write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
+        env = {**os.environ, "PYTHONWARNINGS": "default", "PLEX_BUILD_ISOLATE": "0"}
+        log, outcome = [], "exit 1"
+        for attempt in range(1, ATTEMPTS + 1):
+            returncode, output = _run_bounded(command, env, CANDIDATE_TIMEOUT_S)
+            log.append(output)
+            if returncode == 0:
+                outcome = ""
+                break
+            if returncode is not None:
+                outcome = f"exit {returncode}"
+                break
+            outcome = f"timed out after {CANDIDATE_TIMEOUT_S} s ({attempt} attempts)"
+            log.append(f"\n[plex tune] attempt {attempt}: {outcome}; killed\n")
+        (ctx.out_dir / BUILD_LOG).write_text("".join(log))
+        if outcome:
             # A failed candidate is a result (cached: the same spec fails the same way), not an
             # error that would stop the other candidates' builds.
             (ctx.out_dir / CANDIDATE_MLN).unlink(missing_ok=True)
-            (ctx.out_dir / FAILED).write_text(f"exit {done.returncode}\n")
+            (ctx.out_dir / FAILED).write_text(f"{outcome}\n")
+
+
+def _run_bounded(
+    command: list[str], env: dict[str, str], timeout_s: float
+) -> tuple[int | None, str]:
+    """Run `command` in a session of its own; past `timeout_s`, kill the whole group (the
+    compiler's threads and any process it started). (returncode or None on timeout, output)."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return None, output
+    except BaseException:  # Ctrl-C: the candidate's compile must not outlive the tuner
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
 
 
 def _main(argv: list[str]) -> int:
