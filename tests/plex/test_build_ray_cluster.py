@@ -326,7 +326,7 @@ def test_a_failed_task_names_its_node_and_worker(ray_cluster, tmp_path):
 def test_ctrl_c_cancels_running_tasks_instead_of_waiting(ray_cluster, tmp_path):
     from synapse import RayExecutor
 
-    plan = Plan([Node(f"compile:{i}", SleepOrFailJob(30.0 + i), heavy=True) for i in range(2)])
+    plan = Plan([Node(f"compile:{i}", SleepOrFailJob(120.0 + i), heavy=True) for i in range(2)])
     events: list[Event] = []
     executor = RayExecutor(Cache(tmp_path / "cache"), shared_cache=None, on_event=events.append)
     # Ctrl-C once both tasks run (their start, not a fixed delay: a loaded machine takes
@@ -344,7 +344,9 @@ def test_ctrl_c_cancels_running_tasks_instead_of_waiting(ray_cluster, tmp_path):
     threading.Thread(target=press_ctrl_c_when_both_run, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         executor.run(plan)
-    assert time.monotonic() - pressed[0] < 15, "the 30 s steps were cancelled, not awaited"
+    # Usually about 0.2 s; in two of five full-suite runs on this 2-core machine it took 29 s
+    # (docs/cluster.md): the bound tells a cancelled 120 s task from an awaited one.
+    assert time.monotonic() - pressed[0] < 60, "the 120 s steps were cancelled, not awaited"
     assert [e.status for e in events if e.kind == "done"] == ["interrupted"]
     assert Cache(tmp_path / "cache").ls() == []
 
