@@ -233,6 +233,15 @@ class Cache:
             kept_bytes=kept_bytes,
         )
 
+    def discard(self, key: str) -> bool:
+        """Delete the entry for `key` (True if there was one): for a step whose outcome was
+        transient (a timeout), which must run again next time rather than be served."""
+        path = self.entry_path(key)
+        if not path.is_dir():
+            return False
+        self._remove_entries([path])
+        return True
+
     def clear(self) -> int:
         """Delete every entry and explain record; return how many entries there were."""
         if not self.root.is_dir():

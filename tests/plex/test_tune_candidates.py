@@ -36,3 +36,29 @@ def test_a_hung_candidate_is_killed_with_its_children():
 def test_a_finished_candidate_returns_its_exit_status_and_output():
     returncode, output = _run_bounded([sys.executable, "-c", "print('built'); raise SystemExit(3)"], dict(os.environ), 30)
     assert (returncode, output.strip()) == (3, "built")
+
+
+def _candidates(tmp_path, monkeypatch, timeout_s: float):
+    import plex.tune._candidates as candidates
+    from plex.tune import _Candidates
+
+    monkeypatch.setenv("PLEX_BUILD_ISOLATE", "0")  # the step in this process: the patch applies
+    monkeypatch.setattr(candidates, "CANDIDATE_TIMEOUT_S", timeout_s)
+    app = '[app]\nname = "broken"\npackages = ["nowhere"]\n'  # fails to build, if it runs at all
+    return _Candidates(app, (), tmp_path / "cache", tmp_path, jobs=1)
+
+
+def test_a_timed_out_candidate_is_not_served_from_the_cache_next_time(tmp_path, monkeypatch):
+    from synapse import Cache
+
+    trials = _candidates(tmp_path, monkeypatch, timeout_s=0.05)  # killed before Python starts
+    assert trials.build(["// spec"]) == [None]
+    assert Cache(tmp_path / "cache" / "tune").ls() == []
+
+
+def test_a_failed_candidate_stays_cached(tmp_path, monkeypatch):
+    from synapse import Cache
+
+    trials = _candidates(tmp_path, monkeypatch, timeout_s=300)
+    assert trials.build(["// spec"]) == [None]
+    assert len(Cache(tmp_path / "cache" / "tune").ls()) == 1

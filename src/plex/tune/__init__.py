@@ -507,7 +507,7 @@ class _Candidates:
     ) -> list[Path | None]:
         from plex.builder import make_executor
         from plex.builder.versions import fingerprint_salt
-        from plex.tune._candidates import CANDIDATE_MLN, FAILED, CandidateJob
+        from plex.tune._candidates import CANDIDATE_MLN, FAILED, TIMED_OUT, CandidateJob
         from synapse import Cache, Node, Plan
 
         nodes = [
@@ -526,9 +526,10 @@ class _Candidates:
             )
             for i, (spec, layouts) in enumerate(wanted)
         ]
+        cache = Cache(self.cache / "tune")
         executor = make_executor(
             self.executor,
-            Cache(self.cache / "tune"),
+            cache,
             jobs=self.jobs or os.cpu_count() or 1,
             salt=fingerprint_salt(),
             on_event=None,
@@ -538,8 +539,11 @@ class _Candidates:
         self.placements = dict(getattr(executor, "placements", {}))
         built: list[Path | None] = []
         for node in nodes:
-            out = results[node.id].out_dir
+            result = results[node.id]
+            out = result.out_dir
             built.append(None if (out / FAILED).exists() else out / CANDIDATE_MLN)
+            if (out / TIMED_OUT).exists():  # transient: build it again next run
+                cache.discard(result.key)
         return built
 
 

@@ -9,9 +9,11 @@ only its compile node runs. That process is the isolation, so its build runs its
 threads (PLEX_BUILD_ISOLATE=0) rather than starting a worker process of its own.
 
 A candidate build that runs past CANDIDATE_TIMEOUT_S is killed with its process group and tried
-once more, then counted as failed: IREE 3.13's compiler can deadlock in the tuning-spec pass
-(`MaterializeTuningSpecsPass` waiting forever on the library lock of `IREECodegenDialect`, seen
-intermittently under load), and one hung compile must not hang the tuner.
+once more, then counted as failed for this run: IREE 3.13's compiler can deadlock in the
+tuning-spec pass (`MaterializeTuningSpecsPass` waiting forever on the library lock of
+`IREECodegenDialect`, seen intermittently under load), and one hung compile must not hang the
+tuner. A timeout is transient, unlike a compile error: the tuner drops such a result from the
+cache (`TIMED_OUT` marks it), so the next run builds that candidate again.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from synapse import Job, NodeContext, keyless, step
 CANDIDATE_MLN = "candidate.mln"
 BUILD_LOG = "build.log"
 FAILED = "failed"
+TIMED_OUT = "timed-out"
 # A candidate's build compiles one module: seconds to a few minutes on a loaded 2-core machine.
 CANDIDATE_TIMEOUT_S = 900
 ATTEMPTS = 2
@@ -111,6 +114,8 @@ def run_candidate(job: CandidateJob, ctx: NodeContext) -> None:
             # error that would stop the other candidates' builds.
             (ctx.out_dir / CANDIDATE_MLN).unlink(missing_ok=True)
             (ctx.out_dir / FAILED).write_text(f"{outcome}\n")
+            if returncode is None:
+                (ctx.out_dir / TIMED_OUT).write_text(f"{outcome}\n")
 
 
 def _run_bounded(
