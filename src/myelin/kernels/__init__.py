@@ -41,7 +41,11 @@ def choose_matmul_config(
 ) -> MatmulConfig:
     """The kernel config for one matmul: 128x256x64 tiles, 8 warps, 3 stages (wgmma; 750
     TFLOP/s at 8192^3 on an H200); a static M of at most 16 (decode: one token per sequence)
-    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs."""
+    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs.
+
+    A static M of at least 1024 with B^T (a prefill projection, `x @ W^T`: the Llama-7B block's
+    2048 x {4096, 11008} x {4096, 11008}) gets 256x128x64 tiles, 4 stages: the fastest of a sweep
+    at those shapes on the H200 (docs/benchmarks.md, "Split-KV decode attention ...")."""
     if m is not None and m <= 16:
         return MatmulConfig(
             dtype=dtype,
@@ -52,6 +56,15 @@ def choose_matmul_config(
             block_k=256 if k % 256 == 0 else 64,
             group_m=1,
             num_warps=4,
+            num_stages=4,
+        )
+    if m is not None and m >= 1024 and b_transposed:
+        return MatmulConfig(
+            dtype=dtype,
+            out_dtype=out_dtype,
+            b_transposed=b_transposed,
+            block_m=256,
+            block_n=128,
             num_stages=4,
         )
     return MatmulConfig(dtype=dtype, out_dtype=out_dtype, b_transposed=b_transposed)
@@ -68,7 +81,8 @@ def apply_kernels(
     rewrite them into external dispatches. Ops no kernel covers are left to IREE.
 
     With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
-    flash-attention kernel too (docs/kernels.md)."""
+    flash-attention kernel (prefill) or the split-KV kernels (decode: at most 16 query rows, no
+    mask) too (docs/kernels.md)."""
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
     from myelin.kernels import _attention, _rewrite, _triton
@@ -89,7 +103,9 @@ def apply_kernels(
             if library == ATTENTION_LIBRARY:
                 found = _attention.find_attention(module)
                 wanted = {m.config.name: m.config for m in found if m.config is not None}
-                compiled = {n: _attention.compile_attention(c, arch) for n, c in wanted.items()}
+                compiled = {}
+                for c in wanted.values():
+                    compiled.update(_attention.compile_kernels(c, arch))
                 _attention.rewrite(module, found, compiled)
                 kernels.update(compiled)
                 sites += [m.site for m in found]
