@@ -43,9 +43,10 @@ def choose_matmul_config(
     TFLOP/s at 8192^3 on an H200); a static M of at most 16 (decode: one token per sequence)
     gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs.
 
-    A static M of at least 1024 with B^T (a prefill projection, `x @ W^T`: the Llama-7B block's
-    2048 x {4096, 11008} x {4096, 11008}) gets 256x128x64 tiles, 4 stages: the fastest of a sweep
-    at those shapes on the H200 (docs/benchmarks.md, "Split-KV decode attention ...")."""
+    The default stays for the Llama-7B block's prefill projections too: 256x128x64 tiles with 4
+    stages, fastest there in a sweep with the H200 machine's Triton 3.6, were 11% slower than it
+    inside the block when built with Triton 3.9 (docs/benchmarks.md, "Split-KV decode
+    attention and token-major flash attention")."""
     if m is not None and m <= 16:
         return MatmulConfig(
             dtype=dtype,
@@ -56,15 +57,6 @@ def choose_matmul_config(
             block_k=256 if k % 256 == 0 else 64,
             group_m=1,
             num_warps=4,
-            num_stages=4,
-        )
-    if m is not None and m >= 1024 and b_transposed:
-        return MatmulConfig(
-            dtype=dtype,
-            out_dtype=out_dtype,
-            b_transposed=b_transposed,
-            block_m=256,
-            block_n=128,
             num_stages=4,
         )
     return MatmulConfig(dtype=dtype, out_dtype=out_dtype, b_transposed=b_transposed)
