@@ -1,7 +1,7 @@
 """The flash-attention kernel, without a GPU: its sm_90a compile, its numerics against torch in
 Triton's interpreter, and the rewrite of `iree_linalg_ext.attention` into its external dispatch
-(compiled for CUDA to the flow phase). Only `kernels = "triton-attention"` (experimental until
-the kernel has run on an H200, docs/kernels.md) rewrites attention."""
+(compiled for CUDA to the flow phase). Only `kernels = "triton-attention"` (docs/kernels.md)
+rewrites attention."""
 
 from __future__ import annotations
 

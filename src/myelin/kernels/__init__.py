@@ -23,7 +23,8 @@ __all__ = [
     "apply_kernels",
 ]
 
-# The library value that also rewrites attention (one config, checked on the H200 at one shape).
+# The library value that also rewrites attention (flash for prefill, split-KV for decode; one
+# config each, checked on the H200 at the Llama-7B block's shapes).
 ATTENTION_LIBRARY = "triton-attention"
 
 

@@ -1,18 +1,22 @@
-"""Flash attention (prefill) as an IREE external dispatch: a Triton kernel for sm_90a, and the
-match and rewrite of `iree_linalg_ext.attention` (what torch's `scaled_dot_product_attention`
-becomes at IREE's `input` phase) into it.
+"""Attention as IREE external dispatches: the match and rewrite of `iree_linalg_ext.attention`
+(what torch's `scaled_dot_product_attention` becomes at IREE's `input` phase) into a flash-attention
+Triton kernel for sm_90a (prefill, here) or the split-KV decode kernels (`_decode_attention`).
 
-Only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention to IREE): it
-has one config, checked on the H200 at one shape (the Llama-7B-shaped block's causal prefill,
-numerics equal to torch eager's against fp32). Without a GPU, the kernel's numerics are checked
-against torch in Triton's interpreter, and its sm_90a compile and the rewrite
-(tests/myelin/test_kernels_attention.py). docs/kernels.md says what remains.
+Only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention to IREE). Each
+kind has one config, checked on the H200 at the Llama-7B-shaped block's shapes (causal prefill
+2048 x 2048, decode 1 x 2049, d 128; numerics equal to torch eager's against fp32). Without a
+GPU, the kernels' numerics are checked against torch in Triton's interpreter, and their sm_90a
+compile and the rewrite (tests/myelin/test_kernels_attention.py, test_kernels_decode_attention.py).
+docs/kernels.md says what remains.
 
-The kernel: one program per (128 query rows, batch-head); keys in blocks of 64 with the online
-softmax (running max and sum in f32, exp2 with the scale folded into log2 units); causal is
-torch's `is_causal` (top-left aligned: query i sees keys 0..i), and blocks past the diagonal are
-skipped. Q, K, V, O are contiguous [batch*heads, sequence, head_dim]; the sequence lengths reach
-the kernel as i32 push constants, so any length works (rows and keys past the end are masked).
+The flash kernel: one program per (128 query rows, batch-head); keys in blocks of 64 with the
+online softmax (running max and sum in f32, exp2 with the scale folded into log2 units); causal
+is torch's `is_causal` (top-left aligned: query i sees keys 0..i), and blocks past the diagonal
+are skipped. Q, K, V, O are read and written through strides (i32 push constants: elements
+between batch-heads and between rows): head-major [batch*heads, sequence, head_dim], or
+token-major [sequence, heads, head_dim] when the op's operand (result) is a transpose of (to)
+that, so the transposes are never made. The sequence lengths are push constants too, so any
+length works (rows and keys past the end are masked).
 """
 
 from __future__ import annotations
