@@ -27,8 +27,9 @@ DEFAULT_CUDA_ARCH = "sm_80"
 
 # `[devices.<name>] kernels` on a CUDA device: library kernels for the contractions they cover
 # (myelin.kernels, docs/kernels.md). Their code is sm_90a, so it runs on compute capability 9.0.
-# "triton": matmuls; "triton-attention": matmuls and flash attention (one attention config,
-# checked on the H200 at one shape: opt-in until it covers more).
+# "triton": matmuls; "triton-attention": matmuls and attention (flash for prefill, split-KV for
+# decode: one config each, checked on the H200 at the Llama-7B block's shapes; opt-in until they
+# cover more).
 KERNEL_LIBRARIES: tuple[str, ...] = ("triton", "triton-attention")
 KERNELS_CUDA_ARCH = "sm_90a"
 

@@ -1,7 +1,7 @@
 """The flash-attention kernel, without a GPU: its sm_90a compile, its numerics against torch in
 Triton's interpreter, and the rewrite of `iree_linalg_ext.attention` into its external dispatch
-(compiled for CUDA to the flow phase). Only `kernels = "triton-attention"` (experimental until
-the kernel has run on an H200, docs/kernels.md) rewrites attention."""
+(compiled for CUDA to the flow phase). Only `kernels = "triton-attention"` (docs/kernels.md)
+rewrites attention."""
 
 from __future__ import annotations
 
@@ -102,8 +102,9 @@ def test_the_attention_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
     assert kernel.cubin[:4] == b"\x7fELF"
     assert ".target sm_90a" in kernel.ptx and "wgmma.mma_async" in kernel.ptx
     entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
-    # what IREE passes: Q, K, V, O bindings, then the two lengths (no Triton scratch pointers)
-    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 2
+    # what IREE passes: Q, K, V, O bindings, then the two lengths and the eight strides (no
+    # Triton scratch pointers)
+    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 10
     assert kernel.threads == 256 and kernel.shared_bytes <= 227 * 1024
 
 
@@ -114,16 +115,29 @@ from myelin.kernels._attention import AttentionConfig, _attention_fn, launch_con
 import triton
 fn = _attention_fn()
 out = {}
-for causal, bh, sq, sk, d in ((True, 3, 200, 200, 64), (False, 2, 100, 300, 128)):
+for name, causal, bh, sq, sk, d in (
+    ("causal", True, 3, 200, 200, 64), ("full", False, 2, 100, 300, 128),
+    ("token_major", True, 3, 150, 150, 64),
+):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(bh, sq, d, generator=g).half()
     k, v = (torch.randn(bh, sk, d, generator=g).half() for _ in range(2))
     o = torch.full((bh, sq, d), float("nan")).half()
     config = AttentionConfig("f16", d, causal, d ** -0.5)
-    fn[(triton.cdiv(sq, config.block_m), bh)](q, k, v, o, sq, sk, **launch_constants(config))
+    if name == "token_major":  # Q, K, V, O as [tokens, heads, d]: strides, no transposes
+        qt, kt, vt = (x.transpose(0, 1).contiguous() for x in (q, k, v))
+        ot = torch.full((sq, bh, d), float("nan")).half()
+        strides = [d, bh * d] * 4
+        fn[(triton.cdiv(sq, config.block_m), bh)](
+            qt, kt, vt, ot, sq, sk, *strides, **launch_constants(config))
+        o = ot.transpose(0, 1)
+    else:
+        strides = [sq * d, d, sk * d, d, sk * d, d, sq * d, d]
+        fn[(triton.cdiv(sq, config.block_m), bh)](
+            q, k, v, o, sq, sk, *strides, **launch_constants(config))
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float()[None], k.float()[None], v.float()[None], is_causal=causal)[0]
-    out[str(causal)] = float((o.float() - ref).norm() / ref.norm())
+    out[name] = float((o.float() - ref).norm() / ref.norm())
 print(json.dumps(out))
 """
 
@@ -137,7 +151,8 @@ def test_the_attention_kernel_matches_torch_in_tritons_interpreter():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert errors["True"] < 2e-3 and errors["False"] < 2e-3, errors
+    assert set(errors) == {"causal", "full", "token_major"}, errors
+    assert all(e < 2e-3 for e in errors.values()), errors
 
 
 @pytest.fixture(scope="module")

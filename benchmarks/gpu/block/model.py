@@ -7,9 +7,9 @@ are:
 - `prefill(x[T, 4096], cos, sin, *weights)`: T = 2048 tokens of one sequence, causal attention
   (`scaled_dot_product_attention`); returns the block's output and the sequence's K and V.
 - `decode(x[8, 4096], cos, sin, k_cache, v_cache, *weights)`: one new token for each of 8
-  sequences, attending over a full 2048-token cache [8, 32, 2048, 128] plus itself; returns the
-  output and the new token's K and V (the caller writes them into its cache: copying a 268 MB
-  cache per step to append one row would measure the copy).
+  sequences, attending over a full 2048-token cache [8, 32, 2048, 128] plus itself
+  (`scaled_dot_product_attention` over `cat(cache, new)`); returns the output and the new
+  token's K and V (the caller writes them into its cache).
 Activations are 2-D ([tokens, dim]) so every projection is one `x @ W^T` matmul.
 """
 
@@ -83,11 +83,12 @@ def decode(
     """x [8, 4096]; k_cache/v_cache [8, 32, 2048, 128] (every slot valid)."""
     b = x.shape[0]
     q, k, v = _qkv(x, cos, sin, attn_norm, wq, wk, wv)  # [8, 32, 128]
-    scale = 1.0 / math.sqrt(HEAD_DIM)
-    s_cache = (q[:, :, None, :] @ k_cache.transpose(-1, -2)).squeeze(2) * scale  # [8, 32, 2048]
-    s_new = (q * k).sum(-1, keepdim=True) * scale  # [8, 32, 1]
-    p = torch.softmax(torch.cat((s_cache, s_new), dim=-1).float(), dim=-1).to(x.dtype)
-    attn = (p[:, :, None, :CACHE] @ v_cache).squeeze(2) + p[:, :, CACHE:] * v  # [8, 32, 128]
+    # The cache plus the new token, as a decoder appends it, then torch's fused attention (one
+    # query row per sequence and head): PLeX's split-KV kernel reads the cache and the new token
+    # in place (the concat is never made); torch eager makes the concatenated copy.
+    keys = torch.cat((k_cache, k[:, :, None]), dim=2)  # [8, 32, 2049, 128]
+    values = torch.cat((v_cache, v[:, :, None]), dim=2)
+    attn = F.scaled_dot_product_attention(q[:, :, None], keys, values)[:, :, 0]  # [8, 32, 128]
     y = _finish(x, attn.reshape(b, DIM), wo, mlp_norm, w_gate, w_up, w_down)
     return y, k, v
 

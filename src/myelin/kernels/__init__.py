@@ -23,7 +23,8 @@ __all__ = [
     "apply_kernels",
 ]
 
-# The library value that also rewrites attention (one config, checked on the H200 at one shape).
+# The library value that also rewrites attention (flash for prefill, split-KV for decode; one
+# config each, checked on the H200 at the Llama-7B block's shapes).
 ATTENTION_LIBRARY = "triton-attention"
 
 
@@ -41,7 +42,12 @@ def choose_matmul_config(
 ) -> MatmulConfig:
     """The kernel config for one matmul: 128x256x64 tiles, 8 warps, 3 stages (wgmma; 750
     TFLOP/s at 8192^3 on an H200); a static M of at most 16 (decode: one token per sequence)
-    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs."""
+    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs.
+
+    The default stays for the Llama-7B block's prefill projections too: 256x128x64 tiles with 4
+    stages, fastest there in a sweep with the H200 machine's Triton 3.6, were 11% slower than it
+    inside the block when built with Triton 3.9 (docs/benchmarks.md, "Split-KV decode
+    attention and token-major flash attention")."""
     if m is not None and m <= 16:
         return MatmulConfig(
             dtype=dtype,
@@ -68,7 +74,8 @@ def apply_kernels(
     rewrite them into external dispatches. Ops no kernel covers are left to IREE.
 
     With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
-    flash-attention kernel too (docs/kernels.md)."""
+    flash-attention kernel (prefill) or the split-KV kernels (decode: at most 16 query rows, no
+    mask) too (docs/kernels.md)."""
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
     from myelin.kernels import _attention, _rewrite, _triton
@@ -89,7 +96,9 @@ def apply_kernels(
             if library == ATTENTION_LIBRARY:
                 found = _attention.find_attention(module)
                 wanted = {m.config.name: m.config for m in found if m.config is not None}
-                compiled = {n: _attention.compile_attention(c, arch) for n, c in wanted.items()}
+                compiled = {}
+                for c in wanted.values():
+                    compiled.update(_attention.compile_kernels(c, arch))
                 _attention.rewrite(module, found, compiled)
                 kernels.update(compiled)
                 sites += [m.site for m in found]

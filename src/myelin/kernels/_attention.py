@@ -1,18 +1,22 @@
-"""Flash attention (prefill) as an IREE external dispatch: a Triton kernel for sm_90a, and the
-match and rewrite of `iree_linalg_ext.attention` (what torch's `scaled_dot_product_attention`
-becomes at IREE's `input` phase) into it.
+"""Attention as IREE external dispatches: the match and rewrite of `iree_linalg_ext.attention`
+(what torch's `scaled_dot_product_attention` becomes at IREE's `input` phase) into a flash-attention
+Triton kernel for sm_90a (prefill, here) or the split-KV decode kernels (`_decode_attention`).
 
-Only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention to IREE): it
-has one config, checked on the H200 at one shape (the Llama-7B-shaped block's causal prefill,
-numerics equal to torch eager's against fp32). Without a GPU, the kernel's numerics are checked
-against torch in Triton's interpreter, and its sm_90a compile and the rewrite
-(tests/myelin/test_kernels_attention.py). docs/kernels.md says what remains.
+Only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention to IREE). Each
+kind has one config, checked on the H200 at the Llama-7B-shaped block's shapes (causal prefill
+2048 x 2048, decode 1 x 2049, d 128; numerics equal to torch eager's against fp32). Without a
+GPU, the kernels' numerics are checked against torch in Triton's interpreter, and their sm_90a
+compile and the rewrite (tests/myelin/test_kernels_attention.py, test_kernels_decode_attention.py).
+docs/kernels.md says what remains.
 
-The kernel: one program per (128 query rows, batch-head); keys in blocks of 64 with the online
-softmax (running max and sum in f32, exp2 with the scale folded into log2 units); causal is
-torch's `is_causal` (top-left aligned: query i sees keys 0..i), and blocks past the diagonal are
-skipped. Q, K, V, O are contiguous [batch*heads, sequence, head_dim]; the sequence lengths reach
-the kernel as i32 push constants, so any length works (rows and keys past the end are masked).
+The flash kernel: one program per (128 query rows, batch-head); keys in blocks of 64 with the
+online softmax (running max and sum in f32, exp2 with the scale folded into log2 units); causal
+is torch's `is_causal` (top-left aligned: query i sees keys 0..i), and blocks past the diagonal
+are skipped. Q, K, V, O are read and written through strides (i32 push constants: elements
+between batch-heads and between rows): head-major [batch*heads, sequence, head_dim], or
+token-major [sequence, heads, head_dim] when the op's operand (result) is a transpose of (to)
+that, so the transposes are never made. The sequence lengths are push constants too, so any
+length works (rows and keys past the end are masked).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 
 from iree.compiler import ir
 
+from myelin.kernels import _decode_attention
+from myelin.kernels._decode_attention import MAX_QUERY_ROWS, DecodeAttentionConfig
 from myelin.kernels._triton import CompiledKernel, compile_triton
 
 _TYPES = {"f16": "fp16", "bf16": "bf16"}
@@ -70,20 +76,22 @@ def _attention_fn():
     @triton.jit
     def plex_attention(
         q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK,
+        Q_SB, Q_SR, K_SB, K_SR, V_SB, V_SR, O_SB, O_SR,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
         QK_SCALE: tl.constexpr,
     ):  # fmt: skip
+        # X_SB / X_SR: elements between batch-heads / rows of X (its head dim is contiguous).
         pid_m = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = tl.arange(0, BN)
         offs_d = tl.arange(0, D)
-        q_ptr += bh * SQ * D
-        k_ptr += bh * SK * D
-        v_ptr += bh * SK * D
-        o_ptr += bh * SQ * D
+        q_ptr += bh * Q_SB
+        k_ptr += bh * K_SB
+        v_ptr += bh * V_SB
+        o_ptr += bh * O_SB
         rows = offs_m[:, None] < SQ
-        q = tl.load(q_ptr + offs_m[:, None] * D + offs_d[None, :], mask=rows, other=0.0)
+        q = tl.load(q_ptr + offs_m[:, None] * Q_SR + offs_d[None, :], mask=rows, other=0.0)
         m_i = tl.full((BM,), float("-inf"), tl.float32)
         l_i = tl.zeros((BM,), tl.float32)
         acc = tl.zeros((BM, D), tl.float32)
@@ -93,7 +101,9 @@ def _attention_fn():
         for start in range(0, hi, BN):
             cols = start + offs_n
             k = tl.load(
-                k_ptr + cols[None, :] * D + offs_d[:, None], mask=cols[None, :] < SK, other=0.0
+                k_ptr + cols[None, :] * K_SR + offs_d[:, None],
+                mask=cols[None, :] < SK,
+                other=0.0,
             )
             s = tl.dot(q, k) * QK_SCALE  # log2 units
             valid = cols[None, :] < SK
@@ -105,12 +115,14 @@ def _attention_fn():
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
-                v_ptr + cols[:, None] * D + offs_d[None, :], mask=cols[:, None] < SK, other=0.0
+                v_ptr + cols[:, None] * V_SR + offs_d[None, :],
+                mask=cols[:, None] < SK,
+                other=0.0,
             )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         acc = acc / l_i[:, None]
-        out = o_ptr + offs_m[:, None] * D + offs_d[None, :]
+        out = o_ptr + offs_m[:, None] * O_SR + offs_d[None, :]
         tl.store(out, acc.to(o_ptr.dtype.element_ty), mask=rows)
 
     return plex_attention
@@ -132,23 +144,41 @@ def compile_attention(config: AttentionConfig, arch: str = "sm_90a") -> Compiled
     signature = {
         "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "o_ptr": f"*{t}",
         "SQ": "i32", "SK": "i32",
+        **{f"{x}_S{y}": "i32" for x in "QKVO" for y in "BR"},
         "D": "constexpr", "BM": "constexpr", "BN": "constexpr", "CAUSAL": "constexpr",
         "QK_SCALE": "constexpr",
     }  # fmt: skip
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    # Pointers 16-byte aligned; strides multiples of 16 elements (head dims 64, 128): wide loads.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, *range(6, 14))}
     return compile_triton(
         _attention_fn, signature, launch_constants(config), attrs,
         num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
     )  # fmt: skip
 
 
+def compile_kernels(
+    config: AttentionConfig | DecodeAttentionConfig, arch: str = "sm_90a"
+) -> dict[str, CompiledKernel]:
+    """The kernels one config needs, by export name (flash: one; split-KV decode: two)."""
+    if isinstance(config, DecodeAttentionConfig):
+        return _decode_attention.compile_decode_attention(config, arch)
+    return {config.name: compile_attention(config, arch)}
+
+
 @dataclass
 class AttentionMatch:
     site: dict  # the report entry (same fields as a matmul's; op "attention")
-    config: AttentionConfig | None
+    config: AttentionConfig | DecodeAttentionConfig | None
     op: ir.Operation
     shape: tuple[int, int, int, int]  # (batch*heads, query length, key length, head dim)
     mask_ops: list[ir.Operation]  # the causal mask's producers, erased once unused
+    # Split-KV decode whose K and V are each a concat of two parts along the keys (cache, new
+    # token): the parts ([bh, n, d] views made by the rewrite) and the concat ops to erase.
+    kv_parts: tuple[_Concat, _Concat] | None = None
+    # Flash: Q, K, V and O as the kernel reads and writes them: head-major [b, n, d], or
+    # token-major [n, b, d] when a `linalg.transpose` [1, 0, 2] makes (or takes) the op's
+    # operand (result); the transposes are then skipped (erased once unused).
+    layouts: tuple[_Layout, _Layout, _Layout, _Layout] | None = None
 
 
 def _owner(value: ir.Value):
@@ -208,6 +238,118 @@ def _causal_mask(value: ir.Value) -> list[ir.Operation] | None:
     return chain
 
 
+_TOKEN_MAJOR = "array<i64: 1, 0, 2>"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the kernel reads (or writes) one of Q, K, V, O: the value, its strides (elements
+    between batch-heads and between rows) and the transpose it replaces, if any."""
+
+    value: ir.Value | None  # None for O: the op's result, or the transpose's
+    batch_stride: int
+    row_stride: int
+    transpose: ir.Operation | None = None
+
+
+def _operand_layout(value: ir.Value) -> _Layout:
+    """The operand [b, n, d] itself, or the token-major [n, b, d] tensor it is a transpose of
+    (torch's `x.transpose(0, 1)` before `scaled_dot_product_attention`)."""
+    b, n, d = _static_dims(value.type) or (0, 0, 0)
+    owner = _owner(value)
+    if (
+        getattr(owner, "name", None) == "linalg.transpose"
+        and str(owner.attributes["permutation"]) == _TOKEN_MAJOR
+    ):
+        return _Layout(owner.operands[0], d, b * d, owner)
+    return _Layout(value, n * d, d)
+
+
+def _result_layout(result: ir.Value) -> _Layout:
+    """The result [b, m, d] itself, or, when its one use is a transpose to [m, b, d], that."""
+    b, m, d = _static_dims(result.type) or (0, 0, 0)
+    uses = list(result.uses)
+    if len(uses) == 1:
+        user = uses[0].owner
+        user = getattr(user, "operation", user)
+        if (
+            user.name == "linalg.transpose"
+            and user.operands[0] == result
+            and str(user.attributes["permutation"]) == _TOKEN_MAJOR
+        ):
+            return _Layout(None, d, b * d, user)
+    return _Layout(None, m * d, d)
+
+
+@dataclass(frozen=True)
+class _Concat:
+    """K or V of a decode attention made by `tensor.concat` of two parts along the keys."""
+
+    concat: ir.Operation
+    collapse: ir.Operation | None  # the collapse of its leading dims to [bh, n, d], if any
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        rank = ir.RankedTensorType(self.concat.results[0].type).rank
+        a, b = (ir.RankedTensorType(x.type).get_dim_size(rank - 2) for x in self.concat.operands)
+        return a, b
+
+    def views(self) -> tuple[ir.Value, ir.Value]:
+        """The two parts as [bh, n, d] (collapses made before the attention op's operand)."""
+        if self.collapse is None:
+            return self.concat.operands[0], self.concat.operands[1]
+        out = []
+        for x in self.concat.operands:
+            dims = _static_dims(x.type) or []
+            bh = 1
+            for d in dims[:-2]:
+                bh *= d
+            elem = ir.RankedTensorType(x.type).element_type
+            with ir.InsertionPoint(self.collapse), self.collapse.location:
+                view = ir.Operation.create(
+                    "tensor.collapse_shape",
+                    results=[ir.RankedTensorType.get([bh, *dims[-2:]], elem)],
+                    operands=[x],
+                    attributes={"reassociation": self.collapse.attributes["reassociation"]},
+                )
+            out.append(view.results[0])
+        return out[0], out[1]
+
+    def dead_ops(self) -> list[ir.Operation]:
+        return ([self.collapse] if self.collapse is not None else []) + [self.concat]
+
+
+def _concat_parts(value: ir.Value) -> _Concat | None:
+    """The `tensor.concat` of two static parts along the key dim (second to last) that made
+    `value`, directly or through the collapse of its leading dims; None for any other producer.
+    torch's `cat((cache, new), dim=-2)` before `scaled_dot_product_attention` lowers to it."""
+    owner = _owner(value)
+    collapse = None
+    if getattr(owner, "name", None) == "tensor.collapse_shape":
+        collapse = owner
+        owner = _owner(owner.operands[0])
+    if getattr(owner, "name", None) != "tensor.concat" or len(owner.operands) != 2:
+        return None
+    if any(_static_dims(x.type) is None for x in owner.operands):
+        return None
+    rank = ir.RankedTensorType(owner.results[0].type).rank
+    if ir.IntegerAttr(owner.attributes["dim"]).value != rank - 2 or rank < 3:
+        return None
+    leading = ", ".join(str(i) for i in range(rank - 2))
+    if collapse is not None and (
+        str(collapse.attributes["reassociation"]) != f"[[{leading}], [{rank - 2}], [{rank - 1}]]"
+    ):
+        return None
+    if (collapse is None) != (rank == 3):
+        return None
+    # Other users of the concat (or its collapse) would still need the copy: leave it to IREE.
+    if len(list(owner.results[0].uses)) != 1:
+        return None
+    if collapse is not None and len(list(collapse.results[0].uses)) != 1:
+        return None
+    return _Concat(owner, collapse)
+
+
 def _function_name(op: ir.Operation) -> str:
     parent = op.parent
     while parent is not None and parent.name not in ("util.func", "func.func"):
@@ -256,11 +398,27 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             reason = "the mask is not the causal mask"
         if not reason:
             shape = (dims[0][0], dims[0][1], dims[1][1], dims[0][2])
-        config = (
-            None
-            if reason
-            else AttentionConfig(dtype, shape[3], causal=has_mask, scale=float(scale_value))
-        )
+        config: AttentionConfig | DecodeAttentionConfig | None = None
+        kv_parts = None
+        layouts = None
+        how = "matched"
+        if reason:
+            pass
+        elif not has_mask and shape[1] <= MAX_QUERY_ROWS:
+            # Decode: few query rows, many keys: split-KV; K and V each a concat of the same
+            # two lengths (cache, new tokens) are read in their two parts.
+            config = DecodeAttentionConfig(dtype, shape[3], scale=float(scale_value))
+            kc, vc = _concat_parts(k), _concat_parts(v)
+            how = "matched (split-KV decode)"
+            if kc is not None and vc is not None and kc.lengths == vc.lengths:
+                kv_parts = (kc, vc)
+                how = "matched (split-KV decode; K, V read from the concat's two parts)"
+        else:
+            config = AttentionConfig(dtype, shape[3], causal=has_mask, scale=float(scale_value))
+            layouts = (*(_operand_layout(x) for x in (q, k, v)), _result_layout(op.results[0]))
+            skipped = sum(x.transpose is not None for x in layouts)
+            if skipped:
+                how = f"matched ({skipped} of Q, K, V, O read/written token-major: no transposes)"
         site = {
             "function": _function_name(op),
             "location": str(op.location),
@@ -271,10 +429,14 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             "dtype": dtype,
             "out_dtype": dtype,
             "kernel": None if config is None else config.name,
-            "reason": reason or "matched",
+            "reason": reason or how,
         }
-        matches.append(AttentionMatch(site, config, op, shape, mask_ops))
+        matches.append(AttentionMatch(site, config, op, shape, mask_ops, kv_parts, layouts))
     return matches
+
+
+# A wrapper's name while its text is compared with the wrappers already made.
+_NAME = "__plex_attention_wrapper"
 
 
 def _hex(data: bytes) -> str:
@@ -282,14 +444,16 @@ def _hex(data: bytes) -> str:
 
 
 def wrapper_text(name: str, kernel: CompiledKernel, match: AttentionMatch) -> str:
-    """The kernel's wrapper: (Q, K, V) -> O; lengths as i32 push constants, one workgroup per
-    128 query rows and batch-head."""
-    assert match.config is not None
+    """The kernel's wrapper: (Q, K, V) -> O in the layouts the kernel reads and writes; lengths
+    and strides as i32 push constants, one workgroup per 128 query rows and batch-head."""
+    assert match.config is not None and match.layouts is not None
     bh, sq, sk, _ = match.shape
-    t = str(match.op.operands[0].type)
-    kt = str(match.op.operands[1].type)
-    vt = str(match.op.operands[2].type)
-    ot = str(match.op.results[0].type)
+    lq, lk, lv, lo = match.layouts
+    t, kt, vt = (str(x.value.type) for x in (lq, lk, lv))  # type: ignore[union-attr]
+    ot = str((lo.transpose or match.op).results[0].type)
+    strides = [v for x in match.layouts for v in (x.batch_stride, x.row_stride)]
+    consts = "\n".join(f"  %s{i} = arith.constant {v} : i32" for i, v in enumerate(strides))
+    names = ", ".join(f"%s{i}" for i in range(len(strides)))
     data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
     binding = "#hal.pipeline.binding<storage_buffer"
     return f"""
@@ -298,14 +462,15 @@ util.func private @{name}(%q: {t}, %k: {kt}, %v: {vt}) -> {ot} {{
   %sq = arith.constant {sq} : index
   %sq_i32 = arith.constant {sq} : i32
   %sk_i32 = arith.constant {sk} : i32
-  %r = hal.dispatch.extern "{kernel.name}"[%bh, %sq](%sq_i32, %sk_i32, %q, %k, %v)
-      : (i32, i32, {t}, {kt}, {vt}) -> {ot}
+{consts}
+  %r = hal.dispatch.extern "{kernel.name}"[%bh, %sq](%sq_i32, %sk_i32, {names}, %q, %k, %v)
+      : (i32, i32, {", ".join(["i32"] * len(strides))}, {t}, {kt}, {vt}) -> {ot}
     count(%device: !hal.device, %wbh: index, %wsq: index) -> (index, index, index) {{
       %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {match.config.block_m})>()[%wsq]
       %one = arith.constant 1 : index
       hal.return %x, %wbh, %one : index, index, index
     }}
-    layout(#hal.pipeline.layout<constants = 2, bindings = [
+    layout(#hal.pipeline.layout<constants = {2 + len(strides)}, bindings = [
       {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
     objects({{
       #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
@@ -319,30 +484,67 @@ util.func private @{name}(%q: {t}, %k: {kt}, %v: {vt}) -> {ot} {{
 """
 
 
+def _decode_call(
+    m: AttentionMatch, kernels: dict[str, CompiledKernel]
+) -> tuple[str, list[ir.Value]]:
+    """The split-KV wrapper's text (named `_NAME`) and the call's operands (Q, K1, V1, K2,
+    V2)."""
+    assert isinstance(m.config, DecodeAttentionConfig)
+    q, k, v = m.op.operands[:3]
+    bh, sq, sk, _ = m.shape
+    if m.kv_parts is None:
+        k1, v1, k2, v2 = k, v, k, v
+        n1, n2 = sk, 0
+    else:
+        kc, vc = m.kv_parts
+        (k1, k2), (v1, v2) = kc.views(), vc.views()
+        n1, n2 = kc.lengths
+    types = (str(q.type), str(k1.type), str(k2.type), str(m.op.results[0].type))
+    text = _decode_attention.wrapper_text(_NAME, m.config, kernels, types, (bh, sq, n1, n2))
+    return text, [q, k1, v1, k2, v2]
+
+
 def rewrite(
     module: ir.Operation, matches: list[AttentionMatch], kernels: dict[str, CompiledKernel]
 ) -> None:
-    """Replace every matched attention op by a call of its kernel's wrapper."""
+    """Replace every matched attention op by a call of its kernel's wrapper (one wrapper per
+    kernel config and operand types)."""
     body = module.regions[0].blocks[0]
-    wrappers: dict[tuple[str, str], str] = {}
+    wrappers: dict[str, str] = {}  # wrapper text (named _NAME) -> its name in the module
     for m in (x for x in matches if x.config is not None):
         assert m.config is not None
-        key = (m.config.name, str(m.op.operands[0].type))
-        name = wrappers.get(key)
+        if isinstance(m.config, DecodeAttentionConfig):
+            text, operands = _decode_call(m, kernels)
+        else:
+            assert m.layouts is not None
+            text = wrapper_text(_NAME, kernels[m.config.name], m)
+            operands = [x.value for x in m.layouts[:3]]
+        name = wrappers.get(text)
         if name is None:
-            name = wrappers[key] = f"__plex_attention_{len(wrappers)}_{m.config.name}"
-            helper = ir.Module.parse(wrapper_text(name, kernels[m.config.name], m))
+            name = wrappers[text] = f"__plex_attention_{len(wrappers)}_{m.config.name}"
+            helper = ir.Module.parse(text.replace(f"@{_NAME}(", f"@{name}(", 1))
             for op in list(helper.body.operations):
                 body.append(op.detach_from_parent())
-        with ir.InsertionPoint(m.op), m.op.location:
+        # O's transpose, when the kernel writes token-major, is what the call replaces.
+        replaced = m.layouts[3].transpose if m.layouts and m.layouts[3].transpose else m.op
+        with ir.InsertionPoint(replaced), m.op.location:
             call = ir.Operation.create(
                 "util.call",
-                results=[m.op.results[0].type],
-                operands=list(m.op.operands[:3]),
+                results=[replaced.results[0].type],
+                operands=operands,
                 attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
             )
-        m.op.results[0].replace_all_uses_with(call.results[0])
+        replaced.results[0].replace_all_uses_with(call.results[0])
+        if replaced is not m.op:
+            replaced.erase()
         m.op.erase()
+        for layout in m.layouts[:3] if m.layouts else ():  # Q, K, V transposes, if now unused
+            if layout.transpose is not None and not list(layout.transpose.results[0].uses):
+                layout.transpose.erase()
         for op in m.mask_ops:  # the mask's producers, last user first
             if not any(list(r.uses) for r in op.results):
                 op.erase()
+        for part in m.kv_parts or ():  # the concats, now unused: the cache is never copied
+            for op in part.dead_ops():
+                if not any(list(r.uses) for r in op.results):
+                    op.erase()
