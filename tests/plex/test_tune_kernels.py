@@ -119,3 +119,44 @@ def _config_of(entry: dict):
     from myelin.kernels._space import config_from_json
 
     return config_from_json(entry["config"], "f16", "f16", True)
+
+
+def _state(candidates: list[dict]) -> dict:
+    default = {"block_m": 16, "block_n": 32, "block_k": 256, "group_m": 1}
+    default |= {"num_warps": 4, "num_stages": 4}
+    shape = {"op": "matmul_transpose_b", "dtype": "f16", "out_dtype": "f16"}
+    shape |= {"m": 8, "n": 4096, "k": 4096}
+    return {
+        "kind": BUNDLE_KIND, "app": "block-bench", "device": "hopper", "arch": "sm_90a",
+        "iree": "3.13.0", "triton": "3.9.0",
+        "cases": [{"dispatch": "d", "shape": shape, "default": default, "candidates": candidates}],
+    }  # fmt: skip
+
+
+def _candidate(name: str, block_n: int) -> dict:
+    choice = {"block_m": 16, "block_n": block_n, "block_k": 256, "group_m": 1}
+    choice |= {"num_warps": 4, "num_stages": 3}
+    return {"name": name, "config": f"k{block_n}", "choice": choice}
+
+
+def test_kernel_times_rank_the_trials_when_the_timing_half_measured_them(tmp_path):
+    """On the H200 a decode projection's kernel is 0.01 ms of a 0.4 ms call: the wall-time
+    winner (b) is noise; the kernel-time winner (a) is kept."""
+    state = _state([_candidate("a", 64), _candidate("b", 128)])
+    results = {
+        "references": {"d": {"median_s": 4e-4, "spread": 0.4, "kernel_s": 1.0e-5}},
+        "candidates": {
+            "a": {"status": "ok", "relative": 1.05, "kernel_relative": 0.90},
+            "b": {"status": "ok", "relative": 0.85, "kernel_relative": 1.60},
+        },
+        "bundle": state,
+    }
+    collect_kernel_results(results, "hopper", tmp_path, log=lambda _: None)
+    [entry] = json.loads((tmp_path / "tuning.json").read_text())["entries"].values()
+    assert entry["ranked_by"] == "kernel_relative" and entry["config"]["block_n"] == 64
+
+    # a gain below MIN_GAIN is noise: the library's config stays
+    results["candidates"]["a"]["kernel_relative"] = 0.99
+    collect_kernel_results(results, "hopper", tmp_path, log=lambda _: None)
+    [entry] = json.loads((tmp_path / "tuning.json").read_text())["entries"].values()
+    assert entry["kept"] is False and entry["config"]["block_n"] == 32

@@ -55,7 +55,10 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, warmup: int = 2) ->
 
     A case may name its own `function` and `inputs` (shapes and dtypes, generated here from the
     bundle's seed): the kernel-config cases time one generated matmul function each."""
+    import myelin
+
     bundle = json.loads((bundle_dir / BUNDLE_JSON).read_text())
+    instance = myelin.Instance()  # one for every artifact: one device, created once
     reference = bundle_dir / bundle["reference"]
     shared = load_inputs(bundle_dir) if (bundle_dir / INPUTS_NPZ).is_file() else None
     resident = bool(bundle.get("resident", False))
@@ -70,11 +73,11 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, warmup: int = 2) ->
         else:
             assert shared is not None, "a bundle without inputs.npz names each case's inputs"
             inputs = shared
-        want = outputs_of(reference, function, inputs)
+        want = outputs_of(reference, function, inputs, instance)
         status: dict[str, str] = {}
         for c in case["candidates"]:
             try:
-                got = outputs_of(bundle_dir / c["file"], function, inputs)
+                got = outputs_of(bundle_dir / c["file"], function, inputs, instance)
             except Exception as e:  # a candidate that cannot run is a result, not the end
                 status[c["name"]] = f"failed: {type(e).__name__}: {e}"[:300]
                 continue
@@ -93,6 +96,7 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, warmup: int = 2) ->
             warmup=warmup,
             rounds=rounds or bundle.get("rounds", 5),
             resident=resident,
+            instance=instance,
         )
         base = timings[0]
         references[case["dispatch"]] = base.to_json()

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +28,15 @@ class Timing:
         return {"median_s": self.median_s, "spread": self.spread, "rounds": self.rounds}
 
 
-def outputs_of(artifact: Path, function: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+def outputs_of(
+    artifact: Path, function: str, inputs: Sequence[np.ndarray], instance: Any = None
+) -> list[np.ndarray]:
+    """The outputs of one call; `instance`: a myelin.Instance to load into (one per process
+    saves creating a device per artifact)."""
     import myelin
 
-    with myelin.Instance().load(artifact) as model, model.session() as session:
+    instance = instance or myelin.Instance()
+    with instance.load(artifact) as model, model.session() as session:
         result = session.call(function, *inputs)
     return list(result) if isinstance(result, tuple | list) else [result]
 
@@ -62,6 +68,7 @@ def time_interleaved(
     rounds: int = 5,
     min_round_s: float = 0.02,
     resident: bool = False,
+    instance: Any = None,
 ) -> list[Timing]:
     """Per-call time of `function` in each artifact, rounds interleaved across artifacts.
 
@@ -72,7 +79,7 @@ def time_interleaved(
 
     import myelin
 
-    instance = myelin.Instance()
+    instance = instance or myelin.Instance()
     models = [instance.load(a) for a in artifacts]
     sessions = [m.session() for m in models]
     try:
