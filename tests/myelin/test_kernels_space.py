@@ -101,7 +101,8 @@ def test_recorded_configs_round_trip_through_the_database():
     assert entry["kind"] == KERNEL_ENTRY_KIND and entry["layout"] == "abt"
     other_arch = {**entry, "arch": "sm_100a"}
     codegen = {"kind": "weight-layout", "arch": "sm_90a"}
-    found = tuned_configs(_database(entry, other_arch, codegen), "sm_90a")
+    library_won = {**entry, "n": 4096, "kept": False}  # the library's config stays its own
+    found = tuned_configs(_database(entry, other_arch, codegen, library_won), "sm_90a")
     key = site_key("matmul_transpose_b", "f16", "f16", 1, 28672, 8192)
     assert found == {key: tuned}
     choose = with_tuned(choose_matmul_config, found)

@@ -191,13 +191,16 @@ def kernel_entry(
 def tuned_configs(
     database_text: str, arch: str, what: str = "tuning.json"
 ) -> dict[str, MatmulConfig]:
-    """The recorded kernel configs of a tuning database for `arch`, by `site_key`. A config that
-    breaks its shape's constraints is an error naming the entry (a hand edit, or another
-    version's space)."""
+    """The recorded kernel configs of a tuning database for `arch`, by `site_key`. An entry where
+    the library's own config won (`kept: false`) names none, so a later library default is not
+    pinned to the old one. A config that breaks its shape's constraints is an error naming the
+    entry (a hand edit, or another version's space)."""
     data = json.loads(database_text)
     found: dict[str, MatmulConfig] = {}
     for name, entry in sorted(data.get("entries", {}).items()):
         if entry.get("kind") != KERNEL_ENTRY_KIND or entry.get("arch") != arch:
+            continue
+        if entry.get("kept") is False:  # the library's config won: its current choice applies
             continue
         op, m, n, k = entry["op"], entry["m"], entry["n"], entry["k"]
         try:
