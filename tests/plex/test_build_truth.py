@@ -88,7 +88,10 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             Output("import:p:m"), Output("weights:p:w"), "w", policy, 5, "p:m",
             layouts=(("*.weight", "nk"),),
         ),
-        KernelsJob(Output("encode:p:m"), "triton", "sm_90a", "triton 3.9.0", "p:m"),
+        KernelsJob(
+            Output("encode:p:m"), "triton", "sm_90a", "triton 3.9.0", "p:m",
+            tuned=InputFile(spec), tuned_ref="p:gpu",
+        ),
         CompileJob(
             source=Output("encode:p:m"),
             devices=(cpu, gpu),

@@ -9,7 +9,9 @@ Triton is needed only to build (`pip install -e ".[kernels]"`); the runtime neve
 
 from __future__ import annotations
 
+import dataclasses
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from myelin.kernels._triton import MatmulConfig
@@ -69,16 +71,20 @@ def apply_kernels(
     library: str,
     arch: str = KERNELS_CUDA_ARCH,
     what: str = "graph",
+    tuned: Mapping[str, MatmulConfig] | None = None,
 ) -> KernelizedGraph:
     """Match the graph's matmuls (IR at the `input` phase), compile the kernels they need and
     rewrite them into external dispatches. Ops no kernel covers are left to IREE.
+
+    `tuned`: configs a tuning package recorded per shape (`myelin.kernels._space.site_key`),
+    taken before the library's own choice; a site that got one says so in its reason.
 
     With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
     flash-attention kernel (prefill) or the split-KV kernels (decode: at most 16 query rows, no
     mask) too (docs/kernels.md)."""
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _rewrite, _triton
+    from myelin.kernels import _attention, _rewrite, _space, _triton
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -88,7 +94,10 @@ def apply_kernels(
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
         with session.context:
-            matches = _rewrite.find_matmuls(module, choose_matmul_config)
+            choose = _space.with_tuned(choose_matmul_config, tuned or {})
+            matches = _rewrite.find_matmuls(module, choose)
+            if tuned:
+                _mark_tuned(matches, tuned)
             configs = {m.config.name: m.config for m in matches if m.config is not None}
             kernels = {name: _triton.compile_matmul(c, arch) for name, c in configs.items()}
             _rewrite.rewrite(module, matches, kernels, session.context)
@@ -107,3 +116,15 @@ def apply_kernels(
             buffer = io.BytesIO()
             module.write_bytecode(buffer)
     return KernelizedGraph(buffer.getvalue(), tuple(sites), tuple(sorted(kernels)))
+
+
+def _mark_tuned(matches: list, tuned: Mapping[str, MatmulConfig]) -> None:
+    """A site whose config came from the tuning package says so in the report."""
+    from myelin.kernels._space import site_key
+
+    for match in matches:
+        site = match.site
+        m, n, k = site.shape
+        op = "matmul_transpose_b" if site.b_transposed else "matmul"
+        if site.kernel is not None and site_key(op, site.dtype, site.out_dtype, m, n, k) in tuned:
+            match.site = dataclasses.replace(site, reason=f"{site.reason}; tuned config")

@@ -40,9 +40,14 @@ class MatmulConfig:
     @property
     def name(self) -> str:
         layout = "abt" if self.b_transposed else "ab"
+        # The group size is named only when it is neither the default 8 nor 1 (the skinny
+        # config's), so the library's own kernels keep their names; the tuning space never
+        # pairs group 1 with tall tiles (myelin.kernels._space).
+        group = "" if self.group_m in (1, 8) else f"g{self.group_m}"
         return (
             f"plex_matmul_{layout}_{self.dtype}_{self.out_dtype}_"
             f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}s{self.num_stages}"
+            f"{group}"
         )
 
 

@@ -34,38 +34,81 @@ def load_inputs(bundle_dir: Path) -> list[np.ndarray]:
         return [data[f"arr_{i}"] for i in range(len(data.files))]
 
 
+def generated_inputs(specs: list[dict], seed: int) -> list[np.ndarray]:
+    """Inputs made here from their shapes and a seed: a case whose inputs are too large to
+    travel (a 470 MB GEMV weight) names them instead (values ~N(0, 0.1), as torch's are)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in specs:
+        dtype = spec["dtype"]
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            dtype = ml_dtypes.bfloat16
+        values = rng.standard_normal(spec["shape"], dtype=np.float32) * np.float32(0.1)
+        out.append(values.astype(dtype))
+    return out
+
+
 def time_bundle(bundle_dir: Path, rounds: int | None = None, warmup: int = 2) -> dict:
-    """Check and time every candidate of the bundle against its reference; the results."""
+    """Check and time every candidate of the bundle against its reference; the results.
+
+    A case may name its own `function` and `inputs` (shapes and dtypes, generated here from the
+    bundle's seed): the kernel-config cases time one generated matmul function each."""
+    import myelin
+
     bundle = json.loads((bundle_dir / BUNDLE_JSON).read_text())
-    function = bundle["function"]
-    inputs = load_inputs(bundle_dir)
+    instance = myelin.Instance()  # one for every artifact: one device, created once
     reference = bundle_dir / bundle["reference"]
-    want = outputs_of(reference, function, inputs)
-    candidates = [c for case in bundle["cases"] for c in case["candidates"]]
-    status: dict[str, str] = {}
-    for c in candidates:
-        try:
-            got = outputs_of(bundle_dir / c["file"], function, inputs)
-        except Exception as e:  # a candidate that cannot run is a result, not the end
-            status[c["name"]] = f"failed: {type(e).__name__}: {e}"[:300]
+    shared = load_inputs(bundle_dir) if (bundle_dir / INPUTS_NPZ).is_file() else None
+    resident = bool(bundle.get("resident", False))
+    rows: dict[str, dict] = {}
+    references: dict[str, dict] = {}
+    for index, case in enumerate(bundle["cases"]):
+        if not case["candidates"]:
             continue
-        status[c["name"]] = "ok" if same_outputs(got, want) else "mismatch"
-    timed = [c for c in candidates if status[c["name"]] == "ok"]
-    timings = time_interleaved(
-        [reference, *(bundle_dir / c["file"] for c in timed)],
-        function,
-        inputs,
-        warmup=warmup,
-        rounds=rounds or bundle.get("rounds", 5),
-    )
-    base = timings[0]
-    rows = {name: {"status": s} for name, s in status.items()}
-    for c, t in zip(timed, timings[1:], strict=True):
-        rows[c["name"]].update(t.to_json(), relative=t.median_s / base.median_s)
+        function = case.get("function", bundle["function"])
+        if "inputs" in case:
+            inputs = generated_inputs(case["inputs"], bundle.get("seed", 0) + index)
+        else:
+            assert shared is not None, "a bundle without inputs.npz names each case's inputs"
+            inputs = shared
+        want = outputs_of(reference, function, inputs, instance)
+        status: dict[str, str] = {}
+        for c in case["candidates"]:
+            try:
+                got = outputs_of(bundle_dir / c["file"], function, inputs, instance)
+            except Exception as e:  # a candidate that cannot run is a result, not the end
+                status[c["name"]] = f"failed: {type(e).__name__}: {e}"[:300]
+                continue
+            tolerance = case.get("rtol")
+            same = (
+                same_outputs(got, want, rtol=tolerance, atol=tolerance)
+                if tolerance
+                else same_outputs(got, want)
+            )
+            status[c["name"]] = "ok" if same else "mismatch"
+        timed = [c for c in case["candidates"] if status[c["name"]] == "ok"]
+        timings = time_interleaved(
+            [reference, *(bundle_dir / c["file"] for c in timed)],
+            function,
+            inputs,
+            warmup=warmup,
+            rounds=rounds or bundle.get("rounds", 5),
+            resident=resident,
+            instance=instance,
+        )
+        base = timings[0]
+        references[case["dispatch"]] = base.to_json()
+        rows.update({name: {"status": s} for name, s in status.items()})
+        for c, t in zip(timed, timings[1:], strict=True):
+            rows[c["name"]].update(t.to_json(), relative=t.median_s / base.median_s)
+        del inputs, want
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
-        "reference": base.to_json(),
+        "reference": next(iter(references.values()), {}),
+        "references": references,
         "candidates": rows,
         "bundle": bundle,
     }

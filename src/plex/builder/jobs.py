@@ -79,6 +79,10 @@ class KernelsJob(Job):
     arch: str  # the kernels' CUDA arch (myelin.platforms.KERNELS_CUDA_ARCH)
     toolchain: str  # the generator's version (Triton's): new code for the same source
     what: str
+    # `[tuning.<name>] kernels`: the tuning database (by content) whose kernel-config entries
+    # choose configs per shape, and its `package:name` (for messages)
+    tuned: InputFile | None = None
+    tuned_ref: str | None = None
 
 
 @dataclass(frozen=True)

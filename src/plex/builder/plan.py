@@ -447,13 +447,22 @@ def _encode_node(
     return Node(encode_node_id(graph), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
 
 
+def kernel_configs_of(app: AppSpec) -> TuningSpec | None:
+    """The `[myelin] tuning` table whose `kernels` database chooses the kernel library's configs
+    (cuda tables only take one; the app selects at most one table per target)."""
+    return next((s for s in app.tuning if s.kernels is not None), None)
+
+
 def _kernels_node(app: AppSpec, graph: GraphSpec, library: str) -> Node:
+    tuned = kernel_configs_of(app)
     job = KernelsJob(
         source=Output(module_source_id(app, graph)),
         library=library,
         arch=KERNELS_CUDA_ARCH,
         toolchain=_kernels_toolchain(library),
         what=graph.ref,
+        tuned=None if tuned is None or tuned.kernels is None else InputFile(tuned.kernels),
+        tuned_ref=None if tuned is None else tuned.ref,
     )
     label = f"{library} kernels for {graph.ref}"
     return Node(kernels_node_id(graph, library), job, label=label, heavy=True)

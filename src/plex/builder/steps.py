@@ -363,15 +363,25 @@ def run_kernels(job: KernelsJob, ctx: NodeContext) -> None:
     with `kernel_sites` added (every matmul: where, shape, its kernel or why none) and the
     rewritten IR. Parameters stay where the source node has them (link reads them there)."""
     from myelin.kernels import apply_kernels
+    from myelin.kernels._space import tuned_configs
 
     source_dir = ctx.output(job.source)
     meta = read_import_meta(source_dir)
+    tuned = {}
+    if job.tuned is not None:
+        try:
+            tuned = tuned_configs(job.tuned.path.read_text(), job.arch, what=str(job.tuned.path))
+        except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+            raise BuildError(
+                f"kernel configs of {job.tuned_ref}: {e}; fix the file or run plex tune again"
+            ) from e
     try:
         result = apply_kernels(
             (source_dir / IMPORTED_MODULE).read_bytes(),
             library=job.library,
             arch=job.arch,
             what=job.what,
+            tuned=tuned,
         )
     except CompileError as e:
         raise BuildError(f"{job.library} kernels for graph {job.what} failed: {e}") from e

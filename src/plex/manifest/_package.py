@@ -95,11 +95,17 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
     tuning: dict[str, TuningSpec] = {}
     for tname, t in model.tuning.items():
         _check_name(doc, ("tuning", tname), tname, NAME)
-        if t.path is None and not t.layouts:
+        if t.path is None and not t.layouts and t.kernels is None:
             raise doc.error(
                 ("tuning", tname),
-                'sets nothing: give it a spec (path = "spec.mlir") or weight layouts '
-                '(layouts = { "*.weight" = "nk" })',
+                'sets nothing: give it a spec (path = "spec.mlir"), weight layouts '
+                '(layouts = { "*.weight" = "nk" }) or kernel configs (kernels = "tuning.json")',
+            )
+        if t.kernels is not None and t.target != "cuda":
+            raise doc.error(
+                ("tuning", tname, "kernels"),
+                f"kernel configs choose CUDA kernel-library kernels, not {t.target!r} code: "
+                'use target = "cuda" or remove kernels',
             )
         tuning[tname] = TuningSpec(
             ref=f"{name}:{tname}",
@@ -110,6 +116,9 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
             else _existing(doc, ("tuning", tname, "path"), folder, t.path),
             target=t.target,
             layouts=tuple(t.layouts.items()),
+            kernels=None
+            if t.kernels is None
+            else _existing(doc, ("tuning", tname, "kernels"), folder, t.kernels),
         )
 
     graphs = {

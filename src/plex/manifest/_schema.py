@@ -93,6 +93,9 @@ class TuningTable(_Table):
     target: Target
     # parameter glob ("scope::key" or "key") -> its stored layout; the last match wins
     layouts: dict[str, WeightLayout] = {}
+    # a tuning database (tuning.json) whose kernel-config entries choose the kernel library's
+    # config per matmul shape (myelin.kernels._space); cuda targets only
+    kernels: str | None = None
 
 
 # Ops an external backend may implement; myelin.backends rewrites them into calls to it.

@@ -96,6 +96,8 @@ class TuningSpec:
     target: str
     # (parameter glob, "nk" | "kn") in file order: the stored layouts it chooses
     layouts: tuple[tuple[str, str], ...] = ()
+    # tuning.json whose kernel-config entries choose the kernel library's configs per shape
+    kernels: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -493,6 +493,10 @@ class _Candidates:
     def build(self, specs: Sequence[str | None]) -> list[Path | None]:
         return self._build([(spec, self.layouts) for spec in specs])
 
+    def build_kernels(self, databases: Sequence[str]) -> list[Path | None]:
+        """Candidates with these kernel-config databases (tuning.json texts), no spec."""
+        return self._build([(None, self.layouts) for _ in databases], databases)
+
     def build_app(self, app_toml: str) -> Path | None:
         """One candidate of another app text (a backend placement), no spec, no layouts."""
         saved = self.app_toml
@@ -503,7 +507,9 @@ class _Candidates:
             self.app_toml = saved
 
     def _build(
-        self, wanted: Sequence[tuple[str | None, tuple[tuple[str, str], ...]]]
+        self,
+        wanted: Sequence[tuple[str | None, tuple[tuple[str, str], ...]]],
+        kernels: Sequence[str | None] = (),
     ) -> list[Path | None]:
         from plex.builder import make_executor
         from plex.builder.versions import fingerprint_salt
@@ -520,6 +526,7 @@ class _Candidates:
                     self.fingerprints,
                     self.cache,
                     layouts=layouts,
+                    kernels=kernels[i] if kernels else None,
                 ),
                 label=f"candidate {i}",
                 heavy=True,
@@ -599,6 +606,11 @@ def _spec_for(
     return render_spec(entries, header=header)
 
 
+def package_name(app: str) -> str:
+    """The tuning package's name stem for an app (`<stem>_tuning`)."""
+    return re.sub(r"[^a-z0-9_]", "_", app.lower()).lstrip("_0123456789") or "app"
+
+
 def _write_package(
     out_dir: Path,
     app: str,
@@ -609,7 +621,7 @@ def _write_package(
 ) -> Path:
     import tomli_w
 
-    name = re.sub(r"[^a-z0-9_]", "_", app.lower()).lstrip("_0123456789") or "app"
+    name = package_name(app)
     (out_dir / f"{device}.mlir").write_text(spec_text)
     table: dict = {"path": f"{device}.mlir", "target": target}
     if layouts:

@@ -50,6 +50,8 @@ class CandidateJob(Job):
     cache_dir: Path = keyless("the inner build's cache; a place, not an input")
     # weight layouts (parameter glob, "nk" | "kn"): myelin.tuning.layout
     layouts: tuple[tuple[str, str], ...] = ()
+    # kernel configs: a tuning.json text whose kernel-config entries the kernels node reads
+    kernels: str | None = None
 
 
 def candidate_app(
@@ -58,12 +60,14 @@ def candidate_app(
     spec: str | None,
     layouts: tuple[tuple[str, str], ...],
     target: str,
+    kernels: str | None = None,
 ) -> str:
-    """The app text that builds with this spec and these weight layouts: a package written
-    into `folder` holds them as one `[tuning.candidate]` table, which the app selects."""
+    """The app text that builds with this spec, these weight layouts and these kernel configs:
+    a package written into `folder` holds them as one `[tuning.candidate]` table, which the app
+    selects."""
     import tomli_w
 
-    if spec is None and not layouts:
+    if spec is None and not layouts and kernels is None:
         return app_toml
     package = folder / "candidate"
     package.mkdir()
@@ -73,6 +77,9 @@ def candidate_app(
         table["path"] = "spec.mlir"
     if layouts:
         table["layouts"] = dict(layouts)
+    if kernels is not None:
+        (package / "tuning.json").write_text(kernels, encoding="utf-8")
+        table["kernels"] = "tuning.json"
     (package / "plex.toml").write_text(
         tomli_w.dumps({"package": {"name": "plex_tune_candidate"}, "tuning": {"candidate": table}})
     )
@@ -84,7 +91,9 @@ def candidate_app(
 def run_candidate(job: CandidateJob, ctx: NodeContext) -> None:
     with tempfile.TemporaryDirectory(prefix="plex-tune-") as work:
         folder = Path(work)
-        app_text = candidate_app(job.app_toml, folder, job.spec, job.layouts, job.target)
+        app_text = candidate_app(
+            job.app_toml, folder, job.spec, job.layouts, job.target, job.kernels
+        )
         app = folder / "app.toml"
         app.write_text(app_text, encoding="utf-8")
         command = [
