@@ -4,7 +4,10 @@ Triton kernel for sm_90a (prefill, here) or the split-KV decode kernels (`_decod
 
 Only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention to IREE). Each
 kind has one config, checked on the H200 at the Llama-7B-shaped block's shapes (causal prefill
-2048 x 2048, decode 1 x 2049, d 128; numerics equal to torch eager's against fp32). Without a
+2048 x 2048, decode 1 x 2049, d 128; numerics equal to torch eager's against fp32); the masked
+decode kernel in the benchmark decoder (1 x 576 slots, d 64: its tokens equal the untuned
+build's). Masks: torch's causal mask goes to the flash kernel's `causal`; on decode (at most 16
+query rows) any additive mask of Q's dtype is read by the split-KV kernel. Without a
 GPU, the kernels' numerics are checked against torch in Triton's interpreter, and their sm_90a
 compile and the rewrite (tests/myelin/test_kernels_attention.py, test_kernels_decode_attention.py).
 docs/kernels.md says what remains.
