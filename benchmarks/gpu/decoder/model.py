@@ -15,7 +15,6 @@ torch eager runs the same module on CUDA, and the benchmark loads the weights PL
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -135,15 +134,18 @@ class Decoder(nn.Module):
         cos, sin = self.rope(pos)
         slots = torch.arange(self.c.max_len, device=token.device)
         write = (slots == pos)[None, None, :, None]
-        masked = torch.where(slots <= pos, 0.0, float("-inf")).to(self.c.dtype)
+        # Additive mask over the cache's slots (0: filled, -inf: not yet), as Llama's HF code
+        # passes `attn_mask` to `scaled_dot_product_attention`: softmax(q k^T / sqrt(d) + mask) v.
+        masked = torch.where(slots <= pos, 0.0, float("-inf")).to(self.c.dtype)[None, None, None]
         ks, vs = [], []
         for i, block in enumerate(self.blocks):
             q, k, v = block.qkv(x, cos, sin)
             kc = torch.where(write, k, k_cache[i])
             vc = torch.where(write, v, v_cache[i])
-            scores = q @ self.repeat_kv(kc).transpose(-1, -2) / math.sqrt(self.c.head_dim)
-            attn = torch.softmax((scores + masked).float(), dim=-1).to(self.c.dtype)
-            x = block.finish(x, attn @ self.repeat_kv(vc))
+            attn = F.scaled_dot_product_attention(
+                q, self.repeat_kv(kc), self.repeat_kv(vc), attn_mask=masked
+            )
+            x = block.finish(x, attn)
             ks.append(kc)
             vs.append(vc)
         logits = self.lm_head(self.norm(x[:, -1, :]))

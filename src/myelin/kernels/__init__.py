@@ -81,7 +81,7 @@ def apply_kernels(
 
     With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
     flash-attention kernel (prefill) or the split-KV kernels (decode: at most 16 query rows, no
-    mask) too (docs/kernels.md)."""
+    mask or an additive one) too (docs/kernels.md)."""
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
     from myelin.kernels import _attention, _rewrite, _space, _triton

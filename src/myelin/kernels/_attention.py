@@ -4,7 +4,10 @@ Triton kernel for sm_90a (prefill, here) or the split-KV decode kernels (`_decod
 
 Only `kernels = "triton-attention"` uses it (`kernels = "triton"` leaves attention to IREE). Each
 kind has one config, checked on the H200 at the Llama-7B-shaped block's shapes (causal prefill
-2048 x 2048, decode 1 x 2049, d 128; numerics equal to torch eager's against fp32). Without a
+2048 x 2048, decode 1 x 2049, d 128; numerics equal to torch eager's against fp32); the masked
+decode kernel in the benchmark decoder (1 x 576 slots, d 64: its tokens equal the untuned
+build's). Masks: torch's causal mask goes to the flash kernel's `causal`; on decode (at most 16
+query rows) any additive mask of Q's dtype is read by the split-KV kernel. Without a
 GPU, the kernels' numerics are checked against torch in Triton's interpreter, and their sm_90a
 compile and the rewrite (tests/myelin/test_kernels_attention.py, test_kernels_decode_attention.py).
 docs/kernels.md says what remains.
@@ -179,6 +182,8 @@ class AttentionMatch:
     # token-major [n, b, d] when a `linalg.transpose` [1, 0, 2] makes (or takes) the op's
     # operand (result); the transposes are then skipped (erased once unused).
     layouts: tuple[_Layout, _Layout, _Layout, _Layout] | None = None
+    # Split-KV decode with an additive mask [batch*heads, query length, key length]: the value.
+    mask: ir.Value | None = None
 
 
 def _owner(value: ir.Value):
@@ -236,6 +241,26 @@ def _causal_mask(value: ir.Value) -> list[ir.Operation] | None:
     if getattr(fill, "name", None) == "linalg.fill":
         chain.append(fill)
     return chain
+
+
+def _decode_mask_refusal(mask: ir.Value, shape: tuple[int, int, int, int], dtype: str) -> str:
+    """Why the split-KV kernel cannot read this (non-causal) mask, or "" when it can: an
+    additive mask of the query's dtype (`attn_mask=` a float tensor: 0 keeps a key, -inf hides
+    it), static [batch*heads, query length, key length], on a decode (few query rows)."""
+    elem = str(ir.RankedTensorType(mask.type).element_type)
+    if shape[1] > MAX_QUERY_ROWS:
+        return (
+            f"the mask is not the causal mask: a general mask is taken by the split-KV decode "
+            f"kernel only ({MAX_QUERY_ROWS} query rows at most; here {shape[1]})"
+        )
+    if elem != dtype:
+        return (
+            f"{elem} mask: the decode kernel takes an additive mask of the query's dtype "
+            f"({dtype}); pass attn_mask as a float tensor (0 / -inf), not a boolean one"
+        )
+    if _static_dims(mask.type) != [shape[0], shape[1], shape[2]]:
+        return "the mask's shape is not static [batch*heads, query length, key length]"
+    return ""
 
 
 _TOKEN_MAJOR = "array<i64: 1, 0, 2>"
@@ -394,27 +419,35 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             reason = "the scale is not a constant"
         elif [o.name for o in body] != ["iree_linalg_ext.yield"]:
             reason = "the scores are modified in the op's region"
-        elif has_mask and (mask_ops := _causal_mask(operands[4]) or []) == []:
-            reason = "the mask is not the causal mask"
         if not reason:
             shape = (dims[0][0], dims[0][1], dims[1][1], dims[0][2])
+        # A mask: torch's causal mask (the flash kernel's `causal`), else, for decode, an
+        # additive mask read by the split-KV kernel.
+        mask = None
+        if not reason and has_mask:
+            mask_ops = _causal_mask(operands[4]) or []
+            if not mask_ops:
+                mask, reason = operands[4], _decode_mask_refusal(operands[4], shape, dtype)
+        causal = has_mask and mask is None
         config: AttentionConfig | DecodeAttentionConfig | None = None
         kv_parts = None
         layouts = None
         how = "matched"
         if reason:
             pass
-        elif not has_mask and shape[1] <= MAX_QUERY_ROWS:
+        elif not causal and shape[1] <= MAX_QUERY_ROWS:
             # Decode: few query rows, many keys: split-KV; K and V each a concat of the same
             # two lengths (cache, new tokens) are read in their two parts.
-            config = DecodeAttentionConfig(dtype, shape[3], scale=float(scale_value))
+            config = DecodeAttentionConfig(
+                dtype, shape[3], scale=float(scale_value), masked=mask is not None
+            )
             kc, vc = _concat_parts(k), _concat_parts(v)
-            how = "matched (split-KV decode)"
+            how = "matched (split-KV decode" + (", additive mask)" if mask else ")")
             if kc is not None and vc is not None and kc.lengths == vc.lengths:
                 kv_parts = (kc, vc)
-                how = "matched (split-KV decode; K, V read from the concat's two parts)"
+                how = how[:-1] + "; K, V read from the concat's two parts)"
         else:
-            config = AttentionConfig(dtype, shape[3], causal=has_mask, scale=float(scale_value))
+            config = AttentionConfig(dtype, shape[3], causal=causal, scale=float(scale_value))
             layouts = (*(_operand_layout(x) for x in (q, k, v)), _result_layout(op.results[0]))
             skipped = sum(x.transpose is not None for x in layouts)
             if skipped:
@@ -422,7 +455,7 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
         site = {
             "function": _function_name(op),
             "location": str(op.location),
-            "op": "attention_causal" if has_mask else "attention",
+            "op": "attention_masked" if mask else "attention_causal" if causal else "attention",
             "m": shape[1] if not reason else None,
             "n": shape[3] if not reason else None,
             "k": shape[2] if not reason else None,
@@ -431,7 +464,7 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             "kernel": None if config is None else config.name,
             "reason": reason or how,
         }
-        matches.append(AttentionMatch(site, config, op, shape, mask_ops, kv_parts, layouts))
+        matches.append(AttentionMatch(site, config, op, shape, mask_ops, kv_parts, layouts, mask))
     return matches
 
 
@@ -500,8 +533,11 @@ def _decode_call(
         (k1, k2), (v1, v2) = kc.views(), vc.views()
         n1, n2 = kc.lengths
     types = (str(q.type), str(k1.type), str(k2.type), str(m.op.results[0].type))
-    text = _decode_attention.wrapper_text(_NAME, m.config, kernels, types, (bh, sq, n1, n2))
-    return text, [q, k1, v1, k2, v2]
+    mask_type = None if m.mask is None else str(m.mask.type)
+    text = _decode_attention.wrapper_text(
+        _NAME, m.config, kernels, types, (bh, sq, n1, n2), mask_type
+    )
+    return text, [q, k1, v1, k2, v2] + ([] if m.mask is None else [m.mask])
 
 
 def rewrite(
