@@ -209,17 +209,20 @@ def import_model(
     min_bytes: int,
     base_dir: Path,
     host_fallback: str | None = None,
+    host_first: set[str] | frozenset[str] = frozenset(),
 ) -> ImportedOnnx:
     """Import a preprocessed model (shapes inferred, graph named after the entrypoint).
 
-    With `host_fallback` (the VM module name), a node that does not lower is moved to the host
-    (myelin.frontends._onnx_host) and the import starts again, until the rest lowers: a node
-    fails in whichever pass it fails, and only a fresh import can take it out before that pass.
+    With `host_fallback` (the VM module name), the nodes in `host_first` (known to compute
+    wrong in IREE) run on the host from the start, and a node that does not lower is moved to
+    the host (myelin.frontends._onnx_host) and the import starts again, until the rest lowers:
+    a node fails in whichever pass it fails, and only a fresh import can take it out before
+    that pass.
     """
     if host_fallback is None:
         return _import_model(model, scope=scope, min_bytes=min_bytes, base_dir=base_dir)
-    wanted: set[str] = set()
     nodes = {n.name for n in model.graph.node}
+    wanted: set[str] = set(host_first) & nodes
     for _ in range(len(nodes) + 1):
         try:
             imported = _import_model(

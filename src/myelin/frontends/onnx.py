@@ -5,7 +5,8 @@ Steps (each fixes a failure class measured on onnx's backend node tests, docs/on
 load without external data (weights are memory-mapped at import), upgrade old opsets, expand ops
 IREE lacks into their ONNX function bodies, refuse op domains and element types IREE cannot
 handle, fold build-time-computable values into constants, rewrite a few ops into forms IREE has,
-warn about ops known to compute wrong values in IREE 3.13, import with IREE's ONNX importer,
+import with IREE's ONNX importer, warn about ops known to compute wrong values in IREE 3.13 (or,
+with host fallback, run them on the host),
 refuse ops the ONNX->torch conversion cannot lower (naming them and their nodes), and lower the
 rest to linalg. docs/frontends.md lists every step for users."""
 
@@ -29,12 +30,15 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         "got {names} (list one name in entrypoints)"
     )
     model, warnings = prepare(request.source, entrypoint=entrypoint)
+    # with host fallback, nodes IREE 3.13 is known to compute wrong run on the host as well
+    wrong = checks.silently_wrong_nodes(model) if request.host_fallback else {}
     imported = import_model(
         model,
         scope=request.scope,
         min_bytes=DEFAULT_MIN_PARAMETER_BYTES,
         base_dir=request.source.parent,
         host_fallback=request.module_name if request.host_fallback else None,
+        host_first=set(wrong),
     )
     if imported.unlowered:
         raise CompileError(
@@ -42,11 +46,16 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
             f"{checks.describe_ops(imported.unlowered)}; replace them in the exporter, or "
             "check docs/onnx-coverage.md for supported variants"
         )
+    warnings += checks.silently_wrong(model, skip={n.node for n in imported.host_nodes})
     for node in imported.host_nodes:
+        why = (
+            f"IREE 3.13 computes it wrong: {wrong[node.node]}"
+            if node.node in wrong
+            else "IREE 3.13 cannot lower it"
+        )
         warnings.append(
-            f"node {node.node!r} ({node.op_type}) runs on the host (host_fallback: IREE 3.13 "
-            "cannot lower it): each call waits for the device, copies its results back and runs "
-            "the op in ONNX Runtime"
+            f"node {node.node!r} ({node.op_type}) runs on the host (host_fallback: {why}): each "
+            "call waits for the device, copies its results back and runs the op in ONNX Runtime"
         )
     return FrontendResult(
         mlir=imported.mlir,
@@ -101,7 +110,7 @@ def prepare(
             f"{checks.describe_ops(foreign)}"
         )
     model, _ = prep.fold_constants(model)
-    if prep.decompose_vector_matmuls(model):
+    if prep.decompose_vector_matmuls(model) + prep.split_fp8_half_casts(model):
         prep.name_nodes(model)
         model = prep.infer_shapes(model)
     problems = checks.unsupported_types(model)
@@ -110,7 +119,6 @@ def prepare(
             f"{path.name}: IREE 3.13 cannot compile {'; '.join(problems)}; cast them to a "
             "supported type (float32/float16/bfloat16/int8/...) in the exporter"
         )
-    warnings += checks.silently_wrong(model)
     for name, user in prep.static_operand_inputs(model).items():
         warnings.append(
             f"graph input {name!r} feeds {user}, which IREE needs as a build-time constant; "
