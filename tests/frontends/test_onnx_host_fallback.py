@@ -274,3 +274,44 @@ def test_a_host_node_with_an_omitted_optional_output(tmp_path):
     with loaded.session() as s:
         h = s.call("forward", x)
     np.testing.assert_allclose(h, want, rtol=1e-5, atol=1e-6)
+
+
+def _binarizer_model() -> onnx.ModelProto:
+    """An ai.onnx.ml model (no ai.onnx opset at all): Binarizer, then ArrayFeatureExtractor."""
+    f32 = onnx.TensorProto.FLOAT
+    nodes = [
+        helper.make_node(
+            "Binarizer", ["x"], ["b"], name="binarize", domain="ai.onnx.ml", threshold=0.25
+        ),
+        helper.make_node(
+            "ArrayFeatureExtractor", ["b", "columns"], ["y"], name="pick", domain="ai.onnx.ml"
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "forward",
+        [helper.make_tensor_value_info("x", f32, [3, 5])],
+        [helper.make_tensor_value_info("y", f32, [3, 2])],
+        initializer=[onnx.numpy_helper.from_array(np.array([4, 1], np.int64), "columns")],
+        value_info=[helper.make_tensor_value_info("b", f32, [3, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    return model
+
+
+def test_ops_of_other_domains_run_on_the_host(tmp_path):
+    """IREE lowers only ai.onnx ops. Without host fallback an ai.onnx.ml model is one clear build
+    error; with it both nodes run in ONNX Runtime and the result matches it."""
+    model = _binarizer_model()
+    with pytest.raises(BuildError, match="host_fallback = true"):
+        _build(tmp_path, model, fallback=False)
+
+    x = np.random.default_rng(0).standard_normal((3, 5), dtype=np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    loaded, listed = _build(tmp_path, model, fallback=True)
+    for node in ("binarize", "pick"):
+        assert any(f"node '{node}'" in m and "outside ai.onnx" in m for m in listed), listed
+    with loaded.session() as s:
+        y = s.call("forward", x)
+    np.testing.assert_array_equal(y, want)

@@ -29,16 +29,20 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         f"{request.source.name}: an ONNX model has one graph, so one entrypoint; "
         "got {names} (list one name in entrypoints)"
     )
-    model, warnings = prepare(request.source, entrypoint=entrypoint)
-    # with host fallback, nodes IREE 3.13 is known to compute wrong run on the host as well
+    model, warnings = prepare(
+        request.source, entrypoint=entrypoint, host_fallback=request.host_fallback
+    )
+    # with host fallback, nodes IREE 3.13 is known to compute wrong, and nodes of other
+    # domains (ai.onnx.ml, training), run on the host from the start
     wrong = checks.silently_wrong_nodes(model) if request.host_fallback else {}
+    foreign = checks.foreign_ops(model) if request.host_fallback else {}
     imported = import_model(
         model,
         scope=request.scope,
         min_bytes=DEFAULT_MIN_PARAMETER_BYTES,
         base_dir=request.source.parent,
         host_fallback=request.module_name if request.host_fallback else None,
-        host_first=set(wrong),
+        host_first=set(wrong) | set(foreign),
     )
     if imported.unlowered:
         raise CompileError(
@@ -48,11 +52,12 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         )
     warnings += checks.silently_wrong(model, skip={n.node for n in imported.host_nodes})
     for node in imported.host_nodes:
-        why = (
-            f"IREE 3.13 computes it wrong: {wrong[node.node]}"
-            if node.node in wrong
-            else "IREE 3.13 cannot lower it"
-        )
+        if node.node in wrong:
+            why = f"IREE 3.13 computes it wrong: {wrong[node.node]}"
+        elif node.node in foreign:
+            why = f"IREE 3.13 lowers no {foreign[node.node]!r}, an op outside ai.onnx"
+        else:
+            why = "IREE 3.13 cannot lower it"
         warnings.append(
             f"node {node.node!r} ({node.op_type}) runs on the host (host_fallback: {why}): each "
             "call waits for the device, copies its results back and runs the op in ONNX Runtime"
@@ -83,18 +88,23 @@ def dim_names(model: onnx.ModelProto) -> dict[str, dict[int, str]]:
 
 
 def prepare(
-    path: Path, *, entrypoint: str = DEFAULT_ENTRYPOINT
+    path: Path, *, entrypoint: str = DEFAULT_ENTRYPOINT, host_fallback: bool = False
 ) -> tuple[onnx.ModelProto, list[str]]:
-    """Load and preprocess a model for import; returns it with the build warnings."""
+    """Load and preprocess a model for import; returns it with the build warnings. With
+    `host_fallback`, ops outside ai.onnx are kept (they will run on the host)."""
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # protobuf DecodeError, OSError
         raise CompileError(f"{path.name}: not a readable ONNX model ({e})") from e
     if not prep.default_opset(model):
-        raise CompileError(
-            f"{path.name}: the model imports no default-domain (ai.onnx) opset; models made only "
-            "of ai.onnx.ml or training ops are not supported by IREE"
-        )
+        if not host_fallback:
+            raise CompileError(
+                f"{path.name}: the model imports no default-domain (ai.onnx) opset; models made "
+                "only of ai.onnx.ml or training ops are not supported by IREE (with "
+                "host_fallback = true they run on the host)"
+            )
+        # IREE's importer and ONNX->torch pass read the default opset of every function
+        model.opset_import.append(onnx.helper.make_opsetid("", prep.MIN_OPSET))
     prep.name_nodes(model)
     warnings: list[str] = []
     model, note = prep.upgrade_opset(model)
@@ -104,10 +114,10 @@ def prepare(
     model, _ = prep.expand_functions(model)
     prep.name_nodes(model)  # inlined function bodies come with unnamed nodes
     foreign = checks.foreign_ops(model)
-    if foreign:
+    if foreign and not host_fallback:
         raise CompileError(
             f"{path.name}: ops outside the ai.onnx domain are not supported by IREE 3.13: "
-            f"{checks.describe_ops(foreign)}"
+            f"{checks.describe_ops(foreign)} (with host_fallback = true they run on the host)"
         )
     model, _ = prep.fold_constants(model)
     if prep.decompose_vector_matmuls(model) + prep.split_fp8_half_casts(model):
