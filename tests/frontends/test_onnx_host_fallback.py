@@ -315,3 +315,44 @@ def test_ops_of_other_domains_run_on_the_host(tmp_path):
     with loaded.session() as s:
         y = s.call("forward", x)
     np.testing.assert_array_equal(y, want)
+
+
+def test_a_node_whose_lowering_fails_halfway_falls_back(tmp_path):
+    """RoiAlign lowers to `torch.torchvision.roi_align`, whose conversion fails on a
+    location-less constant after part of the node became linalg ops: the node is still the
+    only candidate, so it runs on the host and the result matches ONNX Runtime."""
+    f32, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    roi = helper.make_node(
+        "RoiAlign",
+        ["x", "rois", "batch"],
+        ["y"],
+        name="roi",
+        output_height=3,
+        output_width=3,
+        sampling_ratio=2,
+        spatial_scale=1.0,
+    )
+    graph = helper.make_graph(
+        [roi],
+        "forward",
+        [
+            helper.make_tensor_value_info("x", f32, [1, 2, 8, 8]),
+            helper.make_tensor_value_info("rois", f32, [2, 4]),
+            helper.make_tensor_value_info("batch", i64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", f32, [2, 2, 3, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal((1, 2, 8, 8), dtype=np.float32),
+        "rois": np.array([[0, 0, 5, 5], [1, 2, 7, 6]], np.float32),
+        "batch": np.zeros(2, np.int64),
+    }
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    loaded, listed = _build(tmp_path, model, fallback=True)
+    assert any("node 'roi' (RoiAlign) runs on the host" in m for m in listed), listed
+    with loaded.session() as s:
+        y = s.call("forward", *feeds.values())
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)

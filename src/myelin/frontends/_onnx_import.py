@@ -348,7 +348,7 @@ def _run(module: ir.Operation, pipeline: str, op_types: dict[str, str]) -> None:
         except ir.MLIRError as e:
             error = CompileError(f"lowering the ONNX model failed: {_describe(e, op_types)}")
             # for host fallback: the node the failure names, else the one node left to blame
-            error.node = _failing_node(e) or _sole_op_node(module)  # type: ignore[attr-defined]
+            error.node = _failing_node(e) or _sole_op_node(module, op_types)  # type: ignore[attr-defined]
             raise error from e
 
 
@@ -368,21 +368,26 @@ def _failing_node(error: ir.MLIRError) -> str | None:
     return None
 
 
-def _sole_op_node(module: ir.Operation) -> str | None:
+def _sole_op_node(module: ir.Operation, op_types: dict[str, str] | None = None) -> str | None:
     """The node of the module's torch ops when exactly one node has any (constants aside).
 
     A conversion can fail on an op with no location (e.g. the `torch.constant.int` of a DFT
     whose axis is a constant), which names no node; the failed pass leaves the IR as it was,
-    so in a model whose only non-constant node is that one, it is the node to blame. With
-    several candidates nothing is guessed (a guess would move a node that lowers to the host)."""
+    so in a model whose only non-constant node is that one, it is the node to blame. A pass
+    that fails halfway leaves the node's ops partly lowered (RoiAlign: a
+    `torch.torchvision.roi_align` next to linalg ops), so an op of any dialect located at a
+    non-Constant node of `op_types` (node -> op type) counts too. With several candidates
+    nothing is guessed (a guess would move a node that lowers to the host)."""
+    op_types = op_types or {}
     nodes: set[str] = set()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        name = op.name
-        if name.startswith(("torch.aten.", "torch.prims.", "torch.operator")):
-            node = _node_of(op.location)
-            if node:
-                nodes.add(node)
+        node = _node_of(op.location)
+        if node and (
+            op_types.get(node, "Constant") != "Constant"
+            or op.name.startswith(("torch.aten.", "torch.prims.", "torch.operator"))
+        ):
+            nodes.add(node)
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
