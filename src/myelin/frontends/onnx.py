@@ -5,10 +5,10 @@ Steps (each fixes a failure class measured on onnx's backend node tests, docs/on
 load without external data (weights are memory-mapped at import), upgrade old opsets, expand ops
 IREE lacks into their ONNX function bodies, refuse op domains and element types IREE cannot
 handle, fold build-time-computable values into constants, rewrite a few ops into forms IREE has,
-import with IREE's ONNX importer, warn about ops known to compute wrong values in IREE 3.13 (or,
-with host fallback, run them on the host),
+import with IREE's ONNX importer, warn about ops known to compute wrong values in IREE 3.13,
 refuse ops the ONNX->torch conversion cannot lower (naming them and their nodes), and lower the
-rest to linalg. docs/frontends.md lists every step for users."""
+rest to linalg. With host fallback, the unlowerable, the known-wrong and the foreign-domain nodes
+run on the host instead. docs/frontends.md lists every step for users."""
 
 from __future__ import annotations
 

@@ -163,7 +163,8 @@ def _method(
         if fences:
             refs[n_in].deref(rt.HalFence).wait()
             signal = refs[n_in + 1].deref(rt.HalFence)
-        arrays = [_as_recorded(_to_numpy(r), d) for r, d in zip(refs, input_dtypes, strict=False)]
+        arguments = zip(refs[:n_in], input_dtypes, strict=True)
+        arrays = [_as_recorded(_to_numpy(r), dtype) for r, dtype in arguments]
         outputs = host.run(name, arrays)
         views = []
         for array, recorded in zip(outputs, output_dtypes, strict=True):
