@@ -20,7 +20,7 @@ pytest.importorskip("onnx")
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = 60
-PASS_FLOOR = 48  # measured 48 of 60 (2 skipped): see docs/onnx-coverage.md, "CI sample"
+PASS_FLOOR = 50  # measured 51 of 60 (2 skipped): see docs/onnx-coverage.md, "CI sample"
 
 
 @pytest.mark.slow

@@ -243,3 +243,41 @@ def test_ops_without_lowering_are_expanded_into_their_function_bodies(tmp_path: 
     mln = build(write_package(tmp_path / "block", model), tmp_path / "block.mln").output
     x = np.random.default_rng(2).standard_normal((2, 4, 8)).astype(np.float32)
     assert relerr(run(mln, x), reference(model, x=x)) < RTOL
+
+
+def test_an_opset_upgrade_that_would_change_the_graph_signature_is_not_made() -> None:
+    """onnx's version converter takes Scan 8 -> 9 by dropping the batch axis from the graph's
+    inputs and outputs: a different function. The frontend keeps the opset-8 model (and says
+    so) instead of building something that refuses the model's own inputs."""
+    from myelin.frontends._onnx_preprocess import upgrade_opset
+
+    f32 = TensorProto.FLOAT
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["s", "x_t"], ["s_next"]),
+            helper.make_node("Identity", ["s_next"], ["y_t"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info(n, f32, [2]) for n in ("s", "x_t")],
+        [helper.make_tensor_value_info(n, f32, [2]) for n in ("s_next", "y_t")],
+    )
+    scan = helper.make_node(
+        "Scan", ["", "init", "xs"], ["final", "ys"], num_scan_inputs=1, body=body
+    )
+    graph = helper.make_graph(
+        [scan],
+        "scan",
+        [
+            helper.make_tensor_value_info("init", f32, [1, 2]),
+            helper.make_tensor_value_info("xs", f32, [1, 3, 2]),
+        ],
+        [
+            helper.make_tensor_value_info("final", f32, [1, 2]),
+            helper.make_tensor_value_info("ys", f32, [1, 3, 2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    model.ir_version = 4
+    kept, note = upgrade_opset(model)
+    assert kept is model
+    assert note is not None and "would change the graph's inputs or outputs; kept 8" in note

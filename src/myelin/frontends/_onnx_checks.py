@@ -3,13 +3,14 @@
 Refusals name the op or type and the nodes that use it, before IREE prints a page of
 legalization errors. Warnings cover ops that compile and run in IREE 3.13 but were measured to
 give wrong values in some configurations (docs/onnx-coverage.md): a build that contains
-one says so instead of passing silently. (Weighted SoftmaxCrossEntropyLoss, wrong in IREE's own
-lowering, is not here: the preprocessing always expands it into its function body, which is right.)
+one says so instead of passing silently, and with host fallback the node runs on the host.
+(Weighted SoftmaxCrossEntropyLoss, wrong in IREE's own lowering, is not here: the preprocessing
+always expands it into its function body, which is right.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 import onnx
@@ -28,12 +29,14 @@ UNSUPPORTED_TYPES: dict[int, str] = {
 }
 _INT4_TYPES = {TP.INT4, TP.UINT4}
 
-_FP8_TYPES = {
-    TP.FLOAT8E4M3FN,
-    TP.FLOAT8E4M3FNUZ,
-    TP.FLOAT8E5M2,
-    TP.FLOAT8E5M2FNUZ,
-}
+FP8_TYPES = frozenset(
+    {
+        TP.FLOAT8E4M3FN,
+        TP.FLOAT8E4M3FNUZ,
+        TP.FLOAT8E5M2,
+        TP.FLOAT8E5M2FNUZ,
+    }
+)
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -72,13 +75,13 @@ def _gridsample(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str |
 def _cast_fp8(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | None:
     a = _attrs(node)
     target = a.get("to") if node.op_type == "Cast" else _elem(types, node.input[1])
-    if target in _FP8_TYPES and a.get("saturate", 1):
+    if target in FP8_TYPES and a.get("saturate", 1):
         return f"{node.op_type} to float8 ignores saturate=1 (NaN instead of the max value)"
     return None
 
 
 def _quantize_fp8(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> str | None:
-    if _has_input(node, 2) and _elem(types, node.input[2]) in _FP8_TYPES:
+    if _has_input(node, 2) and _elem(types, node.input[2]) in FP8_TYPES:
         return "QuantizeLinear to float8 ignores saturation (NaN instead of the max value)"
     return None
 
@@ -136,17 +139,28 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return types
 
 
-def silently_wrong(model: onnx.ModelProto) -> list[str]:
-    """One warning per (op, reason), naming up to 3 of the nodes concerned."""
+def silently_wrong_nodes(model: onnx.ModelProto) -> dict[str, str]:
+    """{node name: why IREE 3.13 may compute it wrong} for the main graph's nodes that
+    SILENTLY_WRONG flags; with host fallback these nodes run on the host."""
     types = value_types(model)
-    by_reason: dict[str, list[str]] = {}
+    found: dict[str, str] = {}
     for node in model.graph.node:
         check = SILENTLY_WRONG.get(node.op_type)
         if check is None or node.domain not in ("", "ai.onnx"):
             continue
         reason = check(node, types)
         if reason:
-            by_reason.setdefault(reason, []).append(node.name)
+            found[node.name] = reason
+    return found
+
+
+def silently_wrong(model: onnx.ModelProto, *, skip: Collection[str] = ()) -> list[str]:
+    """One warning per (op, reason), naming up to 3 of the nodes concerned; nodes in `skip`
+    (moved to the host) are left out."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in silently_wrong_nodes(model).items():
+        if node not in skip:
+            by_reason.setdefault(reason, []).append(node)
     return [
         f"{reason} in IREE 3.13 (nodes {_names(nodes)}); check its outputs against a reference"
         for reason, nodes in by_reason.items()
@@ -171,7 +185,7 @@ def unsupported_types(model: onnx.ModelProto) -> list[str]:
     fp8_io = [
         vi.name
         for vi in io
-        if vi.type.tensor_type.elem_type in _FP8_TYPES and not _signature_has(vi.type)
+        if vi.type.tensor_type.elem_type in FP8_TYPES and not _signature_has(vi.type)
     ]
     if fp8_io:  # myelin's signature dtype table has no float8 entry (yet)
         found.setdefault("float8 graph input/output", []).extend(fp8_io)

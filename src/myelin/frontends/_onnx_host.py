@@ -100,10 +100,15 @@ def replace_with_host_calls(
                 continue
             if any(n not in types for n in node.output if n):
                 continue
+            # an omitted optional output (LSTM's Y when only Y_h is asked for) is a !torch.none
+            # result: not a tensor of the call, the VM has no such type
+            kept = [k for k, r in enumerate(op.results) if "vtensor" in str(r.type)]
+            if len(kept) != len([n for n in node.output if n]):
+                continue
             function = f"{module_name}_{i}"
             symbol = f"{HOST_MODULE}.{function}"
             arg_types = [v.type for v in operands]
-            result_types = [r.type for r in op.results]
+            result_types = [op.results[k].type for k in kept]
             declaration = ir.Operation.create(
                 "func.func",
                 attributes={
@@ -132,8 +137,15 @@ def replace_with_host_calls(
                 loc=op.location,
             )
             ir.InsertionPoint(op).insert(call)
-            for old, new in zip(op.results, call.results, strict=True):
-                old.replace_all_uses_with(new)
+            for k, new in zip(kept, call.results, strict=True):
+                op.results[k].replace_all_uses_with(new)
+            for k, result in enumerate(op.results):
+                if k not in kept:
+                    none = ir.Operation.create(
+                        "torch.constant.none", results=[result.type], loc=op.location
+                    )
+                    ir.InsertionPoint(op).insert(none)
+                    result.replace_all_uses_with(none.result)
             op.erase()
             host.append(
                 HostNode(

@@ -209,17 +209,20 @@ def import_model(
     min_bytes: int,
     base_dir: Path,
     host_fallback: str | None = None,
+    host_first: set[str] | frozenset[str] = frozenset(),
 ) -> ImportedOnnx:
     """Import a preprocessed model (shapes inferred, graph named after the entrypoint).
 
-    With `host_fallback` (the VM module name), a node that does not lower is moved to the host
-    (myelin.frontends._onnx_host) and the import starts again, until the rest lowers: a node
-    fails in whichever pass it fails, and only a fresh import can take it out before that pass.
+    With `host_fallback` (the VM module name), the nodes in `host_first` (known to compute
+    wrong in IREE) run on the host from the start, and a node that does not lower is moved to
+    the host (myelin.frontends._onnx_host) and the import starts again, until the rest lowers:
+    a node fails in whichever pass it fails, and only a fresh import can take it out before
+    that pass.
     """
     if host_fallback is None:
         return _import_model(model, scope=scope, min_bytes=min_bytes, base_dir=base_dir)
-    wanted: set[str] = set()
     nodes = {n.name for n in model.graph.node}
+    wanted: set[str] = set(host_first) & nodes
     for _ in range(len(nodes) + 1):
         try:
             imported = _import_model(
@@ -345,7 +348,7 @@ def _run(module: ir.Operation, pipeline: str, op_types: dict[str, str]) -> None:
         except ir.MLIRError as e:
             error = CompileError(f"lowering the ONNX model failed: {_describe(e, op_types)}")
             # for host fallback: the node the failure names, else the one node left to blame
-            error.node = _failing_node(e) or _sole_op_node(module)  # type: ignore[attr-defined]
+            error.node = _failing_node(e) or _sole_op_node(module, op_types)  # type: ignore[attr-defined]
             raise error from e
 
 
@@ -365,21 +368,26 @@ def _failing_node(error: ir.MLIRError) -> str | None:
     return None
 
 
-def _sole_op_node(module: ir.Operation) -> str | None:
+def _sole_op_node(module: ir.Operation, op_types: dict[str, str] | None = None) -> str | None:
     """The node of the module's torch ops when exactly one node has any (constants aside).
 
     A conversion can fail on an op with no location (e.g. the `torch.constant.int` of a DFT
     whose axis is a constant), which names no node; the failed pass leaves the IR as it was,
-    so in a model whose only non-constant node is that one, it is the node to blame. With
-    several candidates nothing is guessed (a guess would move a node that lowers to the host)."""
+    so in a model whose only non-constant node is that one, it is the node to blame. A pass
+    that fails halfway leaves the node's ops partly lowered (RoiAlign: a
+    `torch.torchvision.roi_align` next to linalg ops), so an op of any dialect located at a
+    non-Constant node of `op_types` (node -> op type) counts too. With several candidates
+    nothing is guessed (a guess would move a node that lowers to the host)."""
+    op_types = op_types or {}
     nodes: set[str] = set()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        name = op.name
-        if name.startswith(("torch.aten.", "torch.prims.", "torch.operator")):
-            node = _node_of(op.location)
-            if node:
-                nodes.add(node)
+        node = _node_of(op.location)
+        if node and (
+            op_types.get(node, "Constant") != "Constant"
+            or op.name.startswith(("torch.aten.", "torch.prims.", "torch.operator"))
+        ):
+            nodes.add(node)
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)

@@ -10,8 +10,9 @@ Each step fixes a failure class of the raw importer measured over ONNX's backend
 - values computable at build time (Shape of a static tensor, arithmetic on constants) are folded
   into constants, because the lowering needs axes, pads, starts or shapes as constants, and an
   If on such a value is replaced by the branch it takes (IREE cannot lower If);
-- a few ops get rewritten into forms IREE has (MatMul on vectors; CumProd, prepared for the
-  rewrite to torch.aten.cumprod in _onnx_torch_ops);
+- a few ops get rewritten into forms IREE has (MatMul on vectors; casts between float8 and
+  float16, through float32; CumProd, prepared for the rewrite to torch.aten.cumprod in
+  _onnx_torch_ops);
 - shape inference runs last, so every value has the type the importer needs.
 The graph-input helpers at the end (static_operand_inputs, freeze_inputs) serve the build warning
 and tools/onnx_coverage.py.
@@ -28,6 +29,8 @@ import onnx
 import onnx.inliner
 import onnx.version_converter
 from onnx import helper, numpy_helper
+
+from myelin.frontends._onnx_checks import FP8_TYPES
 
 # Models below this default-domain opset are upgraded (17: the opset these rewrites were
 # measured at).
@@ -135,10 +138,23 @@ def upgrade_opset(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     if not version or version >= MIN_OPSET:
         return model, None
     try:
-        return onnx.version_converter.convert_version(model, MIN_OPSET), None
+        upgraded = onnx.version_converter.convert_version(model, MIN_OPSET)
     except Exception as e:  # the converter raises bare RuntimeErrors from C++
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return model, f"could not upgrade opset {version} to {MIN_OPSET} ({first}); kept {version}"
+    if _interface(upgraded) != _interface(model):
+        # e.g. Scan 8 -> 9 drops the batch axis from the graph's inputs and outputs: the
+        # upgraded model is a different function, so the original is kept
+        return model, (
+            f"upgrading opset {version} to {MIN_OPSET} would change the graph's inputs or "
+            f"outputs; kept {version}"
+        )
+    return upgraded, None
+
+
+def _interface(model: onnx.ModelProto) -> list[str]:
+    """The graph's inputs and outputs with their types, as text (for comparing two models)."""
+    return [str(v.type) for v in (*model.graph.input, *model.graph.output)]
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -419,6 +435,50 @@ def decompose_vector_matmuls(model: onnx.ModelProto) -> int:
     if rewritten:
         del model.graph.node[:]
         model.graph.node.extend(nodes)
+    return rewritten
+
+
+def split_fp8_half_casts(model: onnx.ModelProto) -> int:
+    """Cast/CastLike between float8 and float16 -> two casts through float32. IREE 3.13's CPU
+    code generation has no `arith.extf`/`arith.truncf` between f8 and f16 vectors (the compile
+    fails), but converts both to and from f32. Exact: float16 -> float32 and float8 -> float32
+    are exact, so the float8 rounding (and `saturate`) happens once, in the second cast.
+    Returns the number of nodes rewritten; shapes must be inferred again after it."""
+    graph = model.graph
+    elem = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in [*graph.input, *graph.value_info, *graph.output]
+    }
+    elem.update({t.name: t.data_type for t in graph.initializer})
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    nodes: list[onnx.NodeProto] = []
+    rewritten = 0
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Cast":
+            target = attrs.get("to")
+        elif node.op_type == "CastLike":
+            target = elem.get(node.input[1])
+        else:
+            target = None
+        pair = {elem.get(node.input[0]) if node.input else None, target}
+        if node.domain not in ("", "ai.onnx") or not (
+            f16 in pair and len(pair) == 2 and pair - {f16} <= FP8_TYPES
+        ):
+            nodes.append(node)
+            continue
+        # the second cast keeps the node's op and attributes: IREE lowers CastLike f32->f8
+        # but not Cast f32->f8 (that one falls back to the host, or fails the build)
+        wide = f"{node.name}_f32"
+        nodes.append(helper.make_node("Cast", [node.input[0]], [wide], name=wide, to=f32))
+        second = onnx.NodeProto()
+        second.CopyFrom(node)
+        second.input[0] = wide
+        nodes.append(second)
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
     return rewritten
 
 

@@ -103,7 +103,7 @@ class HostFunctions:
         for name, record in self._records.items():
             n_in, n_out = len(record["inputs"]), len(record["outputs"])
             refs = "r" * (n_in + (2 if fences else 0))
-            method = _method(host, name, device, n_in, record["outputs"], fences)
+            method = _method(host, name, device, record["inputs"], record["outputs"], fences)
             iface.export(name, f"0{refs}_{'r' * n_out}", method)
         return iface.create()
 
@@ -137,22 +137,35 @@ def _to_numpy(ref: Any) -> np.ndarray:
     return view.map().asarray(tuple(view.shape), dtype)
 
 
+def _as_recorded(array: np.ndarray, recorded: str) -> np.ndarray:
+    """The argument as the node's own dtype: IREE integers are signless, so a uint16 tensor
+    arrives as int16 (same bytes), which ONNX Runtime refuses and the reference misreads."""
+    if array.dtype.name == recorded or recorded in _ML_DTYPES:
+        return array
+    dtype = np.dtype(recorded)
+    if dtype.itemsize == array.dtype.itemsize and dtype.kind in "iub":
+        return array.view(dtype)
+    return array
+
+
 def _method(
     host: HostFunctions,
     name: str,
     device: rt.HalDevice,
-    n_in: int,
+    input_dtypes: Sequence[str],
     output_dtypes: Sequence[str],
     fences: bool,
 ) -> Callable:
-    n_out = len(output_dtypes)
+    n_in, n_out = len(input_dtypes), len(output_dtypes)
 
     def call(self: Any, *refs: Any) -> Any:
         signal = None
         if fences:
             refs[n_in].deref(rt.HalFence).wait()
             signal = refs[n_in + 1].deref(rt.HalFence)
-        outputs = host.run(name, [_to_numpy(r) for r in refs[:n_in]])
+        arguments = zip(refs[:n_in], input_dtypes, strict=True)
+        arrays = [_as_recorded(_to_numpy(r), dtype) for r, dtype in arguments]
+        outputs = host.run(name, arrays)
         views = []
         for array, recorded in zip(outputs, output_dtypes, strict=True):
             if recorded in _ML_DTYPES and array.dtype.name != recorded:
