@@ -1,7 +1,8 @@
 """Device results that export DLPack, on a GPU: a 256 MiB float16 tensor through an
 identity-like entrypoint (`negate`: one elementwise pass, the traffic of a copy).
 
-    python3 benchmarks/gpu/dlpack_h200.py --mln benchmarks/gpu/artifacts/dlpack.mln --out DIR
+    python3 benchmarks/gpu/dlpack_h200.py --mln benchmarks/gpu/artifacts/dlpack.mln --out DIR \
+        [--cuda-allocator pool|caching]
 
 Cases, interleaved round by round (wall time of one call, waited for, torch tensor in):
   plex storage   `session.call(..., output="device")`: the result is written into memory MyeLiN
@@ -15,7 +16,9 @@ Proof that no copy happened: the data pointer torch sees equals the pointer MyeL
 and a CUPTI trace (torch.profiler) of one storage call has one kernel and no memcpy.
 Lifetimes: the result dropped before / after its torch view, the model closed while a view
 lives, and the device memory given back once the last view is gone.
-Writes `dlpack_h200.json` (and prints it) under --out.
+The storage path's cost taken apart: cuMemAlloc + cuMemFree of the 256 MiB (or, with
+`--cuda-allocator caching`, a reuse of a dropped block), and the DLPack import of it.
+Writes `dlpack_h200_<allocator>.json` (and prints it) under --out.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 
 import myelin
-from myelin.runtime.result_storage import live_capsules
+from myelin.runtime.result_storage import KDL_CUDA, Storage, dlpack_capsule, live_capsules
 
 N = 128 * 2**20  # float16 elements: 256 MiB
 
@@ -78,10 +81,15 @@ def main() -> int:
     parser.add_argument("--out", default=".")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--cuda-allocator", default="pool", choices=("pool", "caching"))
     args = parser.parse_args()
-    results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    results: dict = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda_allocator": args.cuda_allocator,
+    }
 
-    model = myelin.Instance().load(args.mln)
+    model = myelin.Instance(cuda_allocator=args.cuda_allocator).load(args.mln)
     results["variant"] = model.variant_name
     session = model.session()
     call = session.resolve("negate")
@@ -114,6 +122,28 @@ def main() -> int:
     del yo
     results["trace_old_call"] = trace_one(lambda: old(x, output="device"))
 
+    reuse = args.cuda_allocator == "caching"
+    hal = call._device
+
+    def alloc_free() -> None:
+        Storage(N * 2, KDL_CUDA, reuse=reuse)
+
+    kept_storage = Storage(N * 2, KDL_CUDA)
+
+    def import_only() -> None:
+        hal.from_dlpack_capsule(dlpack_capsule(kept_storage, (N,), np.dtype(np.float16)))
+
+    if reuse:  # a dropped result's block is the next result's
+        first = call(x, output="device")
+        pointer = first.storage_pointer
+        del first
+        again = call(x, output="device")
+        results["reuse"] = {
+            "same_block": again.storage_pointer == pointer,
+            "values_equal": bool(torch.equal(torch.from_dlpack(again), want)),
+        }
+        del again
+
     out = torch.empty_like(x)
     cases = {
         "plex storage + torch.from_dlpack": lambda: torch.from_dlpack(call(x, output="device")),
@@ -123,6 +153,8 @@ def main() -> int:
         "plex old path, no export": lambda: old(x, output="device"),
         "torch y.copy_(x) (d2d copy)": lambda: out.copy_(x),
         "torch neg(x, out=y)": lambda: torch.neg(x, out=out),
+        "part: result storage allocated and freed": alloc_free,
+        "part: DLPack import of the storage": import_only,
     }
     samples: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():  # warm-up
@@ -188,7 +220,7 @@ def main() -> int:
 
     text = json.dumps(results, indent=1)
     print(text)
-    Path(args.out, "dlpack_h200.json").write_text(text)
+    Path(args.out, f"dlpack_h200_{args.cuda_allocator}.json").write_text(text)
     return 0
 
 

@@ -76,3 +76,36 @@ def test_views_outlive_the_result_the_session_and_the_model(artifacts, torch):
     torch.cuda.synchronize()
     assert live_capsules() == before
     assert torch.cuda.mem_get_info()[0] - free >= N * 2  # the 256 MiB went back to the driver
+
+
+REUSE = """
+import sys, torch, myelin
+model = myelin.Instance(cuda_allocator="caching").load(sys.argv[1], variant="cuda")
+x = torch.randn(1 << 20, dtype=torch.float16, device="cuda")
+with model.session() as s:
+    s.call("negate_dyn", x, output="device")  # learns the shape
+    first = s.call("negate_dyn", x, output="device")
+    pointer = first.storage_pointer
+    t = torch.from_dlpack(first)
+    y = torch.empty_like(x)
+    for _ in range(50):  # queued work that reads the view when it is dropped
+        torch.add(t, 1, out=y)
+    del t, first
+    again = s.call("negate_dyn", x, output="device")
+    assert again.storage_pointer == pointer, "the dropped block was not reused"
+    assert torch.equal(torch.from_dlpack(again), -x)
+    assert torch.equal(y, -x + 1), "the reused block was written while torch still read it"
+print("ok")
+"""
+
+
+def test_with_the_caching_allocator_a_dropped_results_block_is_reused_in_order(artifacts, torch):
+    """cuda_allocator is per process: the check runs in a process of its own."""
+    import subprocess
+    import sys
+
+    path = artifact(artifacts, "dlpack.mln")
+    done = subprocess.run(
+        [sys.executable, "-c", REUSE, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -120,3 +120,39 @@ def device_free(pointer: int, ordinal: int = 0) -> None:
         cuda.cuMemFree_v2(ctypes.c_uint64(pointer))
     finally:
         cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+
+_CU_EVENT_DISABLE_TIMING = 2
+
+
+def record_legacy_event(ordinal: int = 0) -> int | None:
+    """An event recorded on the legacy default stream of GPU `ordinal`: it completes once all
+    work issued before it on that stream and on every blocking stream (torch's default stream
+    among them) has finished. None when CUDA refuses (then the caller must not reuse memory)."""
+    cuda = _libcuda()
+    event = ctypes.c_void_p()
+    if cuda.cuCtxPushCurrent_v2(_primary_context(ordinal)) != CUDA_SUCCESS:
+        return None
+    try:
+        if cuda.cuEventCreate(ctypes.byref(event), _CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS:
+            return None
+        if cuda.cuEventRecord(event, ctypes.c_void_p(CU_STREAM_LEGACY)) != CUDA_SUCCESS:
+            cuda.cuEventDestroy_v2(event)
+            return None
+        return event.value
+    finally:
+        cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+
+
+def wait_and_destroy_event(event: int, ordinal: int = 0) -> None:
+    """Block the host until `event` (from record_legacy_event) has completed, then free it."""
+    cuda = _libcuda()
+    if cuda.cuCtxPushCurrent_v2(_primary_context(ordinal)) != CUDA_SUCCESS:
+        raise RuntimeError("cuCtxPushCurrent failed")
+    try:
+        status = cuda.cuEventSynchronize(ctypes.c_void_p(event))
+        cuda.cuEventDestroy_v2(ctypes.c_void_p(event))
+    finally:
+        cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    if status != CUDA_SUCCESS:
+        raise RuntimeError(f"cuEventSynchronize failed with CUDA error {status}")

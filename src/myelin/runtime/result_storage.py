@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from myelin.runtime._cuda import KDL_CUDA, device_alloc, device_free
+from myelin.runtime._cuda import (
+    KDL_CUDA,
+    device_alloc,
+    device_free,
+    record_legacy_event,
+    wait_and_destroy_event,
+)
 
 KDL_CPU = 1
 # IREE's heap allocator imports host memory aligned to 64 bytes only.
@@ -139,18 +145,62 @@ def live_capsules() -> int:
         return len(_LIVE)
 
 
+class _FreedDeviceMemory:
+    """Device memory of dropped results kept for the next result of the same size, with
+    `Instance(cuda_allocator="caching")`: cuMemAlloc and cuMemFree of a large block cost
+    about as much as the call itself (256 MiB on the H200: docs/benchmarks.md), and a steady
+    stream of calls needs the same sizes again. As with IREE's caching allocator and torch's,
+    the memory stays reserved by the process.
+
+    Order: torch drops a tensor (and calls the DLPack deleter) while kernels it queued may
+    still read it. cuMemFree waits for those; a reused block must too. So a block is given
+    back with an event on the legacy default stream (after all work queued on blocking
+    streams, torch's default stream included) and taken only once that event completed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[int, list[tuple[int, int]]] = {}  # size -> [(pointer, event)]
+
+    def take(self, nbytes: int) -> int | None:
+        with self._lock:
+            blocks = self._blocks.get(nbytes)
+            if not blocks:
+                return None
+            pointer, event = blocks.pop()
+        wait_and_destroy_event(event)
+        return pointer
+
+    def give(self, nbytes: int, pointer: int) -> None:
+        event = record_legacy_event()
+        if event is None:  # no way to order the reuse: free it
+            device_free(pointer)
+            return
+        with self._lock:
+            self._blocks.setdefault(nbytes, []).append((pointer, event))
+
+    def cached_bytes(self) -> int:
+        with self._lock:
+            return sum(n * len(b) for n, b in self._blocks.items())
+
+
+FREED_DEVICE_MEMORY = _FreedDeviceMemory()
+
+
 class Storage:
     """One allocation for one result: device memory (`cuMemAlloc`) or aligned host memory,
-    freed when the object is."""
+    freed when the object is (or, with `reuse`, kept in FREED_DEVICE_MEMORY)."""
 
-    __slots__ = ("__weakref__", "_host", "device_type", "nbytes", "pointer")
+    __slots__ = ("__weakref__", "_host", "_reuse", "device_type", "nbytes", "pointer")
 
-    def __init__(self, nbytes: int, device_type: int) -> None:
+    def __init__(self, nbytes: int, device_type: int, *, reuse: bool = False) -> None:
         self.nbytes = nbytes
         self.device_type = device_type
         self._host: np.ndarray | None = None
+        self._reuse = reuse and device_type == KDL_CUDA
         if device_type == KDL_CUDA:
-            self.pointer = device_alloc(max(nbytes, 1))
+            size = max(nbytes, 1)
+            cached = FREED_DEVICE_MEMORY.take(size) if self._reuse else None
+            self.pointer = cached if cached is not None else device_alloc(size)
         else:
             raw = np.empty(nbytes + _HOST_ALIGNMENT, np.uint8)
             offset = (-raw.ctypes.data) % _HOST_ALIGNMENT
@@ -159,5 +209,8 @@ class Storage:
 
     def __del__(self) -> None:
         if self.device_type == KDL_CUDA and getattr(self, "pointer", None):
-            device_free(self.pointer)
+            if self._reuse:
+                FREED_DEVICE_MEMORY.give(max(self.nbytes, 1), self.pointer)
+            else:
+                device_free(self.pointer)
             self.pointer = 0

@@ -247,6 +247,8 @@ class ResolvedCall:
         self._twin_pairs = (
             output_arguments(twin.reflection.get("iree.abi.declaration")) if self._twin else ()
         )
+        # With cuda_allocator="caching", result storage reuses the memory of dropped results.
+        self._reuse = getattr(registry, "cuda_allocator", None) == "caching"
         # Result shapes by input-shape key, for results with dynamic dims (storage_shapes).
         self._learned: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
         # Per input: (dtype, rank, ((axis, size), ...) of static dims), for the fast check;
@@ -462,7 +464,7 @@ class ResolvedCall:
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
             if nbytes == 0:
                 return None  # nothing to export; IREE's own result will do
-            memory = Storage(nbytes, self._storage_kind)
+            memory = Storage(nbytes, self._storage_kind, reuse=self._reuse)
             try:
                 view = self._device.from_dlpack_capsule(dlpack_capsule(memory, shape, dtype))
             except (RuntimeError, ValueError, TypeError):
