@@ -162,3 +162,22 @@ def test_an_unconsumed_capsule_frees_its_storage_when_dropped():
     assert live_capsules() == before + 1
     del capsule
     assert live_capsules() == before
+
+
+def test_dlpack_type_codes_of_result_dtypes():
+    from myelin.runtime.result_storage import _dl_dtype
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    codes = {
+        np.float16: (2, 16),
+        np.float32: (2, 32),
+        ml_dtypes.bfloat16: (4, 16),
+        np.int8: (0, 8),
+        np.uint32: (1, 32),
+        np.bool_: (6, 8),
+    }
+    for dtype, (code, bits) in codes.items():
+        got = _dl_dtype(np.dtype(dtype))
+        assert (got.code, got.bits, got.lanes) == (code, bits, 1), dtype
+    with pytest.raises(TypeError, match="no DLPack type code"):
+        _dl_dtype(np.dtype(np.complex64))
