@@ -66,7 +66,21 @@ def _wants_twin(op: ir.Operation, name: str, names: set[str]) -> bool:
     ftype = _function_type(op)
     if not ftype.results or not all(isinstance(t, ir.RankedTensorType) for t in ftype.results):
         return False
-    return not any(_OUTPUT_ATTRIBUTE in d for d in _dicts(op, "arg_attrs", len(ftype.inputs)))
+    if any(_OUTPUT_ATTRIBUTE in d for d in _dicts(op, "arg_attrs", len(ftype.inputs))):
+        return False
+    return not _returns_an_argument(op)
+
+
+def _returns_an_argument(op: ir.Operation) -> bool:
+    """Whether `op` returns one of its arguments as it is. Such a result aliases the caller's
+    (imported) tensor and exports already; with storage, IREE would copy it in."""
+    for block in op.regions[0].blocks:
+        terminator = list(block.operations)[-1].operation
+        if terminator.name not in ("util.return", "func.return"):
+            continue
+        if any(isinstance(v, ir.BlockArgument) for v in terminator.operands):
+            return True
+    return False
 
 
 def _function_type(op: ir.Operation) -> ir.FunctionType:
