@@ -17,6 +17,7 @@ alive after the result, the session and the model are gone.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Any
 
@@ -72,11 +73,16 @@ _BFLOAT = 4
 
 
 def _dl_dtype(dtype: np.dtype) -> _DLDataType:
+    return _DLDataType(*_dl_type_code(dtype))
+
+
+@functools.cache
+def _dl_type_code(dtype: np.dtype) -> tuple[int, int, int]:
     if dtype.name == "bfloat16":
-        return _DLDataType(_BFLOAT, 16, 1)
+        return (_BFLOAT, 16, 1)
     if dtype.kind not in _CODES:
         raise TypeError(f"dtype {dtype} has no DLPack type code")
-    return _DLDataType(_CODES[dtype.kind], dtype.itemsize * 8, 1)
+    return (_CODES[dtype.kind], dtype.itemsize * 8, 1)
 
 
 # Capsules alive (not yet deleted), by the address of their DLManagedTensor: each entry holds
@@ -128,7 +134,7 @@ def dlpack_capsule(storage: Storage, shape: tuple[int, ...], dtype: np.dtype) ->
     managed.dl_tensor.data = storage.pointer
     managed.dl_tensor.device = _DLDevice(storage.device_type, 0)
     managed.dl_tensor.ndim = len(shape)
-    managed.dl_tensor.dtype = _dl_dtype(np.dtype(dtype))
+    managed.dl_tensor.dtype = _dl_dtype(dtype if isinstance(dtype, np.dtype) else np.dtype(dtype))
     managed.dl_tensor.shape = dims
     managed.dl_tensor.strides = None  # compact row-major
     managed.dl_tensor.byte_offset = 0

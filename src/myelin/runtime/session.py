@@ -25,6 +25,7 @@ Cancellation contract (cooperative; nothing is interrupted inside IREE):
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 import time
@@ -251,6 +252,13 @@ class ResolvedCall:
         self._reuse = getattr(registry, "cuda_allocator", None) == "caching"
         # Result shapes by input-shape key, for results with dynamic dims (storage_shapes).
         self._learned: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
+        outputs = self.signature.outputs
+        self._static_shapes = (
+            tuple(tuple(t.shape or ()) for t in outputs)
+            if all(None not in (t.shape or ()) for t in outputs)
+            else None
+        )
+        self._itemsizes = [np.dtype(d).itemsize if d is not None else 0 for d in self._out_dtypes]
         # Per input: (dtype, rank, ((axis, size), ...) of static dims), for the fast check;
         # None for scalars. The slow path (check_inputs) only runs to word an error.
         self._expected = [
@@ -448,9 +456,8 @@ class ResolvedCall:
         """The shapes to allocate result storage with: the signature's, when every result dim
         is static; else the shapes the first call with the same input shapes returned (None
         until such a call ran)."""
-        outputs = self.signature.outputs
-        if all(None not in (t.shape or ()) for t in outputs):
-            return tuple(tuple(t.shape or ()) for t in outputs)
+        if self._static_shapes is not None:
+            return self._static_shapes
         return self._learned.get(self._shape_key(values))
 
     def _storage_for(self, values: Any) -> list[tuple[Storage, Any]] | None:
@@ -460,8 +467,8 @@ class ResolvedCall:
         if shapes is None:
             return None
         storage = []
-        for shape, dtype in zip(shapes, self._out_dtypes, strict=True):
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        for shape, dtype, itemsize in zip(shapes, self._out_dtypes, self._itemsizes, strict=True):
+            nbytes = math.prod(shape) * itemsize
             if nbytes == 0:
                 return None  # nothing to export; IREE's own result will do
             memory = Storage(nbytes, self._storage_kind, reuse=self._reuse)
@@ -486,9 +493,10 @@ class ResolvedCall:
         outs = self._dispatch(args, device, "device", stop, reservation, self._twin)
         for out, (memory, _) in zip(outs, storage, strict=True):
             out.storage_pointer = memory.pointer
-        shapes = tuple(tuple(buffer_view_of(o).shape) for o in outs)
-        if shapes != self.storage_shapes(values):  # a result smaller than guessed: remember
-            self._remember(self._shape_key(values), shapes)
+        if self._static_shapes is None:
+            shapes = tuple(tuple(buffer_view_of(o).shape) for o in outs)
+            if shapes != self.storage_shapes(values):  # smaller than learned: remember
+                self._remember(self._shape_key(values), shapes)
         return outs
 
     def _learn(self, values: Any, outs: list[Any]) -> list[Any]:
