@@ -17,6 +17,7 @@ Artifacts (CUDA code is sm_80 PTX, JIT-compiled by the driver on the H200; CPU c
   decoder.mln    benchmarks/gpu/decoder (float16, batch 8 x 512), variant on CUDA only
   pipeline.mln   examples/pipeline/app.toml: `two_gpus` (the decoder's halves on cuda[0] and
                  cuda[1]), `one_gpu`, `cpu`
+  dlpack.mln     benchmarks/gpu/dlpack: device results in MyeLiN's memory (`cuda`, `cpu`)
   artifacts.json what was built, with sizes and the IREE version
 """
 
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "mlp": write_app(apps / "mlp", "mlp-gpu", REPO / "examples" / "mlp", CUDA_AND_CPU),
         "placement": REPO / "examples" / "placement" / "app.toml",
         "pipeline": REPO / "examples" / "pipeline" / "app.toml",
+        "dlpack": REPO / "benchmarks" / "gpu" / "dlpack" / "app.toml",
         "decoder": write_app(
             apps / "decoder",
             "decoder",

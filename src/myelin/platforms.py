@@ -35,9 +35,9 @@ KERNELS_CUDA_ARCH = "sm_90a"
 
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
-    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False},
+    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False, "result_storage": False},
     "vmvx": {},
-    "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": ""},
+    "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
     "vulkan-spirv": {},
     "rocm": {"arch": None},
     "metal-spirv": {},

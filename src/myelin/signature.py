@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 
 from myelin.dtypes import MLIR_TO_NUMPY
 
+# The build exports, next to each entrypoint `f` whose results are all tensors, a twin
+# `f$into` that takes one storage argument per result (`{iree.abi.output = N : index}`) after
+# f's own arguments: the runtime hands it memory it allocated itself, so a device result lives
+# in memory that exports DLPack (myelin.compiler.result_storage, docs/runtime.md). Twins are no
+# entrypoints of their own: the signatures leave them out.
+STORAGE_TWIN_SUFFIX = "$into"
+
 
 @dataclass(frozen=True)
 class TensorSpec:

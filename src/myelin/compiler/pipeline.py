@@ -29,12 +29,13 @@ from myelin.compiler.placement import (
     resolve_dispatch_affinities,
     resolve_placement,
 )
+from myelin.compiler.result_storage import add_storage_twins
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.compiler.session import PHASES, CompilerSession
 from myelin.compiler.stream_analysis import STREAM_PHASE, CallFootprint, call_footprints
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
-from myelin.signature import Signature, parse_abi_declaration
+from myelin.signature import STORAGE_TWIN_SUFFIX, Signature, parse_abi_declaration
 from myelin.tuning.gate import process_wide_spec
 
 # The phase at which imported IR is saved. Resuming from any other phase silently miscompiles
@@ -261,6 +262,9 @@ def compile_module(
                     module.attributes[name] = ir.Attribute.parse(text)
                 if len(devices) > 1:  # one device: nothing to place
                     apply_placement(module, placed)
+                # `f$into` twins that write results into runtime-allocated storage (DLPack out)
+                if any(d.result_storage for d in devices):
+                    add_storage_twins(module)
                 # codec matvec tiles: IREE's compilation_info on llvm-cpu, dropped elsewhere
                 apply_cpu_tiles(module, all(d.target == "llvm-cpu" for d in devices))
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
@@ -268,8 +272,7 @@ def compile_module(
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
             elif module_name is not None or export_only is not None:
                 raise CompileError(
-                    f"{what}: renaming and export lists apply only to IR at phase "
-                    f"'{IMPORT_PHASE}'"
+                    f"{what}: renaming and export lists apply only to IR at phase '{IMPORT_PHASE}'"
                 )
         stops = _stops(phase, stop_at, every_phase=on_phase is not None, place=len(devices) > 1)
         footprints: dict[str, CallFootprint] = {}
@@ -296,7 +299,13 @@ def compile_module(
         unknown = f"compiled from phase '{phase}', after the Stream phase it is read at"
     footprints = {name: footprints[name] for name in signatures if name in footprints}
     return CompiledModule(
-        vmfb, tuple(flags), signatures, warnings, devices_of, footprints, unknown,
+        vmfb,
+        tuple(flags),
+        signatures,
+        warnings,
+        devices_of,
+        footprints,
+        unknown,
         backend_calls=tuple(backend_calls),
     )
 
@@ -363,7 +372,7 @@ def read_signatures(
     module = rt.VmModule.copy_buffer(instance, vmfb)
     signatures = {}
     for name in module.function_names:
-        if name.startswith("__"):
+        if name.startswith("__") or name.endswith(STORAGE_TWIN_SUFFIX):
             continue
         if functions is not None and name not in functions:
             continue

@@ -33,6 +33,8 @@ class TargetDevice:
     # MiniLM's 40.5 MiB of matrices) and a codec's decode no longer fuses into the matmul. Off
     # by default: PLeX's default keeps weights zero-copy.
     data_tiling: bool = False
+    # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.result_storage)
+    result_storage: bool = False
 
 
 def _device_flags(device: TargetDevice) -> list[str]:

@@ -25,6 +25,7 @@ Cancellation contract (cooperative; nothing is interrupted inside IREE):
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 import time
@@ -44,7 +45,9 @@ from myelin.runtime._iree_private import (
     is_device_array,
 )
 from myelin.runtime.admission import Reservation
+from myelin.runtime.result_storage import KDL_CPU, KDL_CUDA, Storage, dlpack_capsule
 from myelin.runtime.tensors import (
+    FIRST_CALL_OF_SHAPE,
     DeviceTensor,
     as_host_array,
     check_index_ranges,
@@ -54,6 +57,7 @@ from myelin.runtime.tensors import (
     shared_dims,
     with_output_arguments,
 )
+from myelin.signature import STORAGE_TWIN_SUFFIX
 
 OutputKind = Literal["numpy", "device"]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
@@ -62,6 +66,12 @@ OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 CHECK_INTERVAL_S = 0.02
 
 _HOST_VISIBLE = int(rt.MemoryType.HOST_VISIBLE)
+
+# Drivers whose results MyeLiN can put in memory of its own (DLPack device type of that memory).
+_STORAGE_DRIVERS = {"cuda": KDL_CUDA, "local-task": KDL_CPU, "local-sync": KDL_CPU}
+# Input-shape keys whose result shapes a storage twin remembers (entrypoints with dynamic
+# result dims); the oldest is forgotten first.
+_LEARNED_SHAPES = 64
 
 
 class CallError(MyelinError):
@@ -226,8 +236,29 @@ class ResolvedCall:
         self._device = model.hal_device(entry.device) if entry.device else session._device
         registry = getattr(model, "registry", None)
         # CUDA DLPack tensors are imported in place only onto a CUDA device.
-        on_cuda = registry is not None and registry.driver_of(self._device) == "cuda"
+        driver = registry.driver_of(self._device) if registry is not None else None
+        on_cuda = driver == "cuda"
         self._cuda = self._device if on_cuda else None
+        # The storage twin (`f$into`, built next to `f`): device results written into memory
+        # MyeLiN allocates, which exports DLPack. None: an older build, or results it cannot
+        # take storage for (myelin.compiler.result_storage).
+        twin = module.lookup_function(entry.function + STORAGE_TWIN_SUFFIX)
+        self._storage_kind = _STORAGE_DRIVERS.get(driver or "") if twin is not None else None
+        self._twin = twin if self._storage_kind is not None else None
+        self._twin_pairs = (
+            output_arguments(twin.reflection.get("iree.abi.declaration")) if self._twin else ()
+        )
+        # With cuda_allocator="caching", result storage reuses the memory of dropped results.
+        self._reuse = getattr(registry, "cuda_allocator", None) == "caching"
+        # Result shapes by input-shape key, for results with dynamic dims (storage_shapes).
+        self._learned: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
+        outputs = self.signature.outputs
+        self._static_shapes = (
+            tuple(tuple(t.shape or ()) for t in outputs)
+            if all(None not in (t.shape or ()) for t in outputs)
+            else None
+        )
+        self._itemsizes = [np.dtype(d).itemsize if d is not None else 0 for d in self._out_dtypes]
         # Per input: (dtype, rank, ((axis, size), ...) of static dims), for the fast check;
         # None for scalars. The slow path (check_inputs) only runs to word an error.
         self._expected = [
@@ -348,7 +379,15 @@ class ResolvedCall:
             if residency is not None:
                 residency.before_call(self._parameters)
             try:
-                outs = self._dispatch(values, device, output, stop, reservation)
+                storage = None
+                if output == "device" and not outs_given and self._twin is not None:
+                    storage = self._storage_for(values)
+                if storage is not None:
+                    outs = self._dispatch_into(values, storage, device, stop, reservation)
+                else:
+                    outs = self._dispatch(values, device, output, stop, reservation)
+                    if output == "device" and not outs_given and self._twin is not None:
+                        outs = self._learn(values, outs)
             except Cancelled as e:
                 # Its traceback's frames hold the abandoned call's buffers; freed after their
                 # device (in a later garbage collection), those crash IREE. Drop them here.
@@ -366,8 +405,10 @@ class ResolvedCall:
             outs[result] = given  # written in place: hand back the caller's own object
         if outs_given and wanted == "numpy":
             tied = {result for _, result in self._output_args}
-            outs = [o if i in tied or not is_device_array(o) else np.asarray(o.to_host())
-                    for i, o in enumerate(outs)]
+            outs = [
+                o if i in tied or not is_device_array(o) else np.asarray(o.to_host())
+                for i, o in enumerate(outs)
+            ]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _dispatch(
@@ -377,6 +418,7 @@ class ResolvedCall:
         output: OutputKind,
         stop: _Stop,
         reservation: Reservation | None,
+        function: Any = None,
     ) -> list[Any]:
         stop.where = "before it was dispatched"
         stop.check()
@@ -385,19 +427,96 @@ class ResolvedCall:
         values = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
         args = self._packer.pack(InvokeContext(device), values, {})
         results = rt.VmVariantList(len(self._out_dtypes))
+        function = function if function is not None else self._function
         if self._async:
-            self._invoke_async(args, results, stop, reservation)
+            self._invoke_async(args, results, stop, reservation, function)
         else:
-            self._invoke(args, results)
+            self._invoke(args, results, function)
             stop.where = "while it ran (a synchronous entrypoint stops once it returns)"
             stop.check()
         return [self._convert(results, i, device, output) for i in range(len(results))]
 
-    def _invoke(self, args: rt.VmVariantList, results: rt.VmVariantList) -> None:
+    def _invoke(self, args: rt.VmVariantList, results: rt.VmVariantList, function: Any) -> None:
         try:
-            self._session._context.invoke(self._function, args, results)
+            self._session._context.invoke(function, args, results)
         except Exception as e:
             raise CallError(f"{self.name}: call failed in IREE: {_first_line(e)}") from e
+
+    # -- device results in MyeLiN's own memory (myelin.runtime.result_storage) ---------------
+
+    def _shape_key(self, values: Any) -> tuple[Any, ...]:
+        """What decides the result shapes, as far as the runtime can tell: the input shapes
+        (and scalar values, which can size a result)."""
+        return tuple(
+            tuple(v.shape) if spec is not None else v
+            for v, spec in zip(values, self._expected, strict=False)
+        )
+
+    def storage_shapes(self, values: Any) -> tuple[tuple[int, ...], ...] | None:
+        """The shapes to allocate result storage with: the signature's, when every result dim
+        is static; else the shapes the first call with the same input shapes returned (None
+        until such a call ran)."""
+        if self._static_shapes is not None:
+            return self._static_shapes
+        return self._learned.get(self._shape_key(values))
+
+    def _storage_for(self, values: Any) -> list[tuple[Storage, Any]] | None:
+        """One imported allocation per result, or None when the shapes are not known yet or
+        IREE refuses the import (a dtype it has no DLPack import for)."""
+        shapes = self.storage_shapes(values)
+        if shapes is None:
+            return None
+        storage = []
+        for shape, dtype, itemsize in zip(shapes, self._out_dtypes, self._itemsizes, strict=True):
+            nbytes = math.prod(shape) * itemsize
+            if nbytes == 0:
+                return None  # nothing to export; IREE's own result will do
+            memory = Storage(nbytes, self._storage_kind, reuse=self._reuse)
+            try:
+                view = self._device.from_dlpack_capsule(dlpack_capsule(memory, shape, dtype))
+            except (RuntimeError, ValueError, TypeError):
+                return None
+            storage.append((memory, view))
+        return storage
+
+    def _dispatch_into(
+        self,
+        values: Any,
+        storage: list[tuple[Storage, Any]],
+        device: rt.HalDevice,
+        stop: _Stop,
+        reservation: Reservation | None,
+    ) -> list[Any]:
+        """Call the twin with the storage; the results are buffer views over it."""
+        views = tuple(view for _, view in storage)
+        args = with_output_arguments(self.name, tuple(values), views, self._twin_pairs)
+        outs = self._dispatch(args, device, "device", stop, reservation, self._twin)
+        for out, (memory, _) in zip(outs, storage, strict=True):
+            out.storage_pointer = memory.pointer
+        if self._static_shapes is None:
+            shapes = tuple(tuple(buffer_view_of(o).shape) for o in outs)
+            if shapes != self.storage_shapes(values):  # smaller than learned: remember
+                self._remember(self._shape_key(values), shapes)
+        return outs
+
+    def _learn(self, values: Any, outs: list[Any]) -> list[Any]:
+        """The first call with new input shapes ran `f` itself, in memory IREE allocated (the
+        shapes of results with dynamic dims are not known before a call): remember them, so
+        the next call with these input shapes writes into storage of MyeLiN's. IREE 3.13
+        cannot copy into imported memory (its queue copy needs DISCARD_WRITE access, which the
+        Python import does not grant), and running the twin again would run a stateful model
+        twice: so this call's results do not export on a GPU, and say why."""
+        shapes = tuple(tuple(buffer_view_of(o).shape) for o in outs)
+        self._remember(self._shape_key(values), shapes)
+        for out in outs:
+            if isinstance(out, DeviceTensor):
+                out.not_exported = FIRST_CALL_OF_SHAPE
+        return outs
+
+    def _remember(self, key: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> None:
+        if len(self._learned) >= _LEARNED_SHAPES and key not in self._learned:
+            self._learned.pop(next(iter(self._learned)))
+        self._learned[key] = shapes
 
     def _invoke_async(
         self,
@@ -405,6 +524,7 @@ class ResolvedCall:
         results: rt.VmVariantList,
         stop: _Stop,
         reservation: Reservation | None,
+        function: Any,
     ) -> None:
         """Submit, then wait for the signal fence in slices. A stopped call hands its memory
         reservation to a background waiter: the device still uses that memory."""
@@ -413,7 +533,7 @@ class ResolvedCall:
         args.push_ref(wait)
         args.push_ref(signal)
         try:
-            self._invoke(args, results)
+            self._invoke(args, results, function)
         except CallError:
             session._drop_timeline(self._device)
             raise
@@ -443,7 +563,10 @@ class ResolvedCall:
         view = results.get_as_object(i, rt.HalBufferView)
         if output == "device":  # exports DLPack: torch.from_dlpack(y) views it in place
             return DeviceTensor(
-                device, view, cuda=self._cuda is not None, implicit_host_transfer=True,
+                device,
+                view,
+                cuda=self._cuda is not None,
+                implicit_host_transfer=True,
                 override_dtype=dtype,
             )
         if not view.get_buffer().memory_type() & _HOST_VISIBLE:

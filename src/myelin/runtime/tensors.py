@@ -82,6 +82,17 @@ def import_cuda_tensor(value: Any, device: rt.HalDevice, spec: TensorSpec, entry
     return DeviceTensor(device, view, implicit_host_transfer=True, cuda=True)
 
 
+# Why a device result is in memory IREE allocated, for the BufferError its export raises.
+NO_STORAGE_TWIN = (
+    "the entrypoint has no storage twin (built before PLeX added them, or a result that is "
+    "not a tensor, of size 0, or of a dtype IREE's DLPack import lacks): rebuild the .mln"
+)
+FIRST_CALL_OF_SHAPE = (
+    "its shape has dynamic dims, unknown before the first call with these input shapes; the "
+    "next calls with the same input shapes write results into exportable memory"
+)
+
+
 class DeviceTensor(rt.DeviceArray):
     """A result (or imported argument) that stays on its device and exports DLPack:
     `torch.from_dlpack(y)` views a CUDA result in place.
@@ -89,6 +100,12 @@ class DeviceTensor(rt.DeviceArray):
     Lifetime: the capsule holds a reference to the HAL buffer, so the torch tensor keeps the
     memory alive after this object is gone; the HAL devices live as long as the process. A call
     has finished writing its results when it returns, so no stream order is needed."""
+
+    # The address of the memory MyeLiN allocated for this result (myelin.runtime.
+    # result_storage), where the call wrote it; None when IREE allocated the result.
+    storage_pointer: int | None = None
+    # Why a result IREE allocated has no storage of MyeLiN's (for the BufferError).
+    not_exported: str = NO_STORAGE_TWIN
 
     def __init__(self, device: rt.HalDevice, view: rt.HalBufferView, *, cuda: bool, **kwargs: Any):
         super().__init__(device, view, **kwargs)
@@ -98,18 +115,18 @@ class DeviceTensor(rt.DeviceArray):
         return (KDL_CUDA, 0) if self._cuda else (1, 0)  # kDLCUDA or kDLCPU
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, **kwargs: Any) -> Any:
-        if not self._cuda:  # host-memory devices: numpy's own view of the result
-            return np.asarray(self.to_host()).__dlpack__()
+        # The call has finished writing its results when it returns: no stream order needed.
+        if not self._cuda and self.storage_pointer is None:
+            return np.asarray(self.to_host()).__dlpack__()  # host memory IREE allocated
         try:
-            return self._device.create_dlpack_capsule(self._buffer_view, KDL_CUDA, 0)
+            return self._device.create_dlpack_capsule(self._buffer_view, *self.__dlpack_device__())
         except RuntimeError as e:
-            # IREE 3.13's CUDA allocator exports only memory it imported (a caller's tensor, or
-            # a result that aliases one); memory it allocated itself has no export.
+            # IREE 3.13's CUDA allocator exports only memory it imported (a caller's tensor,
+            # MyeLiN's result storage, or a result that aliases one of them).
             raise BufferError(
                 "this result lives in memory IREE allocated, which IREE 3.13 cannot export "
-                "through DLPack; pass torch storage for it with out= (an entrypoint argument "
-                "marked {iree.abi.output = 0 : index}), or use .to_host() "
-                f"({_first_line(e)})"
+                f"through DLPack: {self.not_exported}; or pass storage with out=, or use "
+                f".to_host() ({_first_line(e)})"
             ) from e
 
 

@@ -83,6 +83,7 @@ def target_device(device: DeviceSpec) -> TargetDevice:
         cpu_features=device.cpu_features,
         arch=device.arch,
         data_tiling=device.data_tiling,
+        result_storage=device.result_storage,
     )
 
 

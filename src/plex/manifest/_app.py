@@ -277,6 +277,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "cpu": d.cpu,
             "cpu_features": d.cpu_features,
             "data_tiling": d.data_tiling,
+            "result_storage": d.result_storage,
             "arch": d.arch,
             "kernels": d.kernels,
         }
@@ -307,6 +308,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             cpu=value["cpu"],
             cpu_features=value["cpu_features"],
             data_tiling=bool(value["data_tiling"]),
+            result_storage=bool(value["result_storage"]),
             arch=value["arch"],
             kernels=value["kernels"] or None,
         )

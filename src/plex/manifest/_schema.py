@@ -142,6 +142,7 @@ class DeviceTable(_Table):
     cpu: str | None = None
     cpu_features: str | None = None
     data_tiling: bool | None = None
+    result_storage: bool | None = None
     arch: str | None = None
     backend: str | None = None  # "package:name" or "name" of an external backend: its device
     kernels: Literal[KERNEL_LIBRARIES] | None = None  # type: ignore[valid-type]

@@ -1,0 +1,143 @@
+"""Storage twins: for each public function `f` whose results are all tensors, a public
+`f$into(args..., %out0: R0 {iree.abi.output = 0 : index}, ...)` that calls `f`.
+
+Why: IREE 3.13's CUDA allocator exports (DLPack) only memory it imported, never memory it
+allocated itself, and IREE writes a result into caller memory only through an argument marked
+`iree.abi.output` (its ABI pass ties the result to that storage with `hal.tensor.alias`). Models
+do not declare such arguments, so the build adds the twin at the input phase, before IREE's ABI
+pass: the runtime passes memory it allocated and imported, the result aliases it, and the
+result exports. The twin's call of `f` is inlined like any call, so the result is written into
+the storage by the graph's own last dispatch (no copy). Everything here is public IREE input
+(`util.func`, `util.call`, the `iree.abi.output` argument attribute); no IREE pass is changed.
+"""
+
+from __future__ import annotations
+
+from iree.compiler import ir
+
+from myelin.signature import STORAGE_TWIN_SUFFIX
+
+_OUTPUT_ATTRIBUTE = "iree.abi.output"
+# Function attributes the twin does not copy from `f`: its own name, type and argument and
+# result attributes (rebuilt below), and its visibility (always public).
+_OWN_ATTRIBUTES = frozenset(
+    {"sym_name", "function_type", "arg_attrs", "res_attrs", "sym_visibility", "tied_operands"}
+)
+
+
+def add_storage_twins(module: ir.Operation) -> tuple[str, ...]:
+    """Add `f$into` for every public function of `module` that can have one; returns the
+    names of the functions that got a twin. Call inside the module's context, after the
+    placement attributes are set (the twin copies `f`'s affinities)."""
+    block = module.regions[0].blocks[0]
+    names = {_name(op) for op in _functions(module)}
+    twinned = []
+    for op in list(_functions(module)):
+        name = _name(op)
+        if not _wants_twin(op, name, names):
+            continue
+        _append_twin(op, name, block)
+        twinned.append(name)
+    return tuple(twinned)
+
+
+def _functions(module: ir.Operation):
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name in ("util.func", "func.func"):
+            yield op.operation
+
+
+def _name(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _is_public(op: ir.Operation) -> bool:
+    attrs = op.attributes
+    return "sym_visibility" not in attrs or ir.StringAttr(attrs["sym_visibility"]).value == "public"
+
+
+def _wants_twin(op: ir.Operation, name: str, names: set[str]) -> bool:
+    """Public functions with a body whose results are all ranked tensors (at least one), that
+    take no result storage already and have no twin yet."""
+    if not _is_public(op) or len(op.regions[0].blocks) == 0:
+        return False
+    if name.endswith(STORAGE_TWIN_SUFFIX) or name + STORAGE_TWIN_SUFFIX in names:
+        return False
+    ftype = _function_type(op)
+    if not ftype.results or not all(isinstance(t, ir.RankedTensorType) for t in ftype.results):
+        return False
+    if any(_OUTPUT_ATTRIBUTE in d for d in _dicts(op, "arg_attrs", len(ftype.inputs))):
+        return False
+    return not _returns_an_argument(op)
+
+
+def _returns_an_argument(op: ir.Operation) -> bool:
+    """Whether `op` returns one of its arguments as it is. Such a result aliases the caller's
+    (imported) tensor and exports already; with storage, IREE would copy it in."""
+    for block in op.regions[0].blocks:
+        terminator = list(block.operations)[-1].operation
+        if terminator.name not in ("util.return", "func.return"):
+            continue
+        if any(isinstance(v, ir.BlockArgument) for v in terminator.operands):
+            return True
+    return False
+
+
+def _function_type(op: ir.Operation) -> ir.FunctionType:
+    return ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+
+
+def _dicts(op: ir.Operation, key: str, count: int) -> list[dict[str, ir.Attribute]]:
+    """The argument (or result) attribute dictionaries of `op`, one per position."""
+    old = list(ir.ArrayAttr(op.attributes[key])) if key in op.attributes else []
+    out = []
+    for i in range(count):
+        d = ir.DictAttr(old[i]) if i < len(old) else None
+        out.append({d[j].name: d[j].attr for j in range(len(d))} if d is not None else {})
+    return out
+
+
+def _render(attrs: dict[str, ir.Attribute]) -> str:
+    return "{" + ", ".join(f"{k} = {v}" for k, v in attrs.items()) + "}"
+
+
+def _append_twin(op: ir.Operation, name: str, block: ir.Block) -> None:
+    """Append the twin to `block`: parsed as text next to a private declaration of `f` (so
+    the call verifies), then moved out of that scratch module."""
+    ftype = _function_type(op)
+    inputs, results = list(ftype.inputs), list(ftype.results)
+    arg_attrs = _dicts(op, "arg_attrs", len(inputs))
+    res_attrs = _dicts(op, "res_attrs", len(results))
+    index = ir.IndexType.get()
+    params = [
+        f"%a{i}: {t} {_render(a)}" for i, (t, a) in enumerate(zip(inputs, arg_attrs, strict=True))
+    ]
+    for n, (t, a) in enumerate(zip(results, res_attrs, strict=True)):
+        storage = {**a, _OUTPUT_ATTRIBUTE: ir.IntegerAttr.get(index, n)}
+        params.append(f"%out{n}: {t} {_render(storage)}")
+    arg_types = ", ".join(str(t) for t in inputs)
+    res_types = ", ".join(str(t) for t in results)
+    res_list = ", ".join(f"{t} {_render(a)}" for t, a in zip(results, res_attrs, strict=True))
+    extra = {k: op.attributes[k] for k in op.attributes if k not in _OWN_ATTRIBUTES}
+    attributes = f" attributes {_render(extra)}" if extra else ""
+    operands = ", ".join(f"%a{i}" for i in range(len(inputs)))
+    values = ", ".join(f"%r#{n}" for n in range(len(results)))
+    twin = name + STORAGE_TWIN_SUFFIX
+    text = (
+        f"util.func private @{_quote(name)}({arg_types}) -> ({res_types})\n"
+        f"util.func public @{_quote(twin)}({', '.join(params)}) -> ({res_list}){attributes} {{\n"
+        f"  %r:{len(results)} = util.call @{_quote(name)}({operands}) : "
+        f"({arg_types}) -> ({res_types})\n"
+        f"  util.return {values} : {res_types}\n"
+        "}\n"
+    )
+    scratch = ir.Module.parse(text)
+    block.append(list(scratch.body.operations)[1].operation)
+
+
+def _quote(symbol: str) -> str:
+    """A symbol as MLIR spells it: bare when it is a plain identifier, else quoted."""
+    plain = symbol.replace("_", "a").replace("$", "a").replace(".", "a")
+    if plain.isalnum() and not symbol[0].isdigit():
+        return symbol
+    return '"' + symbol.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,200 @@
+"""Device results in memory MyeLiN allocates (storage twins `f$into`), on the CPU (a device with
+`result_storage = true`; CUDA devices have it by default): the build's twins, the result-shape
+rule, zero-copy export to torch and the lifetimes. The same path on a
+GPU (cuMemAlloc memory, torch CUDA tensors) is tests/gpu/test_cuda_dlpack_results.py."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import myelin
+from myelin.runtime.result_storage import KDL_CPU, Storage, dlpack_capsule, live_capsules
+from myelin.signature import STORAGE_TWIN_SUFFIX
+from plex.builder import build
+
+GRAPH = """
+func.func @neg(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %y = arith.negf %x : tensor<4x8xf32>
+  return %y : tensor<4x8xf32>
+}
+func.func @rows(%x: tensor<?x4xf32>, %w: tensor<4xf32>) -> (tensor<?x4xf32>, tensor<4xf32>) {
+  %c0 = arith.constant 0 : index
+  %d = tensor.dim %x, %c0 : tensor<?x4xf32>
+  %e = tensor.empty(%d) : tensor<?x4xf32>
+  %y = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>,
+      affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %w : tensor<?x4xf32>, tensor<4xf32>) outs(%e : tensor<?x4xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %m = arith.mulf %a, %b : f32
+    linalg.yield %m : f32
+  } -> tensor<?x4xf32>
+  %w2 = arith.addf %w, %w : tensor<4xf32>
+  return %y, %w2 : tensor<?x4xf32>, tensor<4xf32>
+}
+func.func @same(%x: tensor<8xf32>) -> tensor<8xf32> {
+  return %x : tensor<8xf32>
+}
+func.func @scale_into(%x: tensor<4xf32>, %out: tensor<4xf32> {iree.abi.output = 0 : index})
+    -> tensor<4xf32> {
+  %two = arith.constant dense<2.0> : tensor<4xf32>
+  %y = arith.mulf %x, %two : tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+func.func @count(%x: tensor<4xf32>) -> i32 {
+  %n = arith.constant 4 : i32
+  return %n : i32
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("storage")
+    (root / "g.mlir").write_text(GRAPH)
+    (root / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
+    (root / "app.toml").write_text(
+        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
+        'cpu = "generic"\nresult_storage = true\n'
+    )
+    loaded = myelin.Instance().load(build(root / "app.toml", root / "s.mln").output)
+    yield loaded
+    loaded.close()
+
+
+def _function(session, name):
+    return next(m for m in session._modules if getattr(m, "name", None) == "g").lookup_function(
+        name
+    )
+
+
+def test_a_cpu_device_gets_no_twins_unless_it_asks(tmp_path):
+    (tmp_path / "g.mlir").write_text(GRAPH)
+    (tmp_path / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
+    (tmp_path / "app.toml").write_text(
+        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
+        'cpu = "generic"\n'
+    )
+    plain = myelin.Instance().load(build(tmp_path / "app.toml", tmp_path / "s.mln").output)
+    with plain.session() as s:
+        assert _function(s, "neg" + STORAGE_TWIN_SUFFIX) is None
+        y = s.call("neg", np.ones((4, 8), np.float32), output="device")
+        assert y.storage_pointer is None  # IREE's host memory, which exports as it is
+    plain.close()
+
+
+def test_the_build_adds_a_twin_that_takes_storage_for_each_result(model):
+    with model.session() as s:
+        twin = _function(s, "rows" + STORAGE_TWIN_SUFFIX)
+        declaration = twin.reflection["iree.abi.declaration"]
+    assert "%input2: tensor<?x4xf32> {iree.abi.output = 0 : index}" in declaration
+    assert "%input3: tensor<4xf32> {iree.abi.output = 1 : index}" in declaration
+
+
+def test_twins_are_no_entrypoints_and_only_tensor_results_get_one(model):
+    assert not any(STORAGE_TWIN_SUFFIX in name for name in model.entrypoints)
+    with model.session() as s:
+        assert _function(s, "neg" + STORAGE_TWIN_SUFFIX) is not None
+        assert _function(s, "count" + STORAGE_TWIN_SUFFIX) is None  # a scalar result
+        assert _function(s, "scale_into" + STORAGE_TWIN_SUFFIX) is None  # has storage already
+        assert _function(s, "same" + STORAGE_TWIN_SUFFIX) is None  # returns its argument
+
+
+def test_a_result_that_is_an_argument_stays_in_the_arguments_memory(model):
+    """No twin, so no copy into storage: on a GPU the result aliases the imported tensor and
+    exports as it is (benchmarks/gpu/kernels_h200.py, `identity`); on a CPU the argument
+    itself is IREE's copy of the host array."""
+    torch = pytest.importorskip("torch")
+    x = torch.arange(8, dtype=torch.float32)
+    with model.session() as s:
+        y = s.call("same", x, output="device")
+        assert y.storage_pointer is None
+        assert torch.equal(torch.from_dlpack(y), x)
+
+
+def test_a_static_result_is_written_into_myelin_memory_that_torch_views_in_place(model):
+    torch = pytest.importorskip("torch")
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    with model.session() as s:
+        y = s.call("neg", x, output="device")
+        assert y.storage_pointer is not None
+        t = torch.from_dlpack(y)
+        assert t.data_ptr() == y.storage_pointer  # the memory MyeLiN allocated: no copy
+        np.testing.assert_array_equal(t.numpy(), -x)
+        np.testing.assert_array_equal(s.call("neg", x), -x)  # numpy results as before
+
+
+def test_dynamic_result_shapes_are_learned_by_the_first_call_of_each_input_shape(model):
+    x3, x5, w = np.ones((3, 4), np.float32), np.ones((5, 4), np.float32), np.arange(4.0, 8.0)
+    w = w.astype(np.float32)
+    with model.session() as s:
+        call = s.resolve("rows")
+        assert call.storage_shapes((x3, w)) is None
+        first = s.call("rows", x3, w, output="device")
+        assert [o.storage_pointer for o in first] == [None, None]  # IREE's memory
+        assert call.storage_shapes((x3, w)) == ((3, 4), (4,))
+        second = s.call("rows", x3, w, output="device")
+        assert all(o.storage_pointer is not None for o in second)
+        np.testing.assert_array_equal(second[0].to_host(), x3 * w)
+        np.testing.assert_array_equal(second[1].to_host(), w + w)
+        other = s.call("rows", x5, w, output="device")  # a new input shape: learned again
+        assert other[0].storage_pointer is None and tuple(other[0].shape) == (5, 4)
+        assert call.storage_shapes((x5, w)) == ((5, 4), (4,))
+
+
+def test_a_torch_view_outlives_the_result_the_session_and_the_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    (tmp_path / "g.mlir").write_text(GRAPH)
+    (tmp_path / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
+    (tmp_path / "app.toml").write_text(
+        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
+        'cpu = "generic"\nresult_storage = true\n'
+    )
+    gc.collect()
+    before = live_capsules()
+    model = myelin.Instance().load(build(tmp_path / "app.toml", tmp_path / "s.mln").output)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    with model.session() as s:
+        kept = torch.from_dlpack(s.call("neg", x, output="device"))  # result dropped at once
+        y = s.call("neg", x + 1, output="device")
+        dropped_first = torch.from_dlpack(y)
+        del dropped_first  # the torch tensor first, then the result
+        del y
+    model.close()
+    gc.collect()
+    _ = [np.full((4, 8), 7.0, np.float32) for _ in range(8)]  # reuse freed memory, if any
+    np.testing.assert_array_equal(kept.numpy(), -x)
+    assert live_capsules() == before + 1  # the storage `kept` views, and nothing else
+    del kept
+    gc.collect()
+    assert live_capsules() == before
+
+
+def test_an_unconsumed_capsule_frees_its_storage_when_dropped():
+    gc.collect()
+    before = live_capsules()
+    capsule = dlpack_capsule(Storage(64, KDL_CPU), (4, 4), np.dtype(np.float32))
+    assert live_capsules() == before + 1
+    del capsule
+    assert live_capsules() == before
+
+
+def test_dlpack_type_codes_of_result_dtypes():
+    from myelin.runtime.result_storage import _dl_dtype
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    codes = {
+        np.float16: (2, 16),
+        np.float32: (2, 32),
+        ml_dtypes.bfloat16: (4, 16),
+        np.int8: (0, 8),
+        np.uint32: (1, 32),
+        np.bool_: (6, 8),
+    }
+    for dtype, (code, bits) in codes.items():
+        got = _dl_dtype(np.dtype(dtype))
+        assert (got.code, got.bits, got.lanes) == (code, bits, 1), dtype
+    with pytest.raises(TypeError, match="no DLPack type code"):
+        _dl_dtype(np.dtype(np.complex64))
