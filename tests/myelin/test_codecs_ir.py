@@ -268,6 +268,23 @@ def test_with_data_tiling_each_call_runs_the_packed_kernel_on_the_decoded_weight
     assert not re.search(r'"g"::"(lin|mm)_[a-z0-9_]+"> : tensor<\d+x\d+xf32>', text)
 
 
+def test_a_compile_that_skips_the_choice_of_forms_gets_the_fused_one(encoded):
+    """The two forms meet in a select on a constant `false`: IREE alone folds it to the
+    fused form (no decode at load, one dispatch per linear)."""
+    from myelin.compiler.session import CompilerSession
+
+    with CompilerSession(target_flags([_device(False)])) as session:
+        module = session.parse(encoded.graph.module_bytecode, what="graph")
+        assert "plex.load_time_decode" in str(module)
+        ir_bytes, _ = session.compile(
+            module, compile_from="input", compile_to="dispatch-creation", what="graph"
+        )
+        text = str(session.parse(ir_bytes, what="graph at dispatch-creation"))
+    assert "util.initializer" not in text
+    body = _function(text, "lin_int8")
+    assert body.count("flow.dispatch.workgroups") == 1
+
+
 def test_each_decode_sits_in_its_consumers_dispatch(encoded):
     _, text = encoded.check(data_tiling=False)
     for c in CODECS:
