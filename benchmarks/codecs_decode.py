@@ -62,9 +62,10 @@ def decode_step(path: Path, on_device: bool = False):
 
 REPO = Path(__file__).resolve().parents[1]
 # Run in a fresh process per artifact: anonymous memory (KiB, /proc/self/smaps_rollup) before
-# loading and after the first call, so each codec's cost is measured alone.
+# loading and after the first call, so each codec's cost is measured alone; and the time from
+# load to the end of the first call (a data-tiled build decodes and packs its weights then).
 _MEMORY_PROBE = """
-import json, sys
+import json, sys, time
 import numpy as np
 import myelin
 
@@ -75,10 +76,12 @@ def anonymous():
 
 ids, mask = np.load(sys.argv[2]), np.load(sys.argv[3])
 before = anonymous()
+start = time.perf_counter()
 model = myelin.Instance().load(sys.argv[1])
 with model.session() as s:
     s.call("forward", ids, mask)
-    print(json.dumps({"anonymous_kib": anonymous() - before}))
+    ready = time.perf_counter() - start
+    print(json.dumps({"anonymous_kib": anonymous() - before, "first_call_s": ready}))
 """
 
 
@@ -106,7 +109,7 @@ def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> Non
     import myelin
 
     inputs = minilm_inputs(folder)
-    memory = {}
+    memory, first_call = {}, {}
     for codec in codecs:
         out = subprocess.run(
             [sys.executable, "-c", _MEMORY_PROBE, str(paths[codec]), *map(str, inputs[32])],
@@ -114,7 +117,8 @@ def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> Non
             text=True,
             check=True,
         )
-        memory[codec] = json.loads(out.stdout.strip().splitlines()[-1])["anonymous_kib"] / 1024
+        probe = json.loads(out.stdout.strip().splitlines()[-1])
+        memory[codec], first_call[codec] = probe["anonymous_kib"] / 1024, probe["first_call_s"]
     models = {c: myelin.Instance().load(paths[c]) for c in codecs}
     sessions = {c: m.session() for c, m in models.items()}
     arrays = {b: (np.load(i), np.load(m)) for b, (i, m) in inputs.items()}
@@ -131,7 +135,7 @@ def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> Non
     )
     print(
         f"{'codec':<8} {'batch':>5} {'median ms':>10} {'spread ms':>17} {'vs fp32':>8} "
-        f"{'ratio spread':>13} {'anon MiB':>9}"
+        f"{'ratio spread':>13} {'anon MiB':>9} {'load+1st s':>10}"
     )
     for batch in (1, 32):
         per_round: dict[str, list[float]] = {c: [] for c in codecs}
@@ -150,7 +154,8 @@ def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> Non
             print(
                 f"{codec:<8} {batch:>5} {statistics.median(ms):>10.2f} "
                 f"{min(ms):>8.2f}-{max(ms):<8.2f} {statistics.median(ratios):>8.2f} "
-                f"{min(ratios):>6.2f}-{max(ratios):<6.2f} {memory[codec]:>9.1f}"
+                f"{min(ratios):>6.2f}-{max(ratios):<6.2f} {memory[codec]:>9.1f} "
+                f"{first_call[codec]:>10.2f}"
             )
     for s in sessions.values():
         s.close()

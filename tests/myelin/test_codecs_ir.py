@@ -150,7 +150,12 @@ class Encoded:
         text: list[str] = []
         flags = target_flags([_device(data_tiling)])
         found = check_encoded_module(
-            self.graph.module_bytecode, flags, self.parts, self.sizes, text=text
+            self.graph.module_bytecode,
+            flags,
+            self.parts,
+            self.sizes,
+            text=text,
+            load_time=data_tiling,  # as the compile step chooses for the variant
         )
         return found, text[0]
 
@@ -230,13 +235,58 @@ def test_compiled_decode_matches_the_numpy_decode(encoded, call, codec):
     assert error < {"fp16": 1e-3, "bf16": 5e-3, "int8": 2e-2}.get(codec, 0.15)
 
 
-def test_no_dispatch_materializes_a_decoded_weight(dispatch_creation):
+def test_no_dispatch_materializes_a_decoded_weight(encoded, dispatch_creation):
+    """Without data tiling nothing decoded exists; with it, each matmul weight is decoded
+    once, in an initializer, into the packed layout (and nothing per call or for a gather)."""
     found, _ = dispatch_creation
-    assert found == []
+    if "mmt4d" not in dispatch_creation[1]:
+        assert found == []
+        return
+    assert all(m.at_load and "initializer" in m.function for m in found), found
+    contractions = {f"g::{k}_{_name(c)}" for c in CODECS for k in ("lin", "mm")}
+    assert {p for m in found for p in m.parameters} == contractions
+    assert all(m.message().startswith("parameter g::") for m in found)
+    assert "decoded once at load into data tiling's packed layout" in found[0].message()
 
 
-def test_each_decode_sits_in_its_consumers_dispatch(dispatch_creation):
-    _, text = dispatch_creation
+def test_with_data_tiling_each_call_runs_the_packed_kernel_on_the_decoded_weight(encoded):
+    """The data-tiled variant's functions read the packed weights (globals set at load) with
+    IREE's mmt4d and decode nothing; the initializers read the stored (encoded) parts."""
+    _, text = encoded.check(data_tiling=True)
+    for c in CODECS:
+        for kind in ("lin", "mm"):
+            body = _function(text, f"{kind}_{_name(c)}")
+            body = body[: body.index("\n  }\n")]  # the function alone, not what follows it
+            assert "mmt4d" in body and "util.global.load immutable @__hoisted" in body
+            assert "arith.sitofp" not in body  # (fp16 may stay f16 packed, extended in mmt4d)
+            assert "#flow.parameter.named" not in body  # no stored part read per call
+    initializers = "".join(re.findall(r"util\.initializer .*?\n  }\n", text, re.S))
+    for c in ("int8", "q4"):
+        stored = encoded.records[f"mm_{_name(c)}"]
+        assert f'"g"::"{stored.parts[0]["key"]}"' in initializers
+    # the stored parts are the encoded bytes: no float32 copy of a matmul weight in the module
+    assert not re.search(r'"g"::"(lin|mm)_[a-z0-9_]+"> : tensor<\d+x\d+xf32>', text)
+
+
+def test_a_compile_that_skips_the_choice_of_forms_gets_the_fused_one(encoded):
+    """The two forms meet in a select on a constant `false`: IREE alone folds it to the
+    fused form (no decode at load, one dispatch per linear)."""
+    from myelin.compiler.session import CompilerSession
+
+    with CompilerSession(target_flags([_device(False)])) as session:
+        module = session.parse(encoded.graph.module_bytecode, what="graph")
+        assert "plex.load_time_decode" in str(module)
+        ir_bytes, _ = session.compile(
+            module, compile_from="input", compile_to="dispatch-creation", what="graph"
+        )
+        text = str(session.parse(ir_bytes, what="graph at dispatch-creation"))
+    assert "util.initializer" not in text
+    body = _function(text, "lin_int8")
+    assert body.count("flow.dispatch.workgroups") == 1
+
+
+def test_each_decode_sits_in_its_consumers_dispatch(encoded):
+    _, text = encoded.check(data_tiling=False)
     for c in CODECS:
         body = _function(text, f"lin_{_name(c)}")
         assert body.count("flow.dispatch.workgroups") == 1  # decode + batch_matmul, together
@@ -304,11 +354,16 @@ def long_q4() -> Encoded:
 
 @pytest.mark.parametrize("data_tiling", DATA_TILING, ids=["plain", "data_tiling"])
 def test_a_long_q4_contraction_runs_in_chunks(long_q4, data_tiling):
+    """In chunks without data tiling; with it, decoded whole at load (one packed kernel)."""
     found, text = long_q4.check(data_tiling=data_tiling)
-    assert found == []
     body = _function(text, "long")
-    assert body.count("linalg.matmul") == 2  # 256 + 64 of the 320 contracted elements
-    assert body.count("tensor.collapse_shape") == 2  # each decodes over (group, element)
+    if data_tiling:
+        assert [(m.parameters, m.at_load) for m in found] == [(("g::long",), True)]
+        assert body.count("mmt4d") == 1 and "linalg.matmul" not in body
+    else:
+        assert found == []
+        assert body.count("linalg.matmul") == 2  # 256 + 64 of the 320 contracted elements
+        assert body.count("tensor.collapse_shape") == 2  # each decodes over (group, element)
     x = np.random.default_rng(4).standard_normal((3, LONG_K)).astype(np.float32)
     y = long_q4.session(data_tiling=data_tiling)("long", x)
     np.testing.assert_allclose(y, x @ long_q4.decoded("long").T, rtol=1e-5, atol=1e-5)

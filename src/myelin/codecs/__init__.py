@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ CODECS: dict[str, str] = {
 }
 NO_CODEC = "fp32"
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -230,6 +231,13 @@ def bytes_by_codec(parameters: list[dict]) -> dict[str, tuple[int, int]]:
     return {c: (b, n) for c, (b, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])}
 
 
+def decodes_at_load(devices: Sequence[Any]) -> bool:
+    """Whether a variant on these devices (myelin.compiler.targets.TargetDevice) decodes its
+    encoded matmul weights once at load into data tiling's packed layout instead of inside
+    each call (myelin.codecs._loadtime): every device a data-tiled llvm-cpu one."""
+    return bool(devices) and all(d.target == "llvm-cpu" and d.data_tiling for d in devices)
+
+
 def identity_index(rank: int) -> tuple[str, ...]:
     return tuple(f"d{i}" for i in range(rank))
 
@@ -253,6 +261,7 @@ __all__ = [
     "choose_layout",
     "codec_module",
     "decode",
+    "decodes_at_load",
     "encode",
     "parameter_rows",
     "parse_codec",

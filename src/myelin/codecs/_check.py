@@ -27,9 +27,17 @@ class Materialization:
     parameters: tuple[str, ...]  # "scope::key" of the logical parameters it decodes
     function: str  # the function or initializer holding the dispatch
     writes: str  # the tensor type it writes
+    # chosen, not a failure: a data-tiled variant decodes these at load into the packed layout
+    # (myelin.codecs._loadtime), in an initializer
+    at_load: bool = False
 
     def message(self) -> str:
         names = ", ".join(self.parameters)
+        if self.at_load:
+            return (
+                f"parameter {names}: decoded once at load into data tiling's packed layout "
+                f"(writes {self.writes} in {self.function})"
+            )
         return (
             f"parameter {names}: its decode is not fused into the consumer; a dispatch in "
             f"{self.function} writes the decoded {self.writes} (the full-precision weight "
@@ -67,12 +75,16 @@ def _static_count(t) -> int:
 
 
 def find_materializations(
-    module, parts: Mapping[tuple[str, str], str], sizes: Mapping[str, int]
+    module,
+    parts: Mapping[tuple[str, str], str],
+    sizes: Mapping[str, int],
+    at_load: frozenset[str] = frozenset(),
 ) -> list[Materialization]:
     """Dispatches of `module` (dispatch-creation IR) that decode on their own.
 
     `parts` maps each stored part (scope, key) to its logical parameter ("scope::key");
-    `sizes` maps a logical parameter to its element count.
+    `sizes` maps a logical parameter to its element count; `at_load` names the parameters
+    meant to decode at load (their dispatches in initializers are marked `at_load`).
     """
     from iree.compiler import ir
 
@@ -102,9 +114,14 @@ def find_materializations(
         for result in op.results:
             t = ir.RankedTensorType(result.type)
             if isinstance(t.element_type, ir.FloatType) and _static_count(t) >= smallest:
-                found.append(Materialization(tuple(sorted(decoded)), _function_of(op), str(t)))
+                where = _function_of(op)
+                expected = where == _INITIALIZER and decoded <= at_load
+                found.append(Materialization(tuple(sorted(decoded)), where, str(t), expected))
                 break
     return found
+
+
+_INITIALIZER = "an initializer (IREE hoisted it to load time)"
 
 
 def _function_of(op) -> str:
@@ -114,7 +131,7 @@ def _function_of(op) -> str:
         if name in ("util.func", "func.func"):
             return "@" + str(parent.operation.attributes["sym_name"]).strip('"')
         if name == "util.initializer":
-            return "an initializer (IREE hoisted it to load time)"
+            return _INITIALIZER
         parent = parent.operation.parent
     return "the module"
 
@@ -127,14 +144,20 @@ def check_encoded_module(
     *,
     what: str = "graph",
     text: list[str] | None = None,
+    load_time: bool = False,
 ) -> list[Materialization]:
     """Compile an encoded input-phase module to dispatch-creation with a variant's flags and
-    return the dispatches that materialize a decoded weight. With `text`, the dispatch-creation
-    IR is appended to it as text (tests and debugging read it)."""
+    return the dispatches that materialize a decoded weight. `load_time` keeps the load-time
+    form of contractions (a data-tiled variant, as the compile step chooses: see
+    myelin.codecs._loadtime); their decodes in initializers come back marked `at_load`. With
+    `text`, the dispatch-creation IR is appended to it as text (tests and debugging read it)."""
+    from myelin.codecs._loadtime import choose_forms
     from myelin.compiler.session import CompilerSession
 
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
+        with session.context:
+            at_load = frozenset(choose_forms(module, load_time))
         ir_bytes, _ = session.compile(
             module, compile_from="input", compile_to="dispatch-creation", what=what
         )
@@ -142,4 +165,4 @@ def check_encoded_module(
         with session.context:
             if text is not None:
                 text.append(str(dispatched))
-            return find_materializations(dispatched, parts, sizes)
+            return find_materializations(dispatched, parts, sizes, at_load)

@@ -17,6 +17,9 @@ use of a `util.global.load` of it gets its own decode, emitted right next to the
   read are decoded;
 - any other consumer gets the decode before it and IREE decides (the no-materialization check
   reports the parameter if the decoded weight ends up in a dispatch of its own).
+
+A matmul that is not a matvec also gets a second, load-time form, kept by data-tiled variants
+(myelin.codecs._loadtime).
 """
 
 from __future__ import annotations
@@ -789,8 +792,9 @@ def _wrap_in_dispatch_region(ops: list[ir.Operation], context: ir.Context) -> No
     the consumer's dynamic sizes) and its init is rebuilt inside from those sizes. A region
     with a workgroup count is one IREE's data tiling leaves alone: without it, data tiling
     (`--iree-global-opt-data-tiling`) packs the decoded weight inside this dispatch and the
-    CPU backend refuses the result ("operations with large vector sizes"). So with data tiling
-    the encoded contractions run as fused decode + matmul, the others data-tiled."""
+    CPU backend refuses the result ("operations with large vector sizes"). A data-tiled
+    variant keeps a matmul's load-time form instead (myelin.codecs._loadtime); what keeps this
+    form there (a matvec, a conv) runs as fused decode + contraction, not data-tiled."""
     consumer = ops[-1]
     parent = consumer.parent
     if parent is not None and parent.operation.name == "flow.dispatch.region":
@@ -928,6 +932,7 @@ def rewrite(
 ) -> list[str]:
     """Encode the parameter held by global `name`; returns one line per use ("contraction
     linalg.batch_matmul", ...). The old global and every load of it are gone afterwards."""
+    from myelin.codecs._loadtime import emit_load_time_form, wants_load_time_form
     from myelin.codecs._matvec import emit_grouped, emit_scaled, mark_matvec, matvec_loops
 
     globals_ = module_globals(module)
@@ -961,6 +966,11 @@ def rewrite(
                         stale.erase()
                 _emit_scalar_decode(chain, layout, parts, context)
             else:
+                matvec = None
+                if kind.kind == "contraction":
+                    matvec = matvec_loops(chain.consumer, chain.operand)
+                    if wants_load_time_form(chain, matvec):
+                        emit_load_time_form(chain, load.results[0], layout, parts, what, context)
                 if kind.kind == "contraction" and _split_of(layout) is not None:
                     if emit_grouped(chain, layout, parts, what, context):
                         continue
@@ -968,9 +978,6 @@ def rewrite(
                         continue
                 if kind.kind == "contraction" and emit_scaled(chain, layout, parts, what, context):
                     continue
-                matvec = None
-                if kind.kind == "contraction":
-                    matvec = matvec_loops(chain.consumer, chain.operand)
                 placed = _emit_tensor_decode(chain, layout, parts, what, context)
                 if kind.kind == "contraction":
                     _wrap_in_dispatch_region([*placed, chain.consumer], context)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from iree.compiler import ir
 
+from myelin.codecs import decodes_at_load
+from myelin.codecs._loadtime import choose_forms
 from myelin.codecs._matvec import apply_cpu_tiles
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
@@ -161,6 +163,9 @@ class CompiledModule:
     footprints_unknown: str | None = None
     # ops placed on external backends: where each went, or why it stayed codegen
     backend_calls: tuple[BackendCall, ...] = ()
+    # "scope::key" of each encoded parameter use decoded once at load into the packed layout
+    # (a data-tiled variant, myelin.codecs._loadtime), in IR order
+    decoded_at_load: tuple[str, ...] = ()
 
 
 def compile_imported(
@@ -245,6 +250,7 @@ def compile_module(
         )
     flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
     backend_calls: list[BackendCall] = []
+    decoded_at_load: list[str] = []
     # IREE keeps the tuning-spec path process-wide: name it in every compile (myelin.tuning.gate)
     with process_wide_spec(flags) as flags, CompilerSession(flags) as session:
         module = session.parse(source, what=what)
@@ -267,6 +273,8 @@ def compile_module(
                     add_storage_twins(module)
                 # codec matvec tiles: IREE's compilation_info on llvm-cpu, dropped elsewhere
                 apply_cpu_tiles(module, all(d.target == "llvm-cpu" for d in devices))
+                # codecs under data tiling: decode at load into the packed layout, else fused
+                decoded_at_load = choose_forms(module, decodes_at_load(devices))
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
                     host = [d.name for d in devices if d.target in ("llvm-cpu", "vmvx")]
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
@@ -307,6 +315,7 @@ def compile_module(
         footprints,
         unknown,
         backend_calls=tuple(backend_calls),
+        decoded_at_load=tuple(decoded_at_load),
     )
 
 

@@ -30,11 +30,21 @@ class TargetDevice:
     # llvm-cpu: IREE's data tiling (--iree-global-opt-data-tiling) packs each matmul weight into
     # its kernel's tile layout. all-MiniLM-L6-v2 (dynamic batch and sequence) ran 1.6-1.8x faster,
     # but the packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
-    # MiniLM's 40.5 MiB of matrices) and a codec's decode no longer fuses into the matmul. Off
-    # by default: PLeX's default keeps weights zero-copy.
+    # MiniLM's 40.5 MiB of matrices), and an encoded matmul weight is decoded into them at load
+    # (myelin.codecs._loadtime). Off by default: PLeX's default keeps weights zero-copy.
     data_tiling: bool = False
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.result_storage)
     result_storage: bool = False
+
+
+# llvm-cpu data tiling. The hoisting limit is raised so that an encoded weight's decode (4x
+# the bytes for int8) is hoisted with its pack into one initializer, run at load
+# (myelin.codecs._loadtime); IREE's default, 1 MiB of growth per hoisted value, keeps MiniLM's
+# encoded matrices per call. fp32 weights grow by nothing when packed and hoist either way.
+DATA_TILING_FLAGS = (
+    "--iree-global-opt-data-tiling",
+    f"--iree-opt-const-expr-max-size-increase-threshold={1 << 40}",
+)
 
 
 def _device_flags(device: TargetDevice) -> list[str]:
@@ -51,7 +61,7 @@ def _device_flags(device: TargetDevice) -> list[str]:
             if device.cpu_features:
                 flags.append(f"--iree-llvmcpu-target-cpu-features={device.cpu_features}")
             if device.data_tiling:
-                flags.append("--iree-global-opt-data-tiling")
+                flags += DATA_TILING_FLAGS
     elif device.target == "cuda":
         arch = device.arch or DEFAULT_CUDA_ARCH
         if arch in UNSUPPORTED_CUDA_ARCHS:

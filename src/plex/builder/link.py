@@ -97,6 +97,14 @@ def _recorded_warnings(job: LinkJob, outputs: _Outputs) -> tuple[list[str], list
             compile_meta = read_compile_meta(outputs.dir(compiled.node_id))
             found = compile_meta.get("codec_violations", [])
             violations += [f"{v} [variant {variant.name}]" for v in found]
+            at_load = compile_meta.get("codecs_at_load", [])
+            if at_load:
+                notes.append(
+                    f"module {module.name} [variant {variant.name}]: {len(at_load)} encoded "
+                    "matmul weight(s) decode once at load into data tiling's packed layout "
+                    "(float32 in memory, as fp32's packed copies; the .mln keeps the encoded "
+                    f"bytes): {', '.join(at_load[:3])}{', ...' if len(at_load) > 3 else ''}"
+                )
             tuning_warning = (compile_meta.get("tuning") or {}).get("warning")
             if tuning_warning:
                 notes.append(tuning_warning)

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from myelin.codecs import NO_CODEC, ParameterInput, check_encoded_module, encode_graph
+from myelin.codecs import (
+    NO_CODEC,
+    ParameterInput,
+    check_encoded_module,
+    decodes_at_load,
+    encode_graph,
+)
 from myelin.compiler.index_ranges import index_ranges, input_range
 from myelin.compiler.phases import HEADER_PREFIX, PHASES, phase_file_name, render_phase_file
 from myelin.compiler.pipeline import CompiledModule, compile_module, import_graph
@@ -391,9 +397,13 @@ def run_kernels(job: KernelsJob, ctx: NodeContext) -> None:
     (ctx.out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
 
 
-def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) -> list[str]:
+def _codec_check(
+    meta: dict, imported_dir: Path, flags: list[str], what: str, load_time: bool
+) -> tuple[list[str], list[str]]:
     """The no-materialization check of an encoded graph for one variant's flags: one message
-    per dispatch that writes a decoded weight on its own."""
+    per dispatch that writes a decoded weight on its own, and ("scope::key") the parameters
+    decoded at load into data tiling's packed layout, as `load_time` variants do by design
+    (myelin.codecs._loadtime)."""
     parts = {
         key: f"{v['record']['scope']}::{v['record']['key']}"
         for key, v in codec_parts(meta).items()
@@ -405,11 +415,17 @@ def _codec_check(meta: dict, imported_dir: Path, flags: list[str], what: str) ->
         if r["codec"] != NO_CODEC
     }
     if not parts:
-        return []
+        return [], []
     found = check_encoded_module(
-        (imported_dir / IMPORTED_MODULE).read_bytes(), flags, parts, sizes, what=what
+        (imported_dir / IMPORTED_MODULE).read_bytes(),
+        flags,
+        parts,
+        sizes,
+        what=what,
+        load_time=load_time,
     )
-    return [f"graph {what}: {m.message()}" for m in found]
+    at_load = sorted({p for m in found if m.at_load for p in m.parameters})
+    return [f"graph {what}: {m.message()}" for m in found if not m.at_load], at_load
 
 
 @step(CompileJob)
@@ -465,10 +481,12 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
             what=what,
         )
         tuning = _tuning_record(job, Path(tuning_dir.name), instrumented, stop_at)
-        codec_violations = (
-            _codec_check(meta, imported_dir, list(compiled.flags), what)
+        codec_violations, codecs_at_load = (
+            _codec_check(
+                meta, imported_dir, list(compiled.flags), what, decodes_at_load(job.devices)
+            )
             if stop_at is None and resume is None and meta.get("codecs")
-            else []
+            else ([], [])
         )
     except CompileError as e:
         raise BuildError(f"compile of graph {what} failed: {e}") from e
@@ -498,6 +516,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "warnings": list(compiled.warnings),
                 "kernel_sites": meta.get("kernel_sites", []),
                 "codec_violations": codec_violations,
+                "codecs_at_load": codecs_at_load,
                 "backend_calls": [c.to_json() for c in compiled.backend_calls],
                 "index_ranges": _index_ranges(job, compiled, imported_dir, functions, what),
                 "tuning": tuning,

@@ -1,0 +1,146 @@
+"""Codecs with data tiling: the encoded weight decoded once at load into the packed layout.
+
+IREE's data tiling (`--iree-global-opt-data-tiling`) packs a matmul's weight into its kernel's
+tile layout; for an fp32 parameter IREE hoists that pack into an initializer, run once at load.
+A decode fused into its consumer's dispatch (codecs._ir) cannot be data-tiled (IREE 3.13 packs
+the decoded weight inside the dispatch and the CPU backend refuses it), so on MiniLM the fused
+decode + matmul ran 1.8-3x slower than data-tiled fp32.
+
+So the encode step gives such a contraction two forms, and the compile step keeps one per
+variant (`choose_forms`), since one encoded graph serves every variant:
+
+- the fused form (codecs._ir: decode inside the consumer's dispatch, no decoded weight in
+  memory), kept when the variant does not data-tile;
+- the load-time form: the decode of the whole weight in its logical layout, then the graph's
+  own layout ops and a clone of the consumer, as the fp32 graph has them with the parameter's
+  load replaced by the decode. Every input of the decode is a parameter, so IREE's
+  const-expr hoisting moves decode + transpose + pack into one initializer: the stored
+  (encoded) bytes are what the .mln holds and the runtime reads, the packed f32 weight exists
+  once in memory (as fp32's packed copy does), and each call runs fp32's data-tiled kernel.
+  The decode grows the weight (4x for int8), more than IREE's default hoisting limit
+  (`--iree-opt-const-expr-max-size-increase-threshold`, 1 MiB) allows, so data-tiled variants
+  raise it (myelin.compiler.targets).
+
+The two forms meet in an `arith.select` on a constant marked with LOAD_TIME_ATTRIBUTE; if a
+compile ever skipped `choose_forms`, the constant `false` folds to the fused form.
+
+A matvec (one activation row, a decode step) keeps its fused form even with data tiling: its
+weight bytes are the work there, which is what a codec saves (codecs._matvec).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from iree.compiler import ir
+
+from myelin.codecs import Layout
+
+# On the arith.select joining the two forms: "scope::key" of the parameter.
+LOAD_TIME_ATTRIBUTE = "plex.load_time_decode"
+# Consumers that IREE 3.13's data tiling packs (its SetEncoding pass: matmul-like contractions);
+# a conv or a generic reduction keeps the fused decode.
+DATA_TILED_CONSUMERS = frozenset({"linalg.matmul", "linalg.batch_matmul"})
+# Ops the cleanup after `choose_forms` may erase when nothing reads their results.
+_PURE_PREFIXES = ("linalg.", "tensor.", "arith.", "flow.dispatch.region", "util.global.load")
+
+
+def wants_load_time_form(chain, matvec: tuple[int, int] | None) -> bool:
+    """Whether this contraction use also gets the load-time form."""
+    return (
+        matvec is None
+        and chain.consumer.name in DATA_TILED_CONSUMERS
+        and len(chain.consumer.results) == 1
+    )
+
+
+def emit_load_time_form(
+    chain, load: ir.Value, layout: Layout, parts: list[ir.Value], what: str, context: ir.Context
+) -> None:
+    """The load-time form of one use, placed before its consumer, joined to the consumer's
+    result by the marked select (the fused form is built afterwards from the same chain).
+
+    The decode produces the parameter's logical tensor (q4 without its split loops: at load the
+    speed of the decode does not matter and a reshape between decode and pack is one more
+    thing for IREE to propagate); the layout ops and the consumer are cloned on top of it."""
+    from myelin.codecs._ir import _decode_ops
+
+    consumer = chain.consumer
+    logical = ir.RankedTensorType(load.type)
+    plain_layout = replace(layout, split=None)
+    identity = list(range(logical.rank))
+    placed = _decode_ops(plain_layout, parts, logical, identity, parts[0], consumer, what, context)
+    old, new = load, placed[-1].results[0]
+    for op in chain.ops:
+        clone = op.clone(ip=ir.InsertionPoint(consumer))
+        for i, v in enumerate(op.operands):
+            if v == old:
+                clone.operands[i] = new
+        old, new = op.results[0], clone.results[0]
+    clone = consumer.clone(ip=ir.InsertionPoint(consumer))
+    clone.operands[chain.operand] = new
+    fused = consumer.results[0]
+    i1 = ir.IntegerType.get_signless(1, context)
+    with ir.InsertionPoint(consumer), ir.Location.unknown(context):
+        flag = ir.Operation.create(
+            "arith.constant", results=[i1], attributes={"value": ir.IntegerAttr.get(i1, 0)}
+        )
+        select = ir.Operation.create(
+            "arith.select",
+            results=[fused.type],
+            operands=[flag.results[0], clone.results[0], fused],
+            attributes={LOAD_TIME_ATTRIBUTE: ir.StringAttr.get(what, context)},
+        )
+    select.move_after(consumer)
+    fused.replace_all_uses_with(select.results[0])
+    select.operands[2] = fused
+
+
+def choose_forms(module: ir.Operation, load_time: bool) -> list[str]:
+    """Keep one form of every contraction that has two: the load-time form if `load_time`
+    (a data-tiled llvm-cpu variant: myelin.codecs.decodes_at_load), else the fused one; erase
+    the other. Returns "scope::key" of each parameter that decodes at load (one entry per
+    use), in IR order."""
+    selects: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "arith.select" and LOAD_TIME_ATTRIBUTE in op.attributes:
+            selects.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    decoded_at_load = []
+    blocks = []
+    for select in selects:
+        if load_time:
+            decoded_at_load.append(ir.StringAttr(select.attributes[LOAD_TIME_ATTRIBUTE]).value)
+        kept = select.operands[1] if load_time else select.operands[2]
+        flag = select.operands[0].owner
+        select.results[0].replace_all_uses_with(kept)
+        block = select.parent.regions[0].blocks[0] if select.parent is not None else None
+        if block is not None and all(b != block for b in blocks):
+            blocks.append(block)
+        select.erase()
+        flag_op = flag.operation if hasattr(flag, "operation") else flag
+        if not list(flag_op.results[0].uses):
+            flag_op.erase()
+    for block in blocks:
+        _erase_unused(block)
+    return decoded_at_load
+
+
+def _erase_unused(block: ir.Block) -> None:
+    """Erase the pure ops of `block` whose results nothing reads (the form not kept), last
+    first, until none is left."""
+    while True:
+        dead = [
+            op
+            for op in block.operations
+            if len(op.results) > 0
+            and op.name.startswith(_PURE_PREFIXES)
+            and not any(list(r.uses) for r in op.results)
+        ]
+        if not dead:
+            return
+        for op in reversed(dead):
+            op.erase()
