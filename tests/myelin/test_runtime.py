@@ -126,12 +126,13 @@ def test_device_arrays_take_the_fast_check_and_wrong_ones_the_worded_error(
         h = s.call("hidden", x, output="device")  # (3, 32), on the entrypoint's device
         calls = []
         monkeypatch.setattr(session_module, "check_inputs", lambda *a: calls.append(a) or None)
-        assert call._matches((rt.asdevicearray(device, x),))
-        y = call(rt.asdevicearray(device, x))
+        dx = rt.asdevicearray(device, x)
+        assert call._fast_arguments((dx,)) == [dx._buffer_view]  # packed as its buffer view
+        y = call(dx)
         assert rel_err(y, mlp_reference(mlp_weights, x)[1]) < RTOL
         assert calls == []  # the fast check took it
         monkeypatch.undo()
-        assert not call._matches((h,))  # wrong width: 32 where forward takes 16
+        assert call._fast_arguments((h,)) is None  # wrong width: 32 where forward takes 16
         with pytest.raises(myelin.InputError, match="size 32 in dimension 1, expected 16"):
             call(h)
         wrong = rt.asdevicearray(device, x.astype(np.float16))

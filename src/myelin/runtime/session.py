@@ -217,6 +217,7 @@ class ResolvedCall:
         self._out_dtypes = [
             numpy_dtype(t.dtype) if not t.is_scalar else None for t in self.signature.outputs
         ]
+        self._result_count = len(self._out_dtypes)
         self._memory = entry.memory
         self._parameters = entry.memory.parameters or None
         # Arguments that are result storage ({iree.abi.output = N}): (argument, result) pairs.
@@ -251,45 +252,50 @@ class ResolvedCall:
         # of bounds, or faults, on any other value).
         self._index_checks = index_checks(self.signature.inputs)
 
-    def _matches(self, values: tuple[Any, ...]) -> bool:
+    def _fast_arguments(self, values: tuple[Any, ...]) -> list[Any] | None:
         """The fast check: numpy arrays, or device arrays already on this entrypoint's device,
-        of the right dtype, rank and static dims. Anything else (and anything wrong) takes the
-        full check, which converts what it can and words the error."""
+        of the right dtype, rank and static dims. Returns the arguments ready for IREE's packer
+        (a device array's buffer view in its place, read once here), or None: anything else (and
+        anything wrong) takes the full check, which converts what it can and words the error."""
         if len(values) != len(self._expected):
-            return False
+            return None
         shapes: list[Any] = []
+        ready: list[Any] = []
         for value, expected, hal in zip(values, self._expected, self._expected_hal, strict=True):
             if expected is None:
                 shapes.append(None)
+                ready.append(value)
                 continue
             dtype, rank, static = expected
             kind = type(value)
             if kind is np.ndarray:
                 if value.dtype != dtype or value.ndim != rank:
-                    return False
+                    return None
                 shape = value.shape
+                ready.append(value)
             elif kind is DeviceTensor or kind is rt.DeviceArray:
                 # A device array's check reads its buffer view: dtype and shape through
                 # DeviceArray cost microseconds each, which a 14-input call pays 14 times.
                 if device_of(value) is not self._device:
-                    return False
+                    return None
                 view = buffer_view_of(value)
                 if hal is None or view.element_type != hal:
-                    return False
+                    return None
                 shape = view.shape
                 if len(shape) != rank:
-                    return False
+                    return None
+                ready.append(view)
             else:
-                return False
+                return None
             for axis, size in static:
                 if shape[axis] != size:
-                    return False
+                    return None
             shapes.append(shape)
         for (i, axis), *others in self._equal_dims:
             size = shapes[i][axis]
             if any(shapes[j][b] != size for j, b in others):
-                return False
-        return True
+                return None
+        return ready
 
     def __call__(
         self,
@@ -314,7 +320,8 @@ class ResolvedCall:
         if outs_given:  # results written into caller storage are never converted
             output = "device"
         device = self._device
-        if self._matches(inputs):  # numpy or device arrays of the right dtype and static dims
+        ready = self._fast_arguments(inputs)  # numpy or device arrays of the right kind
+        if ready is not None:
             values: Any = inputs
         else:
             specs = self.signature.inputs
@@ -326,6 +333,9 @@ class ResolvedCall:
             check_inputs(self.name, specs, values)
             if hasattr(model, "registry"):  # device arrays of another device move HAL-side
                 values = model.registry.onto(values, device)
+            # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
+            # through the host; its buffer view is what it passes without a copy.
+            ready = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
         if self._index_checks:
             check_index_ranges(self.name, self._index_checks, values)
         budget = model.budget
@@ -348,7 +358,7 @@ class ResolvedCall:
             if residency is not None:
                 residency.before_call(self._parameters)
             try:
-                outs = self._dispatch(values, device, output, stop, reservation)
+                outs = self._dispatch(ready, device, output, stop, reservation)
             except Cancelled as e:
                 # Its traceback's frames hold the abandoned call's buffers; freed after their
                 # device (in a later garbage collection), those crash IREE. Drop them here.
@@ -372,19 +382,18 @@ class ResolvedCall:
 
     def _dispatch(
         self,
-        values: Any,
+        arguments: list[Any],
         device: rt.HalDevice,
         output: OutputKind,
         stop: _Stop,
         reservation: Reservation | None,
     ) -> list[Any]:
+        """Run the call on `arguments`, ready for IREE's packer (buffer views for device
+        arrays), and convert its results."""
         stop.where = "before it was dispatched"
         stop.check()
-        # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
-        # through the host; its buffer view is what it passes without a copy.
-        values = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
-        args = self._packer.pack(InvokeContext(device), values, {})
-        results = rt.VmVariantList(len(self._out_dtypes))
+        args = self._packer.pack(InvokeContext(device), arguments, {})
+        results = rt.VmVariantList(self._result_count)
         if self._async:
             self._invoke_async(args, results, stop, reservation)
         else:
