@@ -142,7 +142,8 @@ def test_device_arrays_take_the_fast_check_and_wrong_ones_the_worded_error(
 
 def test_a_checked_device_array_is_remembered_weakly_and_only_itself(mlp_model, mlp_weights):
     """The fast check remembers a device array that passed (a serving loop passes the same
-    weights every call), without keeping it alive, and never for another array at that input."""
+    weights every call), without keeping it or its buffer alive, and never for another array
+    at that input."""
     import gc
 
     import iree.runtime as rt
@@ -153,13 +154,15 @@ def test_a_checked_device_array_is_remembered_weakly_and_only_itself(mlp_model, 
         dx = rt.asdevicearray(call._device, x)
         for _ in range(2):  # checked, then remembered: the same answer
             assert rel_err(call(dx), mlp_reference(mlp_weights, x)[1]) < RTOL
-        assert [ref() for ref, _, _ in call._passed.values()] == [dx]
+        assert [ref() for ref, _ in call._passed.values()] == [dx]
+        held = [v for entry in call._passed.values() for v in entry]
+        assert not [v for v in held if isinstance(v, (rt.HalBufferView, rt.HalBuffer))]
         h = s.call("hidden", x, output="device")  # another array, wrong width
         with pytest.raises(myelin.InputError, match="size 32 in dimension 1, expected 16"):
             call(h)
         del dx
         gc.collect()
-        assert [ref() for ref, _, _ in call._passed.values()] == [None]  # not kept alive
+        assert [ref() for ref, _ in call._passed.values()] == [None]  # not kept alive
 
 
 def test_sessions_run_concurrently_from_threads(mlp_model, mlp_weights):

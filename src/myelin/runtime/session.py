@@ -255,10 +255,11 @@ class ResolvedCall:
         # Integer inputs that index a table, with the [lo, hi) the build found (IREE reads out
         # of bounds, or faults, on any other value).
         self._index_checks = index_checks(self.signature.inputs)
-        # Device arrays that passed the fast check, by (input, id): a serving loop passes the
-        # same weights every call, and a buffer view's element type and shape never change.
-        # The weak reference tells a live array from a new one that reuses a dead one's id.
-        self._passed: dict[tuple[int, int], tuple[weakref.ref, Any, Any]] = {}
+        # Device arrays that passed the fast check, by (input, id), with their shape: a serving
+        # loop passes the same weights every call, and a buffer view's element type and shape
+        # never change. Only a weak reference: the memory holds no buffer alive, and it tells a
+        # live array from a new one that reuses a dead one's id.
+        self._passed: dict[tuple[int, int], tuple[weakref.ref, Any]] = {}
 
     def _fast_arguments(self, values: tuple[Any, ...]) -> list[Any] | None:
         """The fast check: numpy arrays, or device arrays already on this entrypoint's device,
@@ -281,8 +282,8 @@ class ResolvedCall:
             if kind is DeviceTensor or kind is rt.DeviceArray:
                 seen = passed.get((i, id(value)))
                 if seen is not None and seen[0]() is value:  # this very array passed before
-                    ready.append(seen[1])
-                    shapes.append(seen[2])
+                    ready.append(buffer_view_of(value))
+                    shapes.append(seen[1])
                     continue
             dtype, rank, static = expected
             if kind is np.ndarray:
@@ -309,7 +310,7 @@ class ResolvedCall:
             if kind is not np.ndarray:
                 if len(passed) >= _PASSED_ENTRIES:
                     passed.clear()
-                passed[(i, id(value))] = (weakref.ref(value), view, shape)
+                passed[(i, id(value))] = (weakref.ref(value), shape)
                 ready.append(view)
             shapes.append(shape)
         for (i, axis), *others in self._equal_dims:
