@@ -126,17 +126,43 @@ def test_device_arrays_take_the_fast_check_and_wrong_ones_the_worded_error(
         h = s.call("hidden", x, output="device")  # (3, 32), on the entrypoint's device
         calls = []
         monkeypatch.setattr(session_module, "check_inputs", lambda *a: calls.append(a) or None)
-        assert call._matches((rt.asdevicearray(device, x),))
-        y = call(rt.asdevicearray(device, x))
+        dx = rt.asdevicearray(device, x)
+        assert call._fast_arguments((dx,)) == [dx._buffer_view]  # packed as its buffer view
+        y = call(dx)
         assert rel_err(y, mlp_reference(mlp_weights, x)[1]) < RTOL
         assert calls == []  # the fast check took it
         monkeypatch.undo()
-        assert not call._matches((h,))  # wrong width: 32 where forward takes 16
+        assert call._fast_arguments((h,)) is None  # wrong width: 32 where forward takes 16
         with pytest.raises(myelin.InputError, match="size 32 in dimension 1, expected 16"):
             call(h)
         wrong = rt.asdevicearray(device, x.astype(np.float16))
         with pytest.raises(myelin.InputError, match="dtype float16, expected float32"):
             call(wrong)
+
+
+def test_a_checked_device_array_is_remembered_weakly_and_only_itself(mlp_model, mlp_weights):
+    """The fast check remembers a device array that passed (a serving loop passes the same
+    weights every call), without keeping it or its buffer alive, and never for another array
+    at that input."""
+    import gc
+
+    import iree.runtime as rt
+
+    x = np.random.default_rng(6).standard_normal((3, 16)).astype(np.float32)
+    with mlp_model.session() as s:
+        call = s.resolve("forward")
+        dx = rt.asdevicearray(call._device, x)
+        for _ in range(2):  # checked, then remembered: the same answer
+            assert rel_err(call(dx), mlp_reference(mlp_weights, x)[1]) < RTOL
+        assert [ref() for ref, _ in call._passed.values()] == [dx]
+        held = [v for entry in call._passed.values() for v in entry]
+        assert not [v for v in held if isinstance(v, (rt.HalBufferView, rt.HalBuffer))]
+        h = s.call("hidden", x, output="device")  # another array, wrong width
+        with pytest.raises(myelin.InputError, match="size 32 in dimension 1, expected 16"):
+            call(h)
+        del dx
+        gc.collect()
+        assert [ref() for ref, _ in call._passed.values()] == [None]  # not kept alive
 
 
 def test_sessions_run_concurrently_from_threads(mlp_model, mlp_weights):
