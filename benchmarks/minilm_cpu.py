@@ -2,7 +2,7 @@
 
 PLeX runs four times: the example as shipped (examples/minilm: batch and sequence dynamic,
 `data_tiling = true`), the same without data tiling (PLeX's zero-copy default), the same with
-its matmuls placed on the BLAS backend (examples/backends/blas, OpenBLAS sgemm; needs
+its matmuls and attentions placed on the BLAS backend (examples/backends/blas, OpenBLAS sgemm; needs
 `pip install -e '.[blas]'`), and the model exported with static shapes (one entrypoint per
 batch size, data tiling on), which isolates what dynamic shapes cost in IREE's CPU code
 generation.
@@ -115,15 +115,16 @@ def untiled_app(folder: Path) -> Path:
 
 
 def blas_app(folder: Path) -> Path:
-    """The example with its matmuls placed on the BLAS backend (examples/backends/blas:
-    OpenBLAS sgemm through an executable plugin); the rest stays IREE codegen on the CPU."""
+    """The example with its matmuls and attentions placed on the BLAS backend
+    (examples/backends/blas: OpenBLAS sgemm through an executable plugin, the attention's
+    softmax in the backend); the rest stays IREE codegen on the CPU."""
     app = folder / "blas_app.toml"
     backend = REPO / "examples" / "backends" / "blas"
     app.write_text(
         f'[app]\nname = "minilm_blas"\npackages = ["{MINILM}", "{backend}"]\n'
         '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
         '[devices.blas]\nbackend = "blas"\n'
-        '[placement]\n"encoder:matmul" = "blas"\n'
+        '[placement]\n"encoder:matmul" = "blas"\n"encoder:attention" = "blas"\n'
     )
     return app
 
@@ -222,7 +223,7 @@ def main() -> None:
             "PLeX, dynamic, no data tiling": untiled[1].resolve("forward"),
         }
         if blas is not None:
-            common["PLeX, matmuls on the BLAS backend"] = blas[1].resolve("forward")
+            common["PLeX, matmuls + attention on the BLAS backend"] = blas[1].resolve("forward")
         threads = args.threads or "default"
         print(
             f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, load "
