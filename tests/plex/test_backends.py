@@ -448,6 +448,95 @@ def test_fused_attention_reads_heads_and_mask_as_projected(tmp_path):
     assert errors["a"] < 1e-5, errors
 
 
+# GELU as PyTorch's nn.GELU() imports (x * 0.5 * (1 + erf(x / sqrt(2)))), once after a bias
+# add (taken along into the call) and once on its own
+GELU_MODEL = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d1)>
+func.func @forward(%x: tensor<?x100xf32>, %bias: tensor<100xf32>)
+    -> (tensor<?x100xf32>, tensor<?x100xf32>) {
+  %c0 = arith.constant 0 : index
+  %sqrt2 = arith.constant 1.41421354 : f32
+  %one = arith.constant 1.0 : f32
+  %half = arith.constant 0.5 : f32
+  %n = tensor.dim %x, %c0 : tensor<?x100xf32>
+  %e = tensor.empty(%n) : tensor<?x100xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %bias : tensor<?x100xf32>, tensor<100xf32>) outs(%e : tensor<?x100xf32>) {
+    ^bb0(%a: f32, %b: f32, %o: f32):
+      %r = arith.addf %a, %b : f32
+      linalg.yield %r : f32
+  } -> tensor<?x100xf32>
+  %g1 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%sum : tensor<?x100xf32>) outs(%e : tensor<?x100xf32>) {
+    ^bb0(%a: f32, %o: f32):
+      %0 = arith.divf %a, %sqrt2 : f32
+      %1 = math.erf %0 : f32
+      %2 = arith.addf %1, %one : f32
+      %3 = arith.mulf %2, %half : f32
+      %4 = arith.mulf %a, %3 : f32
+      linalg.yield %4 : f32
+  } -> tensor<?x100xf32>
+  %g2 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<?x100xf32>) outs(%e : tensor<?x100xf32>) {
+    ^bb0(%a: f32, %o: f32):
+      %0 = arith.divf %a, %sqrt2 : f32
+      %1 = math.erf %0 : f32
+      %2 = arith.addf %1, %one : f32
+      %3 = arith.mulf %2, %half : f32
+      %4 = arith.mulf %a, %3 : f32
+      linalg.yield %4 : f32
+  } -> tensor<?x100xf32>
+  return %g1, %g2 : tensor<?x100xf32>, tensor<?x100xf32>
+}
+"""
+
+GELU_RUN = """
+import json, math, sys
+import numpy as np
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+rng = np.random.default_rng(0)
+x = (rng.standard_normal((150, 100)) * 4).astype(np.float32)
+bias = rng.standard_normal(100).astype(np.float32)
+with model.session() as s:
+    g1, g2 = s.call("forward", x, bias)
+erf = np.vectorize(math.erf)
+gelu = lambda v: v * 0.5 * (1 + erf(v / math.sqrt(2)))
+print(json.dumps({"g1": float(np.abs(g1 - gelu((x + bias).astype(np.float64))).max()),
+                  "g2": float(np.abs(g2 - gelu(x.astype(np.float64))).max())}))
+"""
+
+
+def test_gelu_and_its_bias_add_on_the_backend_match_numpy(tmp_path):
+    from iree.compiler import ir
+
+    from myelin.compiler.backend_ops import place_backend_ops
+
+    with ir.Context():
+        module = ir.Module.parse(GELU_MODEL)
+        calls = place_backend_ops(module.operation, [("blas", "blas", "gelu", 0)], ["cpu", "blas"])
+        text = str(module)
+    assert [(c.op, c.note) for c in calls] == [
+        ("gelu", "with the bias add before it"),
+        ("gelu", "plain"),
+    ]
+    assert "math.erf" not in text
+    (tmp_path / "mm").mkdir()
+    (tmp_path / "mm" / "model.mlir").write_text(GELU_MODEL)
+    (tmp_path / "mm" / "plex.toml").write_text(
+        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:gelu"'))
+    out = tmp_path / "mm.mln"
+    build(app, out)
+    result = _run(GELU_RUN, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["g1"] < 1e-5 and errors["g2"] < 1e-5, errors
+
+
 def test_a_backend_artifact_can_be_profiled(tmp_path):
     import numpy as np
 

@@ -95,6 +95,56 @@ __attribute__((target("avx2,fma"))) static void softmax_row_avx2(float* x, size_
 }
 #endif
 
+#if defined(__x86_64__)
+/* erf by Abramowitz-Stegun 7.1.26 (max abs error 1.5e-7) on 8 lanes, then the exact GELU */
+__attribute__((target("avx2,fma"))) static void gelu_row_avx2(const float* x, const float* bias,
+                                                              float* y, size_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+  const __m256 half = _mm256_set1_ps(0.5f), rsqrt2 = _mm256_set1_ps(0.70710678118654752f);
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 v = _mm256_loadu_ps(x + j);
+    if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
+    const __m256 z = _mm256_mul_ps(v, rsqrt2);
+    const __m256 az = _mm256_andnot_ps(sign, z);
+    const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), az, one));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    p = _mm256_mul_ps(p, t);
+    const __m256 e = exp8(_mm256_xor_ps(_mm256_mul_ps(az, az), sign)); /* exp(-z^2) */
+    __m256 erf = _mm256_fnmadd_ps(p, e, one);                          /* erf(|z|) */
+    erf = _mm256_or_ps(erf, _mm256_and_ps(z, sign));                   /* odd */
+    _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_mul_ps(v, half), _mm256_add_ps(one, erf)));
+  }
+  for (; j < n; ++j) {
+    const float v = x[j] + (bias ? bias[j] : 0.0f);
+    y[j] = v * 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+  }
+}
+#endif
+
+static void gelu_row_scalar(const float* x, const float* bias, float* y, size_t n) {
+  for (size_t j = 0; j < n; ++j) {
+    const float v = x[j] + (bias ? bias[j] : 0.0f);
+    y[j] = v * 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+  }
+}
+
+int plex_backend_gelu(const plex_gelu_args_t* args) {
+  const float* x = args->x + args->x_offset;
+  const float* bias = (args->flags & PLEX_GELU_BIAS) ? args->bias + args->bias_offset : NULL;
+  float* y = args->y + args->y_offset;
+  void (*row)(const float*, const float*, float*, size_t) = gelu_row_scalar;
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) row = gelu_row_avx2;
+#endif
+  for (size_t r = 0; r < args->rows; ++r) row(x + r * args->n, bias, y + r * args->n, args->n);
+  return 0;
+}
+
 typedef void (*softmax_row_fn)(float*, size_t);
 
 static softmax_row_fn softmax_row(void) {

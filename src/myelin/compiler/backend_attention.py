@@ -283,7 +283,9 @@ def executable_text(name: str, symbol: str, flags: int) -> str:
     """A stream.executable whose workgroup w of W calls `symbol` on its share of the heads.
 
     An i1 mask is read as bytes (IREE stores i1 tensors one byte per element); without a mask,
-    Q's pointer stands in for it (the flags say it is not read)."""
+    Q's pointer stands in for it (the flags say it is not read). The entry is named after the
+    executable: IREE links a device's executables into one module, where two entries of one
+    name clash."""
     mask = {MASK_BOOL: "i8", MASK_ADD: "f32"}.get(flags & (MASK_BOOL | MASK_ADD))
     mask_memref = f"memref<{mask or 'f32'}>"
     mask_arg = ", %bm: !stream.binding" if mask else ""
@@ -298,7 +300,7 @@ def executable_text(name: str, symbol: str, flags: int) -> str:
     return f"""
 #dyn = strided<[1], offset: ?>
 stream.executable private @{name} {{
-  stream.executable.export public @attention workgroups(%w: index) -> (index, index, index) {{
+  stream.executable.export public @{name} workgroups(%w: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
     stream.return %w, %c1, %c1 : index, index, index
   }}
@@ -306,7 +308,7 @@ stream.executable private @{name} {{
     func.func private @{symbol}(memref<f32>, index, memref<f32>, index, memref<f32>, index,
         {mask_memref}, index, memref<f32>, index, index, index, index, index, index, index,
         index, index, index) attributes {{llvm.bareptr = true}}
-    func.func @attention(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding{mask_arg},
+    func.func @{name}(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding{mask_arg},
         %bo: !stream.binding, %units: index, %heads: index, %l: index, %s: index, %e: index,
         %ev: index, %lm: index, %scale: index, %flags: index) {{
       %c0 = arith.constant 0 : index

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.backends import import_symbol
-from myelin.compiler import backend_attention
+from myelin.compiler import backend_attention, backend_gelu
 from myelin.compiler.backend_attention import ATTENTION, decompose_attention
 from myelin.compiler.backend_attention import why_not as attention_why_not
 from myelin.compiler.placement import walk_region
@@ -314,13 +314,14 @@ def place_backend_ops(
     """
     matmul_rule = next((r for r in rules if r[2] == "matmul"), None)
     attention_rule = next((r for r in rules if r[2] == "attention"), None)
-    if matmul_rule is None and attention_rule is None:
+    gelu_rule = next((r for r in rules if r[2] == "gelu"), None)
+    if matmul_rule is None and attention_rule is None and gelu_rule is None:
         return []
     # Ops are created by name: their dialects must be loaded, or they are built unregistered
     # (and come back from bytecode as other ops).
     for dialect in ("arith", "tensor", "flow", "stream", "hal"):
         ir.Context.current.dialects[dialect]
-    for rule in (matmul_rule, attention_rule):
+    for rule in (matmul_rule, attention_rule, gelu_rule):
         if rule is not None and rule[0] not in devices:
             raise CompileError(
                 f"{what}: backend device '{rule[0]}' is not a device of this variant"
@@ -335,6 +336,12 @@ def place_backend_ops(
                 module, op, fn_name, name, (matmul_rule, attention_rule), executables
             )
             calls.append(placed)
+    if gelu_rule is not None:
+        for fn in list(_functions(module)):
+            fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
+            for op in [o for o in walk_region(fn.regions[0]) if o.name == "linalg.generic"]:
+                if backend_gelu.is_gelu(op):
+                    calls.append(_call_gelu(op, fn_name, gelu_rule, executables))
     if matmul_rule is not None:
         calls += _place_matmuls(module, matmul_rule, executables)
     if executables:
@@ -439,7 +446,7 @@ def _call_attention(
         init,
         device,
         tensors=len(tensors),
-        entry="attention",
+        entry=executable,
         workgroups=workgroups,
     )
     op.results[0].replace_all_uses_with(called)
@@ -452,6 +459,46 @@ def _call_attention(
         notes.append("one mask per batch")
     note = f"fused call: {', '.join(notes)}, split over the heads"
     return BackendCall(fn_name, ATTENTION, device, "", note)
+
+
+def _call_gelu(
+    op: ir.Operation, fn_name: str, rule: BackendOpRule, executables: dict[str, str]
+) -> BackendCall:
+    """One dispatch calling the backend's `gelu` on the op's input (and the bias add feeding
+    it, taken along), split over the rows."""
+    device, backend, _, _ = rule
+    x, init = op.operands[0], op.operands[1]
+    source = backend_gelu.bias_source(x)
+    flags = 0
+    tensors = [x]
+    if source is not None:
+        tensors, flags = list(source), backend_gelu.BIAS
+    build = _Builder(op)
+    t = ir.RankedTensorType(tensors[0].type)
+    rows = build.constant(1)
+    for axis in range(t.rank - 1):
+        rows = build.mul(rows, build.dim(tensors[0], axis))
+    n = build.dim(tensors[0], t.rank - 1)
+    blocks = build.binary("arith.ceildivui", rows, build.constant(MIN_ROWS_PER_WORKGROUP))
+    workgroups = build.binary("arith.minui", blocks, build.constant(MAX_WORKGROUPS))
+    executable = f"plex_backend_{device}_gelu_{flags}"
+    executables[executable] = backend_gelu.executable_text(
+        executable, import_symbol(backend, "gelu"), bool(flags)
+    )
+    called = build.dispatch(
+        executable,
+        [*tensors, rows, n, build.constant(flags)],
+        init,
+        device,
+        tensors=len(tensors),
+        entry=executable,
+        workgroups=workgroups,
+    )
+    op.results[0].replace_all_uses_with(called)
+    op.erase()
+    shape = _shape_text(*(None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)))
+    note = "with the bias add before it" if flags else "plain"
+    return BackendCall(fn_name, "gelu", device, shape, note)
 
 
 def _rewrite_matmul(

@@ -96,7 +96,7 @@ class TuningTable(_Table):
 
 
 # Ops an external backend may implement; myelin.backends rewrites them into calls to it.
-BackendOp = Literal["matmul", "attention"]
+BackendOp = Literal["matmul", "attention", "gelu"]
 BACKEND_DEVICE_KINDS = ("cpu",)  # host memory, run by the local-task driver
 
 

@@ -82,10 +82,28 @@ typedef struct plex_attention_args_t {
   size_t flags;
 } plex_attention_args_t;
 
+/* gelu flags */
+#define PLEX_GELU_BIAS 1u /* add bias[n] to every row first */
+
+/* y = x * 0.5 * (1 + erf(x / sqrt(2))) elementwise (the exact GELU), on x + bias where
+ * PLEX_GELU_BIAS: rows x n, row-major f32, y overwritten. */
+typedef struct plex_gelu_args_t {
+  const float* x;
+  size_t x_offset;
+  const float* bias;
+  size_t bias_offset;
+  float* y;
+  size_t y_offset;
+  size_t rows;
+  size_t n;
+  size_t flags;
+} plex_gelu_args_t;
+
 /* A backend defines the op functions it declares in its package's `ops`; the others stay
  * undefined (weak here), and the plugin does not offer their imports. */
 __attribute__((weak)) int plex_backend_matmul(const plex_matmul_args_t* args);
 __attribute__((weak)) int plex_backend_attention(const plex_attention_args_t* args);
+__attribute__((weak)) int plex_backend_gelu(const plex_gelu_args_t* args);
 
 /* Optional: how many threads the vendor library may use per call. The runtime calls it with 1
  * after loading the plugin, and again from myelin.runtime.backends.set_backend_threads(n). */

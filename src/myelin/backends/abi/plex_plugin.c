@@ -64,6 +64,12 @@ static int plex_attention_thunk(void* params, void* context, void* reserved) {
   return plex_backend_attention((const plex_attention_args_t*)params);
 }
 
+static int plex_gelu_thunk(void* params, void* context, void* reserved) {
+  (void)context;
+  (void)reserved;
+  return plex_backend_gelu((const plex_gelu_args_t*)params);
+}
+
 static const struct {
   const char* name;
   void* fn;
@@ -73,6 +79,7 @@ static const struct {
     {"plex_" PLEX_BACKEND_NAME "_matmul", (void*)plex_matmul_thunk, (const void*)plex_backend_matmul},
     {"plex_" PLEX_BACKEND_NAME "_attention", (void*)plex_attention_thunk,
      (const void*)plex_backend_attention},
+    {"plex_" PLEX_BACKEND_NAME "_gelu", (void*)plex_gelu_thunk, (const void*)plex_backend_gelu},
 };
 
 static void* plex_plugin_load(const iree_plugin_environment_t* environment, size_t param_count,
