@@ -61,7 +61,7 @@ def tune(
         None,
         "--backend",
         help="A backend package folder (e.g. examples/backends/blas): also time every op it "
-        "implements (matmul, attention) on it, as one candidate (docs/tuning.md).",
+        "implements (matmul, attention, gelu) on it, as one candidate (docs/tuning.md).",
         metavar="DIR",
     ),
     bundle: Path = typer.Option(
