@@ -2,10 +2,10 @@
 
 PLeX runs four times: the example as shipped (examples/minilm: batch and sequence dynamic,
 `data_tiling = true`), the same without data tiling (PLeX's zero-copy default), the same with
-its matmuls placed on the BLAS backend (examples/backends/blas, OpenBLAS sgemm; needs
-`pip install -e '.[blas]'`), and the model exported with static shapes (one entrypoint per
-batch size, data tiling on), which isolates what dynamic shapes cost in IREE's CPU code
-generation.
+its matmuls, attentions and GELUs placed on the BLAS backend (examples/backends/blas, OpenBLAS
+sgemm; needs `pip install -e '.[blas]'`), and the model exported with static shapes (one
+entrypoint per batch size, data tiling on), which isolates what dynamic shapes cost in IREE's
+CPU code generation.
 
     python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
                                     [--threads N] [--no-static] [--no-blas]
@@ -115,15 +115,17 @@ def untiled_app(folder: Path) -> Path:
 
 
 def blas_app(folder: Path) -> Path:
-    """The example with its matmuls placed on the BLAS backend (examples/backends/blas:
-    OpenBLAS sgemm through an executable plugin); the rest stays IREE codegen on the CPU."""
+    """The example with its matmuls, attentions and GELUs placed on the BLAS backend
+    (examples/backends/blas: OpenBLAS sgemm through an executable plugin, the attention's
+    softmax and the GELU in the backend's C); the rest stays IREE codegen on the CPU."""
     app = folder / "blas_app.toml"
     backend = REPO / "examples" / "backends" / "blas"
     app.write_text(
         f'[app]\nname = "minilm_blas"\npackages = ["{MINILM}", "{backend}"]\n'
         '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
         '[devices.blas]\nbackend = "blas"\n'
-        '[placement]\n"encoder:matmul" = "blas"\n'
+        '[placement]\n"encoder:matmul" = "blas"\n"encoder:attention" = "blas"\n'
+        '"encoder:gelu" = "blas"\n'
     )
     return app
 
@@ -222,7 +224,7 @@ def main() -> None:
             "PLeX, dynamic, no data tiling": untiled[1].resolve("forward"),
         }
         if blas is not None:
-            common["PLeX, matmuls on the BLAS backend"] = blas[1].resolve("forward")
+            common["PLeX, BLAS backend (matmul, attention, gelu)"] = blas[1].resolve("forward")
         threads = args.threads or "default"
         print(
             f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, load "

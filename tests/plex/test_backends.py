@@ -313,6 +313,230 @@ def test_attention_and_split_calls_on_the_backend_match_numpy(tmp_path):
     assert errors["a"] < 1e-5 and errors["y"] < 1e-4, errors
 
 
+def test_fused_attention_on_the_backend_matches_numpy(tmp_path):
+    """With `attention` placed too, the whole attention is one backend call (its masked
+    softmax computed by the backend between the two sgemms), split over the heads."""
+    from iree.compiler import ir
+
+    from myelin.compiler.backend_ops import place_backend_ops
+
+    rules = [("blas", "blas", "matmul", 0), ("blas", "blas", "attention", 0)]
+    with ir.Context():
+        module = ir.Module.parse(ATTENTION_MODEL)
+        calls = place_backend_ops(module.operation, rules, ["cpu", "blas"])
+        text = str(module)
+    placed = [(c.op, c.device, c.note) for c in calls]
+    assert placed == [
+        ("iree_linalg_ext.attention", "blas", "fused call: i1 mask, split over the heads"),
+        ("linalg.batch_matmul", "blas", "transposed B"),
+    ]
+    assert "iree_linalg_ext.attention" not in text and "plex_blas_attention" in text
+
+    (tmp_path / "mm").mkdir()
+    (tmp_path / "mm" / "model.mlir").write_text(ATTENTION_MODEL)
+    (tmp_path / "mm" / "plex.toml").write_text(
+        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(blas=BLAS) + '"mm:attention" = "blas"\n')
+    out = tmp_path / "mm.mln"
+    build(app, out)
+    result = _run(ATTENTION_RUN, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["a"] < 1e-5 and errors["y"] < 1e-4, errors
+
+
+# Q, K, V as a BERT-style import splits its projections into heads ([batch, len, heads, e],
+# heads moved in front and collapsed into the batch) and a [batch, 1, l, s] mask broadcast over
+# the heads: the fused call reads all four as they are
+HEADS_MODEL = """
+#q = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>
+#k = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>
+#v = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
+#s = affine_map<(d0, d1, d2, d3, d4) -> ()>
+#m = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>
+#o = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>
+#bc = affine_map<(d0, d1, d2, d3) -> (d0, 0, d2, d3)>
+#id4 = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>
+func.func @forward(%q4: tensor<?x?x4x32xf32>, %k4: tensor<?x?x4x32xf32>,
+                   %v4: tensor<?x?x4x16xf32>, %m4: tensor<?x1x?x?xi1>) -> tensor<?x?x16xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c3 = arith.constant 3 : index
+  %scale = arith.constant 0.125 : f32
+  %b = tensor.dim %q4, %c0 : tensor<?x?x4x32xf32>
+  %l = tensor.dim %q4, %c1 : tensor<?x?x4x32xf32>
+  %s = tensor.dim %k4, %c1 : tensor<?x?x4x32xf32>
+  %tq0 = tensor.empty(%b, %l) : tensor<?x4x?x32xf32>
+  %tq = linalg.transpose ins(%q4 : tensor<?x?x4x32xf32>) outs(%tq0 : tensor<?x4x?x32xf32>) permutation = [0, 2, 1, 3]
+  %tk0 = tensor.empty(%b, %s) : tensor<?x4x?x32xf32>
+  %tk = linalg.transpose ins(%k4 : tensor<?x?x4x32xf32>) outs(%tk0 : tensor<?x4x?x32xf32>) permutation = [0, 2, 1, 3]
+  %tv0 = tensor.empty(%b, %s) : tensor<?x4x?x16xf32>
+  %tv = linalg.transpose ins(%v4 : tensor<?x?x4x16xf32>) outs(%tv0 : tensor<?x4x?x16xf32>) permutation = [0, 2, 1, 3]
+  %mb0 = tensor.empty(%b, %l, %s) : tensor<?x4x?x?xi1>
+  %mb = linalg.generic {indexing_maps = [#bc, #id4], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%m4 : tensor<?x1x?x?xi1>) outs(%mb0 : tensor<?x4x?x?xi1>) {
+    ^bb0(%in: i1, %out: i1):
+      linalg.yield %in : i1
+  } -> tensor<?x4x?x?xi1>
+  %q = tensor.collapse_shape %tq [[0, 1], [2], [3]] : tensor<?x4x?x32xf32> into tensor<?x?x32xf32>
+  %k = tensor.collapse_shape %tk [[0, 1], [2], [3]] : tensor<?x4x?x32xf32> into tensor<?x?x32xf32>
+  %v = tensor.collapse_shape %tv [[0, 1], [2], [3]] : tensor<?x4x?x16xf32> into tensor<?x?x16xf32>
+  %m = tensor.collapse_shape %mb [[0, 1], [2], [3]] : tensor<?x4x?x?xi1> into tensor<?x?x?xi1>
+  %bh = arith.muli %b, %c2 : index
+  %bh2 = arith.muli %bh, %c2 : index
+  %e = tensor.empty(%bh2, %l) : tensor<?x?x16xf32>
+  %a = iree_linalg_ext.attention <indexing_maps = [#q, #k, #v, #s, #m, #o]>
+      ins(%q, %k, %v, %scale, %m : tensor<?x?x32xf32>, tensor<?x?x32xf32>,
+          tensor<?x?x16xf32>, f32, tensor<?x?x?xi1>) outs(%e : tensor<?x?x16xf32>) {
+    ^bb0(%x: f32):
+      iree_linalg_ext.yield %x : f32
+  } -> tensor<?x?x16xf32>
+  return %a : tensor<?x?x16xf32>
+}
+"""
+
+HEADS_RUN = """
+import json, sys
+import numpy as np
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+rng = np.random.default_rng(0)
+q, k = (rng.standard_normal((3, 70, 4, 32), dtype=np.float32) for _ in range(2))
+v = rng.standard_normal((3, 70, 4, 16), dtype=np.float32)
+mask = rng.random((3, 1, 70, 70)) < 0.6
+mask[..., 0] = True
+with model.session() as s:
+    a = s.call("forward", q, k, v, mask)
+heads = lambda x: x.transpose(0, 2, 1, 3).reshape(12, 70, -1)
+scores = heads(q) @ heads(k).transpose(0, 2, 1) * 0.125
+scores = np.where(np.repeat(mask, 4, axis=1).reshape(12, 70, 70), scores, -np.inf)
+p = np.exp(scores - scores.max(-1, keepdims=True))
+want = (p / p.sum(-1, keepdims=True)) @ heads(v)
+print(json.dumps({"a": float(np.abs(a - want).max())}))
+"""
+
+
+def test_fused_attention_reads_heads_and_mask_as_projected(tmp_path):
+    from iree.compiler import ir
+
+    from myelin.compiler.backend_ops import place_backend_ops
+
+    with ir.Context():
+        module = ir.Module.parse(HEADS_MODEL)
+        calls = place_backend_ops(
+            module.operation, [("blas", "blas", "attention", 0)], ["cpu", "blas"]
+        )
+    assert [c.note for c in calls] == [
+        "fused call: i1 mask, Q, K, V read as projected (no head transposes), one mask per "
+        "batch, split over the heads"
+    ]
+    (tmp_path / "mm").mkdir()
+    (tmp_path / "mm" / "model.mlir").write_text(HEADS_MODEL)
+    (tmp_path / "mm" / "plex.toml").write_text(
+        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:attention"'))
+    out = tmp_path / "mm.mln"
+    build(app, out)
+    result = _run(HEADS_RUN, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["a"] < 1e-5, errors
+
+
+# GELU as PyTorch's nn.GELU() imports (x * 0.5 * (1 + erf(x / sqrt(2)))), once after a bias
+# add (taken along into the call) and once on its own
+GELU_MODEL = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d1)>
+func.func @forward(%x: tensor<?x100xf32>, %bias: tensor<100xf32>)
+    -> (tensor<?x100xf32>, tensor<?x100xf32>) {
+  %c0 = arith.constant 0 : index
+  %sqrt2 = arith.constant 1.41421354 : f32
+  %one = arith.constant 1.0 : f32
+  %half = arith.constant 0.5 : f32
+  %n = tensor.dim %x, %c0 : tensor<?x100xf32>
+  %e = tensor.empty(%n) : tensor<?x100xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %bias : tensor<?x100xf32>, tensor<100xf32>) outs(%e : tensor<?x100xf32>) {
+    ^bb0(%a: f32, %b: f32, %o: f32):
+      %r = arith.addf %a, %b : f32
+      linalg.yield %r : f32
+  } -> tensor<?x100xf32>
+  %g1 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%sum : tensor<?x100xf32>) outs(%e : tensor<?x100xf32>) {
+    ^bb0(%a: f32, %o: f32):
+      %0 = arith.divf %a, %sqrt2 : f32
+      %1 = math.erf %0 : f32
+      %2 = arith.addf %1, %one : f32
+      %3 = arith.mulf %2, %half : f32
+      %4 = arith.mulf %a, %3 : f32
+      linalg.yield %4 : f32
+  } -> tensor<?x100xf32>
+  %g2 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<?x100xf32>) outs(%e : tensor<?x100xf32>) {
+    ^bb0(%a: f32, %o: f32):
+      %0 = arith.divf %a, %sqrt2 : f32
+      %1 = math.erf %0 : f32
+      %2 = arith.addf %1, %one : f32
+      %3 = arith.mulf %2, %half : f32
+      %4 = arith.mulf %a, %3 : f32
+      linalg.yield %4 : f32
+  } -> tensor<?x100xf32>
+  return %g1, %g2 : tensor<?x100xf32>, tensor<?x100xf32>
+}
+"""
+
+GELU_RUN = """
+import json, math, sys
+import numpy as np
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+rng = np.random.default_rng(0)
+x = (rng.standard_normal((150, 100)) * 4).astype(np.float32)
+bias = rng.standard_normal(100).astype(np.float32)
+with model.session() as s:
+    g1, g2 = s.call("forward", x, bias)
+erf = np.vectorize(math.erf)
+gelu = lambda v: v * 0.5 * (1 + erf(v / math.sqrt(2)))
+print(json.dumps({"g1": float(np.abs(g1 - gelu((x + bias).astype(np.float64))).max()),
+                  "g2": float(np.abs(g2 - gelu(x.astype(np.float64))).max())}))
+"""
+
+
+def test_gelu_and_its_bias_add_on_the_backend_match_numpy(tmp_path):
+    from iree.compiler import ir
+
+    from myelin.compiler.backend_ops import place_backend_ops
+
+    with ir.Context():
+        module = ir.Module.parse(GELU_MODEL)
+        calls = place_backend_ops(module.operation, [("blas", "blas", "gelu", 0)], ["cpu", "blas"])
+        text = str(module)
+    assert [(c.op, c.note) for c in calls] == [
+        ("gelu", "with the bias add before it"),
+        ("gelu", "plain"),
+    ]
+    assert "math.erf" not in text
+    (tmp_path / "mm").mkdir()
+    (tmp_path / "mm" / "model.mlir").write_text(GELU_MODEL)
+    (tmp_path / "mm" / "plex.toml").write_text(
+        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:gelu"'))
+    out = tmp_path / "mm.mln"
+    build(app, out)
+    result = _run(GELU_RUN, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["g1"] < 1e-5 and errors["g2"] < 1e-5, errors
+
+
 def test_a_backend_artifact_can_be_profiled(tmp_path):
     import numpy as np
 

@@ -23,7 +23,7 @@ ABI_VERSION = 1  # PLEX_BACKEND_ABI_VERSION in abi/plex_backend.h
 ABI_DIR = Path(__file__).parent / "abi"
 ABI_FILES = (ABI_DIR / "plex_backend.h", ABI_DIR / "plex_plugin.c")
 # The ops the compiler can hand to a backend.
-OPS = ("matmul",)
+OPS = ("matmul", "attention", "gelu")
 
 
 def import_symbol(backend: str, op: str) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.backends import import_symbol
+from myelin.compiler import backend_attention, backend_gelu
 from myelin.compiler.backend_attention import ATTENTION, decompose_attention
 from myelin.compiler.backend_attention import why_not as attention_why_not
 from myelin.compiler.placement import walk_region
@@ -256,25 +257,35 @@ class _Builder:
         return [self.dim(tensor, i) for i in range(t.rank) if t.is_dynamic_dim(i)]
 
     def dispatch(
-        self, executable: str, operands: list[ir.Value], init: ir.Value, device: str
+        self,
+        executable: str,
+        operands: list[ir.Value],
+        init: ir.Value,
+        device: str,
+        *,
+        tensors: int = 2,
+        entry: str = "matmul",
+        workgroups: ir.Value | None = None,
     ) -> ir.Value:
-        """The call; its result has the type and dims of `init` (the op's zero output)."""
-        tensors = operands[:2]
-        scalars = operands[2:]
-        argument_dims = [d for t in tensors for d in self.dynamic_dims(t)]
+        """The call; its result has the type and dims of `init` (the op's zero output). The
+        first `tensors` operands are tensors, the rest index scalars; by default the call is
+        split as a matmul's (batch, m)."""
+        scalars = operands[tensors:]
+        tensor_operands = operands[:tensors]
+        argument_dims = [d for t in tensor_operands for d in self.dynamic_dims(t)]
         result_dims = self.dynamic_dims(init)
-        workload = [self.workgroups(scalars[0], scalars[1])]
+        workload = [workgroups or self.workgroups(scalars[0], scalars[1])]
         attributes = {
-            "entry_points": ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, "matmul"])]),
+            "entry_points": ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, entry])]),
             "operandSegmentSizes": ir.DenseI32ArrayAttr.get(
-                [len(workload), len(tensors) + len(scalars), len(argument_dims), len(result_dims)]
+                [len(workload), len(operands), len(argument_dims), len(result_dims)]
             ),
             "tied_operands": ir.ArrayAttr.get([ir.IntegerAttr.get(self.index, -1)]),
             "stream.affinity": ir.Attribute.parse(f"#hal.device.affinity<@{device}>"),
         }
         op = self._create(
             "flow.dispatch",
-            [*workload, *tensors, *scalars, *argument_dims, *result_dims],
+            [*workload, *operands, *argument_dims, *result_dims],
             [init.type],
             attributes,
         )
@@ -302,25 +313,54 @@ def place_backend_ops(
     a placed kind, placed or kept (the build reports them).
     """
     matmul_rule = next((r for r in rules if r[2] == "matmul"), None)
-    if matmul_rule is None:
+    attention_rule = next((r for r in rules if r[2] == "attention"), None)
+    gelu_rule = next((r for r in rules if r[2] == "gelu"), None)
+    if matmul_rule is None and attention_rule is None and gelu_rule is None:
         return []
-    device, backend, _, min_flops = matmul_rule
     # Ops are created by name: their dialects must be loaded, or they are built unregistered
     # (and come back from bytecode as other ops).
     for dialect in ("arith", "tensor", "flow", "stream", "hal"):
         ir.Context.current.dialects[dialect]
-    if device not in devices:
-        raise CompileError(f"{what}: backend device '{device}' is not a device of this variant")
-    executable = f"plex_backend_{device}"
+    for rule in (matmul_rule, attention_rule, gelu_rule):
+        if rule is not None and rule[0] not in devices:
+            raise CompileError(
+                f"{what}: backend device '{rule[0]}' is not a device of this variant"
+            )
     calls: list[BackendCall] = []
+    executables: dict[str, str] = {}  # symbol -> text, inserted once at the end
     for fn in list(_functions(module)):
         fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
         for op in [o for o in walk_region(fn.regions[0]) if o.name == ATTENTION]:
-            why = attention_why_not(op)
-            if why is None:
-                decompose_attention(module, op, f"plex_attention_{len(calls)}")
-            note = why or "decomposed: Q @ K^T and P @ V on the backend, softmax codegen"
-            calls.append(BackendCall(fn_name, ATTENTION, None if why else device, "", note))
+            name = f"plex_attention_{len(calls)}"
+            placed = _place_attention(
+                module, op, fn_name, name, (matmul_rule, attention_rule), executables
+            )
+            calls.append(placed)
+    if gelu_rule is not None:
+        for fn in list(_functions(module)):
+            fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
+            for op in [o for o in walk_region(fn.regions[0]) if o.name == "linalg.generic"]:
+                if backend_gelu.is_gelu(op):
+                    calls.append(_call_gelu(op, fn_name, gelu_rule, executables))
+    if matmul_rule is not None:
+        calls += _place_matmuls(module, matmul_rule, executables)
+    if executables:
+        block = module.regions[0].blocks[0]
+        for text in executables.values():
+            parsed = ir.Module.parse(text)
+            for op in list(parsed.body.operations):
+                op.operation.detach_from_parent()
+                ir.InsertionPoint.at_block_begin(block).insert(op)
+        _unified_memory(module, devices)
+    return calls
+
+
+def _place_matmuls(
+    module: ir.Operation, rule: BackendOpRule, executables: dict[str, str]
+) -> list[BackendCall]:
+    device, backend, _, min_flops = rule
+    executable = f"plex_backend_{device}"
+    calls: list[BackendCall] = []
     rewritten = 0
     for fn in list(_functions(module)):
         fn_name = ir.StringAttr(fn.attributes["sym_name"]).value
@@ -329,13 +369,136 @@ def place_backend_ops(
             calls.append(call)
             rewritten += call.device is not None
     if rewritten:
-        block = module.regions[0].blocks[0]
-        parsed = ir.Module.parse(_executable_text(executable, backend))
-        for op in list(parsed.body.operations):
-            op.operation.detach_from_parent()
-            ir.InsertionPoint.at_block_begin(block).insert(op)
-        _unified_memory(module, devices)
+        executables[executable] = _executable_text(executable, backend)
     return calls
+
+
+def _place_attention(
+    module: ir.Operation,
+    op: ir.Operation,
+    fn_name: str,
+    name: str,
+    rules: tuple[BackendOpRule | None, BackendOpRule | None],
+    executables: dict[str, str],
+) -> BackendCall:
+    """An attention: one fused call where its backend implements `attention` and the op fits,
+    else decomposed around two backend matmuls where matmuls are placed, else kept."""
+    matmul_rule, attention_rule = rules
+    why = attention_why_not(op)
+    if why is None and attention_rule is not None:
+        bits = backend_attention.scale_bits(op)
+        if bits is not None:
+            return _call_attention(op, fn_name, attention_rule, bits, executables)
+        if matmul_rule is None:
+            why = "a scale that is not a constant"
+    if why is not None or matmul_rule is None:
+        return BackendCall(fn_name, ATTENTION, None, "", why or "its matmuls are not placed")
+    decompose_attention(module, op, name)
+    note = "decomposed: Q @ K^T and P @ V on the backend, softmax codegen"
+    return BackendCall(fn_name, ATTENTION, matmul_rule[0], "", note)
+
+
+def _call_attention(
+    op: ir.Operation,
+    fn_name: str,
+    rule: BackendOpRule,
+    bits: int,
+    executables: dict[str, str],
+) -> BackendCall:
+    """One dispatch calling the backend's `attention` on the op's operands, split over heads."""
+    device, backend, _, _ = rule
+    flags = backend_attention.mask_flags(op)
+    ins = list(op.operands)[:-1]
+    q, k, v = ins[:3]
+    init = op.operands[-1]
+    build = _Builder(op)
+    # Q, K, V as the projections wrote them ([batch, len, heads, e]: no head transposes), and a
+    # mask broadcast over the heads as its source, where the IR shows them so
+    split = [backend_attention.heads_source(x) for x in (q, k, v)]
+    heads = 1
+    if all(split) and len({h for _, h in split}) == 1:  # type: ignore[misc]
+        (q, heads), (k, _), (v, _) = split  # type: ignore[misc]
+        flags |= backend_attention.HEADS_INTERLEAVED
+        units = build.mul(build.dim(q, 0), build.constant(heads))
+        l_, e, s, ev = build.dim(q, 1), build.dim(q, 3), build.dim(k, 1), build.dim(v, 3)
+    else:
+        units, l_, e = (build.dim(q, axis) for axis in range(3))
+        s, ev = build.dim(k, 1), build.dim(v, 2)
+    mask = ins[4] if flags & (backend_attention.MASK_BOOL | backend_attention.MASK_ADD) else None
+    shared = backend_attention.mask_source(mask) if mask is not None else None
+    if shared is not None and (heads == 1 or shared[1] == heads):
+        mask, heads = shared
+        flags |= backend_attention.MASK_PER_BATCH
+    mask_length = build.constant(1)
+    for axis in range(ir.RankedTensorType(mask.type).rank if mask is not None else 0):
+        mask_length = build.mul(mask_length, build.dim(mask, axis))
+    tensors = [q, k, v, *([mask] if mask is not None else [])]
+    scalars = [units, build.constant(heads), l_, s, e, ev, mask_length]
+    scalars += [build.constant(bits), build.constant(flags)]
+    workgroups = build.binary("arith.minui", units, build.constant(MAX_WORKGROUPS))
+    executable = f"plex_backend_{device}_attention_{flags}"
+    executables[executable] = backend_attention.executable_text(
+        executable, import_symbol(backend, "attention"), flags
+    )
+    called = build.dispatch(
+        executable,
+        [*tensors, *scalars],
+        init,
+        device,
+        tensors=len(tensors),
+        entry=executable,
+        workgroups=workgroups,
+    )
+    op.results[0].replace_all_uses_with(called)
+    op.erase()
+    kinds = {backend_attention.MASK_BOOL: "i1 mask", backend_attention.MASK_ADD: "f32 mask"}
+    notes = [kinds.get(flags & 3, "no mask")]
+    if flags & backend_attention.HEADS_INTERLEAVED:
+        notes.append("Q, K, V read as projected (no head transposes)")
+    if flags & backend_attention.MASK_PER_BATCH:
+        notes.append("one mask per batch")
+    note = f"fused call: {', '.join(notes)}, split over the heads"
+    return BackendCall(fn_name, ATTENTION, device, "", note)
+
+
+def _call_gelu(
+    op: ir.Operation, fn_name: str, rule: BackendOpRule, executables: dict[str, str]
+) -> BackendCall:
+    """One dispatch calling the backend's `gelu` on the op's input (and the bias add feeding
+    it, taken along), split over the rows."""
+    device, backend, _, _ = rule
+    x, init = op.operands[0], op.operands[1]
+    source = backend_gelu.bias_source(x)
+    flags = 0
+    tensors = [x]
+    if source is not None:
+        tensors, flags = list(source), backend_gelu.BIAS
+    build = _Builder(op)
+    t = ir.RankedTensorType(tensors[0].type)
+    rows = build.constant(1)
+    for axis in range(t.rank - 1):
+        rows = build.mul(rows, build.dim(tensors[0], axis))
+    n = build.dim(tensors[0], t.rank - 1)
+    blocks = build.binary("arith.ceildivui", rows, build.constant(MIN_ROWS_PER_WORKGROUP))
+    workgroups = build.binary("arith.minui", blocks, build.constant(MAX_WORKGROUPS))
+    executable = f"plex_backend_{device}_gelu_{flags}"
+    executables[executable] = backend_gelu.executable_text(
+        executable, import_symbol(backend, "gelu"), bool(flags)
+    )
+    called = build.dispatch(
+        executable,
+        [*tensors, rows, n, build.constant(flags)],
+        init,
+        device,
+        tensors=len(tensors),
+        entry=executable,
+        workgroups=workgroups,
+    )
+    op.results[0].replace_all_uses_with(called)
+    op.erase()
+    shape = _shape_text(*(None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)))
+    note = "with the bias add before it" if flags else "plain"
+    return BackendCall(fn_name, "gelu", device, shape, note)
 
 
 def _rewrite_matmul(

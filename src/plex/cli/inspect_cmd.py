@@ -24,19 +24,18 @@ def _print_backends(console, manifest, sections) -> None:
     if not seen:
         return
     table = Table(title="external backends (loaded from the artifact through memfds)")
-    for col in ("backend", "device", "variants", "ops", "ABI", "plugin", "vendor libraries"):
+    for col in ("backend", "device", "variants", "ops", "plugin", "vendor libraries"):
         table.add_column(col)
     for (name, device), (b, variant_names) in seen.items():
-        libraries = ", ".join(
-            f"{s.rpartition('/')[2]} ({_size(sections[s].length)})" for s in b.libraries
+        libraries = "\n".join(
+            f"{s.rpartition('/')[2]}\n({_size(sections[s].length)})" for s in b.libraries
         )
         table.add_row(
             escape(name),
             escape(device),
             escape(", ".join(variant_names)),
-            escape(", ".join(b.ops)),
-            str(b.abi),
-            _size(sections[b.plugin].length),
+            escape("\n".join(b.ops)),  # one a line: the library names keep their width
+            f"{_size(sections[b.plugin].length)}\nABI {b.abi}",
             escape(libraries or "none"),
         )
     console.print(table)

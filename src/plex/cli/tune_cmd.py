@@ -60,8 +60,8 @@ def tune(
     backend: Path = typer.Option(
         None,
         "--backend",
-        help="A backend package folder (e.g. examples/backends/blas): also time every matmul "
-        "on it, as one candidate (docs/tuning.md).",
+        help="A backend package folder (e.g. examples/backends/blas): also time every op it "
+        "implements (matmul, attention, gelu) on it, as one candidate (docs/tuning.md).",
         metavar="DIR",
     ),
     bundle: Path = typer.Option(

@@ -99,7 +99,7 @@ class TuningTable(_Table):
 
 
 # Ops an external backend may implement; myelin.backends rewrites them into calls to it.
-BackendOp = Literal["matmul"]
+BackendOp = Literal["matmul", "attention", "gelu"]
 BACKEND_DEVICE_KINDS = ("cpu",)  # host memory, run by the local-task driver
 
 

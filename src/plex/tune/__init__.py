@@ -650,17 +650,24 @@ def _try_backend(
     iree: str,
     log: Callable[[str], None],
 ):
-    """The app's matmuls on an external backend (plex.tune._backend): one candidate, checked
+    """The app's matmuls (and what else the backend implements) on an external backend
+    (plex.tune._backend): one candidate, checked
     and timed against the reference; recorded in tuning.json, never written into the package."""
-    from plex.tune._backend import BackendTrial, backend_app, backend_ref, check_and_time
+    from plex.tune._backend import (
+        BackendTrial,
+        backend_app,
+        backend_ops,
+        backend_ref,
+        check_and_time,
+    )
     from plex.tune._database import entry_key
 
     try:
-        ref = backend_ref(package_dir)
+        ref, ops = backend_ref(package_dir), backend_ops(package_dir)
     except ValueError as e:
         raise TuneError(str(e)) from None
-    trial = BackendTrial(ref)
-    log(f"  backend {ref}: every matmul on it, one candidate")
+    trial = BackendTrial(ref, ops)
+    log(f"  backend {ref}: every {', '.join(ops)} on it, one candidate")
     artifact = candidates.build_app(backend_app(app_toml, device, package_dir))
     if artifact is None:
         trial.status = "failed"

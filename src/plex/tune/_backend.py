@@ -2,9 +2,10 @@
 contractions placed on a backend device (e.g. examples/backends/blas, OpenBLAS sgemm), built,
 checked against the reference's outputs and timed interleaved with it.
 
-The granularity is the app's, not the dispatch's: `[placement] "<graph>:matmul"` sends every
-covered matmul of the graphs it names to the backend (the backend's `min_flops` keeps small ones
-on IREE's codegen), so the candidate is "all matmuls on the backend". A tuning package cannot
+The granularity is the app's, not the dispatch's: `[placement] "<graph>:<op>"` sends every
+covered op of that kind of the graphs it names to the backend (the backend's `min_flops` keeps
+small matmuls on IREE's codegen), so the candidate is "every op the backend implements (matmul,
+attention, ...) on the backend". A tuning package cannot
 place ops (placement is the app's decision), so a faster result is reported with the lines to
 add to the app, not written into the package.
 """
@@ -21,6 +22,7 @@ BACKEND_DEVICE = "plex_tune_backend"  # the backend device the candidate app add
 @dataclass
 class BackendTrial:
     backend: str  # "package:name"
+    ops: tuple[str, ...] = ("matmul",)  # the ops the candidate placed on it
     status: str = "pending"  # ok | failed | mismatch
     relative: float | None = None  # its time / the reference's, same batch
     spread: float | None = None
@@ -31,9 +33,10 @@ class BackendTrial:
 
     def app_lines(self, package_dir: Path) -> str:
         """What to add to the app to use the backend as timed."""
+        rules = "; ".join(f'"*:{op}" = "blas"' for op in self.ops)
         return (
             f'packages += ["{package_dir}"]; [devices.blas] backend = "{self.backend}"; '
-            f'[placement] "*:matmul" = "blas"; and the device in the variant'
+            f"[placement] {rules}; and the device in the variant"
         )
 
     def to_json(self) -> dict:
@@ -46,8 +49,7 @@ class BackendTrial:
         }
 
 
-def backend_ref(package_dir: Path) -> str:
-    """`package:name` of the (first) backend a package folder declares, or ValueError."""
+def _first_backend(package_dir: Path) -> tuple[str, dict]:
     manifest = package_dir / "plex.toml"
     if not manifest.is_file():
         raise ValueError(f"--backend {package_dir}: no plex.toml there; give a backend package")
@@ -55,19 +57,29 @@ def backend_ref(package_dir: Path) -> str:
     names = list(data.get("backend", {}))
     if not names:
         raise ValueError(f"--backend {package_dir}: its plex.toml declares no [backend.<name>]")
-    return f"{data['package']['name']}:{names[0]}"
+    return f"{data['package']['name']}:{names[0]}", data["backend"][names[0]]
+
+
+def backend_ref(package_dir: Path) -> str:
+    """`package:name` of the (first) backend a package folder declares, or ValueError."""
+    return _first_backend(package_dir)[0]
+
+
+def backend_ops(package_dir: Path) -> tuple[str, ...]:
+    """The ops that backend implements (its `ops`), in its order: the candidate places all."""
+    return tuple(_first_backend(package_dir)[1].get("ops", ["matmul"]))
 
 
 def backend_app(app_toml: str, device: str, package_dir: Path) -> str:
     """The derived (one-device) app with the backend's package, a device of it in the variant,
-    and every graph's matmuls placed on it."""
+    and every graph's ops of the kinds the backend implements placed on it."""
     import tomli_w
 
     data = tomllib.loads(app_toml)
     data["app"]["packages"] = [*data["app"].get("packages", []), str(package_dir.resolve())]
     data.setdefault("devices", {})[BACKEND_DEVICE] = {"backend": backend_ref(package_dir)}
     data["variant"] = [{"name": "tune", "devices": [device, BACKEND_DEVICE]}]
-    data["placement"] = {"*:matmul": BACKEND_DEVICE}
+    data["placement"] = {f"*:{op}": BACKEND_DEVICE for op in backend_ops(package_dir)}
     return tomli_w.dumps(data)
 
 

@@ -78,7 +78,7 @@ def summary(result: TuneResult, app: str, device: str, function: str, dims: Sequ
     b = result.backend
     if b is not None:
         rel = f"{b.relative:.3f}x the untuned build's time" if b.relative else b.status
-        rows += ["", f"backend {b.backend}, every matmul on it: {rel}"]
+        rows += ["", f"backend {b.backend}, every {', '.join(b.ops)} on it: {rel}"]
         if b.faster:
             rows.append(
                 f"(faster: a tuning package cannot place ops; to use it, in the app: "

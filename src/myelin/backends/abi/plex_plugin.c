@@ -58,12 +58,28 @@ static int plex_matmul_thunk(void* params, void* context, void* reserved) {
   return plex_backend_matmul((const plex_matmul_args_t*)params);
 }
 
+static int plex_attention_thunk(void* params, void* context, void* reserved) {
+  (void)context;
+  (void)reserved;
+  return plex_backend_attention((const plex_attention_args_t*)params);
+}
+
+static int plex_gelu_thunk(void* params, void* context, void* reserved) {
+  (void)context;
+  (void)reserved;
+  return plex_backend_gelu((const plex_gelu_args_t*)params);
+}
+
 static const struct {
   const char* name;
   void* fn;
+  const void* impl; /* the backend's op function: NULL where it does not define it (weak) */
 } plex_imports[] = {
     /* import names carry the backend's name: two backends in one process never collide */
-    {"plex_" PLEX_BACKEND_NAME "_matmul", (void*)plex_matmul_thunk},
+    {"plex_" PLEX_BACKEND_NAME "_matmul", (void*)plex_matmul_thunk, (const void*)plex_backend_matmul},
+    {"plex_" PLEX_BACKEND_NAME "_attention", (void*)plex_attention_thunk,
+     (const void*)plex_backend_attention},
+    {"plex_" PLEX_BACKEND_NAME "_gelu", (void*)plex_gelu_thunk, (const void*)plex_backend_gelu},
 };
 
 static void* plex_plugin_load(const iree_plugin_environment_t* environment, size_t param_count,
@@ -89,7 +105,7 @@ static void* plex_plugin_resolve(void* self, const iree_plugin_resolve_params_t*
     if (optional) ++name;
     int found = 0;
     for (size_t j = 0; j < sizeof(plex_imports) / sizeof(plex_imports[0]); ++j) {
-      if (strcmp(name, plex_imports[j].name) == 0) {
+      if (plex_imports[j].impl && strcmp(name, plex_imports[j].name) == 0) {
         params->out_fn_ptrs[i] = plex_imports[j].fn;
         params->out_fn_contexts[i] = NULL;
         found = 1;
