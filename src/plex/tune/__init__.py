@@ -22,7 +22,7 @@ import shutil
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -172,8 +172,7 @@ def tune(
             for p in reader.artifact_manifest.parameters
             if len(p.shape) == 2
         ]
-    layout_results = _search_layouts(
-        layout_trials(ranked, weights, _dim_sizes(dims)),
+    setup = TrialSetup(
         candidates,
         reference,
         function,
@@ -185,29 +184,15 @@ def tune(
         iree,
         log,
     )
+    layout_results = _search_layouts(layout_trials(ranked, weights, _dim_sizes(dims)), setup)
     backend_trial = (
-        _try_backend(
-            backend,
-            device,
-            derived.read_text(),
-            candidates,
-            reference,
-            function,
-            inputs,
-            want,
-            rounds,
-            database,
-            f"llvm-cpu:{arch}",
-            iree,
-            log,
-        )
-        if backend is not None
-        else None
+        _try_backend(backend, device, derived.read_text(), setup) if backend is not None else None
     )
     if candidates.layouts:  # the tile search runs on the kept layouts: new maps, new dispatches
         [reference] = candidates.build([None])
         if reference is None:
             raise TuneError(f"the build with the kept weight layouts failed: see {work}")
+        setup = replace(setup, reference=reference)
         ir_dir, folder = work / "ir-layouts", work / "layouts"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
@@ -235,24 +220,8 @@ def tune(
             result.best, result.reused = stored["best"], True
             log(f"  {c.dispatch}: reusing tuning.json ({len(result.trials)} trials)")
         else:
-            _search(
-                c,
-                target,
-                result,
-                trials,
-                batch,
-                seed + index,  # each dispatch its own stream of proposals
-                candidates,
-                reference,
-                function,
-                inputs,
-                want,
-                rounds,
-                database,
-                arch,
-                iree,
-                log,
-            )
+            # each dispatch its own stream of proposals
+            _search(c, target, result, trials, batch, seed + index, setup)
         results.append(result)
 
     kept = [r for r in results if r.best is not None and r.best["relative"] < 1.0]
@@ -293,6 +262,34 @@ def tune(
     return result
 
 
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of a tune run is built with, checked against and timed beside: the
+    tile search, the layout trials and the backend candidate share it."""
+
+    candidates: _Candidates
+    reference: Path  # the untuned build (with the kept layouts, once the layout trials ran)
+    function: str
+    inputs: list
+    want: list[np.ndarray]  # the reference's outputs on `inputs`
+    rounds: int
+    database: Database
+    target: str  # "llvm-cpu:<arch>": part of every tuning.json key
+    iree: str
+    log: Callable[[str], None]
+
+    def time(self, artifacts: Sequence[Path]) -> list:
+        """The reference and `artifacts`, interleaved: the reference's timing first."""
+        return self.candidates.timer(
+            [self.reference, *artifacts], self.function, self.inputs, self.rounds
+        )
+
+    def computes_the_reference(self, artifact: Path) -> bool:
+        from myelin.tuning.timing import outputs_of, same_outputs
+
+        return same_outputs(outputs_of(artifact, self.function, self.inputs), self.want)
+
+
 def _search(
     c: ConfiguredContraction,
     target: CpuTarget,
@@ -300,21 +297,11 @@ def _search(
     trials: int,
     batch: int,
     seed: int,
-    candidates: _Candidates,
-    reference: Path,
-    function: str,
-    inputs: list,
-    want: list[np.ndarray],
-    rounds: int,
-    database: Database,
-    arch: str,
-    iree: str,
-    log: Callable[[str], None],
+    setup: TrialSetup,
 ) -> None:
     """nevergrad ask/tell over one dispatch's space, a batch of candidates per round."""
     from myelin.tuning.cpu import space
     from myelin.tuning.spec import SpecEntry, render_spec
-    from myelin.tuning.timing import outputs_of, same_outputs
 
     def propose(choice: dict) -> Proposal:
         return cpu_proposal(c, choice, target)
@@ -331,9 +318,9 @@ def _search(
         if not pending:
             break
         specs = [render_spec([SpecEntry(_symbol(c.dispatch), c.match, p.info)]) for _, p in pending]
-        built = candidates.build(specs)
+        built = setup.candidates.build(specs)
         ok = [(p, a) for p, a in zip(pending, built, strict=True) if a is not None]
-        timings = candidates.timer([reference, *(a for _, a in ok)], function, inputs, rounds)
+        timings = setup.time([a for _, a in ok])
         base = timings[0].median_s
         measured = {id(p): (t, a) for (p, a), t in zip(ok, timings[1:], strict=True)}
         for p in pending:
@@ -343,7 +330,7 @@ def _search(
                 trial.update(status="failed", value=PENALTY)
             else:
                 timing, artifact = measured[id(p)]
-                if not same_outputs(outputs_of(artifact, function, inputs), want):
+                if not setup.computes_the_reference(artifact):
                     trial.update(status="mismatch", value=PENALTY)
                 else:
                     trial.update(
@@ -357,12 +344,12 @@ def _search(
             optimizer.tell(cand, trial["value"])
             record(result, trial)
             done += 1
-        database.entries[result.key] = entry_of(result, c, f"llvm-cpu:{arch}", iree)
-        database.save()
+        setup.database.entries[result.key] = entry_of(result, c, setup.target, setup.iree)
+        setup.database.save()
         elapsed = time.perf_counter() - start
         rate = elapsed / max(1, done - first_done)
         best = f"{result.best['relative']:.3f}x of default" if result.best else "none yet"
-        log(
+        setup.log(
             f"  {c.dispatch}: trials {done}/{trials}, best {best}, "
             f"ETA {rate * (trials - done):.0f}s"
         )
@@ -635,24 +622,10 @@ def _write_package(
     return package
 
 
-def _try_backend(
-    package_dir: Path,
-    device: str,
-    app_toml: str,
-    candidates: _Candidates,
-    reference: Path,
-    function: str,
-    inputs: list,
-    want: list[np.ndarray],
-    rounds: int,
-    database: Database,
-    target: str,
-    iree: str,
-    log: Callable[[str], None],
-):
+def _try_backend(package_dir: Path, device: str, app_toml: str, setup: TrialSetup):
     """The app's matmuls (and what else the backend implements) on an external backend
-    (plex.tune._backend): one candidate, checked
-    and timed against the reference; recorded in tuning.json, never written into the package."""
+    (plex.tune._backend): one candidate, checked and timed against the reference; recorded in
+    tuning.json, never written into the package."""
     from plex.tune._backend import (
         BackendTrial,
         backend_app,
@@ -667,23 +640,23 @@ def _try_backend(
     except ValueError as e:
         raise TuneError(str(e)) from None
     trial = BackendTrial(ref, ops)
-    log(f"  backend {ref}: every {', '.join(ops)} on it, one candidate")
-    artifact = candidates.build_app(backend_app(app_toml, device, package_dir))
+    setup.log(f"  backend {ref}: every {', '.join(ops)} on it, one candidate")
+    artifact = setup.candidates.build_app(backend_app(app_toml, device, package_dir))
     if artifact is None:
         trial.status = "failed"
     else:
         equal, trial.relative, trial.spread = check_and_time(
-            reference, artifact, function, list(inputs), want, rounds
+            setup.reference, artifact, setup.function, list(setup.inputs), setup.want, setup.rounds
         )
         trial.status = "ok" if equal else "mismatch"
-    database.entries[entry_key(f"backend:{ref}", target, iree)] = {
-        "target": target,
-        "iree": iree,
+    setup.database.entries[entry_key(f"backend:{ref}", setup.target, setup.iree)] = {
+        "target": setup.target,
+        "iree": setup.iree,
         **trial.to_json(),
     }
-    database.save()
+    setup.database.save()
     rel = f"{trial.relative:.3f}x the reference's time" if trial.relative else trial.status
-    log(f"  backend {ref}: {rel}")
+    setup.log(f"  backend {ref}: {rel}")
     return trial
 
 
@@ -697,61 +670,52 @@ def _dim_sizes(dims: Sequence[str]) -> list[int]:
     return sizes
 
 
-def _search_layouts(
-    trials: list,
-    candidates: _Candidates,
-    reference: Path,
-    function: str,
-    inputs: list,
-    want: list[np.ndarray],
-    rounds: int,
-    database: Database,
-    target: str,
-    iree: str,
-    log: Callable[[str], None],
-) -> list:
+def _search_layouts(trials: list, setup: TrialSetup) -> list:
     """Build, check and time each layout trial against the reference (one batch); keep those
     faster than it, and set them on `candidates` for every later build. tuning.json keeps each
     result under the dispatch's parameters, target and IREE version; a later run reuses it."""
-    from myelin.tuning.timing import outputs_of, same_outputs
     from plex.tune import _layouts
     from plex.tune._database import entry_key
 
     if not trials:
         return []
-    keys = {id(t): entry_key(f"layout:{','.join(t.keys)}:{t.layout}", target, iree) for t in trials}
+    database = setup.database
+    keys = {
+        id(t): entry_key(f"layout:{','.join(t.keys)}:{t.layout}", setup.target, setup.iree)
+        for t in trials
+    }
     todo = []
     for t in trials:
         stored = database.entries.get(keys[id(t)])
         if stored is not None:
             t.status, t.relative, t.spread = stored["status"], stored["relative"], stored["spread"]
-            log(f"  layout {t.layout} for {', '.join(t.keys)}: reusing tuning.json")
+            setup.log(f"  layout {t.layout} for {', '.join(t.keys)}: reusing tuning.json")
         else:
             todo.append(t)
-    built = candidates.build_layouts([t.rules for t in todo])
+    built = setup.candidates.build_layouts([t.rules for t in todo])
     ok = [(t, a) for t, a in zip(todo, built, strict=True) if a is not None]
     for t, a in zip(todo, built, strict=True):
         if a is None:
             t.status = "failed"
     if ok:
-        timings = candidates.timer([reference, *(a for _, a in ok)], function, inputs, rounds)
+        timings = setup.time([a for _, a in ok])
         base = timings[0].median_s
         for (t, artifact), timing in zip(ok, timings[1:], strict=True):
-            if not same_outputs(outputs_of(artifact, function, inputs), want):
+            if not setup.computes_the_reference(artifact):
                 t.status = "mismatch"
                 continue
             t.status, t.relative, t.spread = "ok", timing.median_s / base, timing.spread
     for t in todo:
         database.entries[keys[id(t)]] = {
             "kind": "weight-layout",
-            "target": target,
-            "iree": iree,
+            "target": setup.target,
+            "iree": setup.iree,
             **t.to_json(),
         }
     database.save()
     for t in trials:
         t.kept = t.status == "ok" and t.relative is not None and t.relative < _layouts.KEEP_BELOW
         rel = f"{t.relative:.3f}x the default layout's time" if t.relative else t.status
-        log(f"  layout {t.layout} for {', '.join(t.keys)} ({t.dispatch}): {rel}")
-    candidates.layouts = tuple(rule for t in trials if t.kept for rule in t.rules)
+        setup.log(f"  layout {t.layout} for {', '.join(t.keys)} ({t.dispatch}): {rel}")
+    setup.candidates.layouts = tuple(rule for t in trials if t.kept for rule in t.rules)
     return trials
