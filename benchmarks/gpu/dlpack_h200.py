@@ -5,7 +5,7 @@ identity-like entrypoint (`negate`: one elementwise pass, the traffic of a copy)
         [--cuda-allocator pool|caching]
 
 Cases, interleaved round by round (wall time of one call, waited for, torch tensor in):
-  plex storage   `session.call(..., output="device")`: the result is written into memory MyeLiN
+  plex storage   `session.call(..., output="dlpack")`: the result is written into memory MyeLiN
                  allocated (cuMemAlloc) and imported, then `torch.from_dlpack(y)` views it
   plex old path  the same call without the storage twin (IREE allocates the result, which
                  cannot export): the result to torch through the host (`to_host()`, `.cuda()`)
@@ -97,7 +97,7 @@ def main() -> int:
     want = -x
 
     # Zero copy: the pointer torch sees is the one MyeLiN allocated.
-    y = call(x, output="device")
+    y = call(x, output="dlpack")
     t = torch.from_dlpack(y)
     results["pointer"] = {
         "storage": y.storage_pointer,
@@ -107,7 +107,7 @@ def main() -> int:
         "input_ptr_differs": t.data_ptr() != x.data_ptr(),
     }
     del y, t
-    results["trace_storage_call"] = trace_one(lambda: torch.from_dlpack(call(x, output="device")))
+    results["trace_storage_call"] = trace_one(lambda: torch.from_dlpack(call(x, output="dlpack")))
 
     # The old path: the plain entrypoint (IREE allocates the result).
     old = session.resolve("negate")
@@ -134,10 +134,10 @@ def main() -> int:
         hal.from_dlpack_capsule(dlpack_capsule(kept_storage, (N,), np.dtype(np.float16)))
 
     if reuse:  # a dropped result's block is the next result's
-        first = call(x, output="device")
+        first = call(x, output="dlpack")
         pointer = first.storage_pointer
         del first
-        again = call(x, output="device")
+        again = call(x, output="dlpack")
         results["reuse"] = {
             "same_block": again.storage_pointer == pointer,
             "values_equal": bool(torch.equal(torch.from_dlpack(again), want)),
@@ -146,7 +146,7 @@ def main() -> int:
 
     out = torch.empty_like(x)
     cases = {
-        "plex storage + torch.from_dlpack": lambda: torch.from_dlpack(call(x, output="device")),
+        "plex storage + torch.from_dlpack": lambda: torch.from_dlpack(call(x, output="dlpack")),
         "plex old path, to torch via host": lambda: torch.from_numpy(
             np.asarray(old(x, output="device").to_host())
         ).cuda(),
@@ -167,8 +167,8 @@ def main() -> int:
     # The dynamic-shape entrypoint: learned on the first call of an input shape.
     dyn = session.resolve("negate_dyn")
     small = x[: 2**20]
-    first = dyn(small, output="device")
-    second = dyn(small, output="device")
+    first = dyn(small, output="dlpack")
+    second = dyn(small, output="dlpack")
     ts = torch.from_dlpack(second)
     results["dynamic"] = {
         "first_call_storage": first.storage_pointer,
@@ -187,8 +187,8 @@ def main() -> int:
     torch.cuda.synchronize()
     free0 = torch.cuda.mem_get_info()[0]
     capsules0 = live_capsules()
-    kept = torch.from_dlpack(call(x, output="device"))  # the result dropped at once
-    y = call(x, output="device")
+    kept = torch.from_dlpack(call(x, output="dlpack"))  # the result dropped at once
+    y = call(x, output="dlpack")
     tv = torch.from_dlpack(y)
     del tv  # torch view first, then the result
     del y

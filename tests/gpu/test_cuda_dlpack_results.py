@@ -33,7 +33,7 @@ def model(artifacts, torch):
 def test_a_device_result_is_viewed_by_torch_in_the_memory_myelin_allocated(model, torch):
     x = torch.randn(N, dtype=torch.float16, device="cuda")
     with model.session() as s:
-        y = s.call("negate", x, output="device")
+        y = s.call("negate", x, output="dlpack")
         t = torch.from_dlpack(y)
         assert y.storage_pointer is not None
         assert t.data_ptr() == y.storage_pointer  # no copy: the storage itself
@@ -44,10 +44,10 @@ def test_a_device_result_is_viewed_by_torch_in_the_memory_myelin_allocated(model
 def test_dynamic_results_export_from_the_second_call_of_an_input_shape(model, torch):
     x = torch.randn(4096, dtype=torch.float16, device="cuda")
     with model.session() as s:
-        first = s.call("negate_dyn", x, output="device")
+        first = s.call("negate_dyn", x, output="dlpack")
         with pytest.raises(BufferError, match="first call with these input shapes"):
             torch.from_dlpack(first)
-        second = s.call("negate_dyn", x, output="device")
+        second = s.call("negate_dyn", x, output="dlpack")
         t = torch.from_dlpack(second)
         assert t.data_ptr() == second.storage_pointer
         assert torch.equal(t, -x)
@@ -59,8 +59,8 @@ def test_views_outlive_the_result_the_session_and_the_model(artifacts, torch):
     model = myelin.Instance().load(artifact(artifacts, "dlpack.mln"), variant="cuda")
     x = torch.randn(N, dtype=torch.float16, device="cuda")
     with model.session() as s:
-        kept = torch.from_dlpack(s.call("negate", x, output="device"))  # the result dropped
-        y = s.call("negate", x, output="device")
+        kept = torch.from_dlpack(s.call("negate", x, output="dlpack"))  # the result dropped
+        y = s.call("negate", x, output="dlpack")
         view = torch.from_dlpack(y)
         del view, y  # the view first, then the result
     model.close()
@@ -83,15 +83,15 @@ import sys, torch, myelin
 model = myelin.Instance(cuda_allocator="caching").load(sys.argv[1], variant="cuda")
 x = torch.randn(1 << 20, dtype=torch.float16, device="cuda")
 with model.session() as s:
-    s.call("negate_dyn", x, output="device")  # learns the shape
-    first = s.call("negate_dyn", x, output="device")
+    s.call("negate_dyn", x, output="dlpack")  # learns the shape
+    first = s.call("negate_dyn", x, output="dlpack")
     pointer = first.storage_pointer
     t = torch.from_dlpack(first)
     y = torch.empty_like(x)
     for _ in range(50):  # queued work that reads the view when it is dropped
         torch.add(t, 1, out=y)
     del t, first
-    again = s.call("negate_dyn", x, output="device")
+    again = s.call("negate_dyn", x, output="dlpack")
     assert again.storage_pointer == pointer, "the dropped block was not reused"
     assert torch.equal(torch.from_dlpack(again), -x)
     assert torch.equal(y, -x + 1), "the reused block was written while torch still read it"

@@ -80,7 +80,7 @@ def test_a_cpu_device_gets_no_twins_unless_it_asks(tmp_path):
     plain = myelin.Instance().load(build(tmp_path / "app.toml", tmp_path / "s.mln").output)
     with plain.session() as s:
         assert _function(s, "neg" + STORAGE_TWIN_SUFFIX) is None
-        y = s.call("neg", np.ones((4, 8), np.float32), output="device")
+        y = s.call("neg", np.ones((4, 8), np.float32), output="dlpack")
         assert y.storage_pointer is None  # IREE's host memory, which exports as it is
     plain.close()
 
@@ -109,7 +109,7 @@ def test_a_result_that_is_an_argument_stays_in_the_arguments_memory(model):
     torch = pytest.importorskip("torch")
     x = torch.arange(8, dtype=torch.float32)
     with model.session() as s:
-        y = s.call("same", x, output="device")
+        y = s.call("same", x, output="dlpack")
         assert y.storage_pointer is None
         assert torch.equal(torch.from_dlpack(y), x)
 
@@ -118,12 +118,23 @@ def test_a_static_result_is_written_into_myelin_memory_that_torch_views_in_place
     torch = pytest.importorskip("torch")
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     with model.session() as s:
-        y = s.call("neg", x, output="device")
+        y = s.call("neg", x, output="dlpack")
         assert y.storage_pointer is not None
         t = torch.from_dlpack(y)
         assert t.data_ptr() == y.storage_pointer  # the memory MyeLiN allocated: no copy
         np.testing.assert_array_equal(t.numpy(), -x)
         np.testing.assert_array_equal(s.call("neg", x), -x)  # numpy results as before
+
+
+def test_device_results_stay_in_iree_memory_unless_dlpack_is_asked(model):
+    """output="device" is the fast path (no allocation, no import per result): the result is
+    IREE's, which a GPU cannot export, and the error names output="dlpack"."""
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    with model.session() as s:
+        y = s.call("neg", x, output="device")
+        assert y.storage_pointer is None
+        assert 'output="dlpack"' in y.not_exported
+        np.testing.assert_array_equal(np.asarray(y.to_host()), -x)
 
 
 def test_dynamic_result_shapes_are_learned_by_the_first_call_of_each_input_shape(model):
@@ -132,14 +143,14 @@ def test_dynamic_result_shapes_are_learned_by_the_first_call_of_each_input_shape
     with model.session() as s:
         call = s.resolve("rows")
         assert call.storage_shapes((x3, w)) is None
-        first = s.call("rows", x3, w, output="device")
+        first = s.call("rows", x3, w, output="dlpack")
         assert [o.storage_pointer for o in first] == [None, None]  # IREE's memory
         assert call.storage_shapes((x3, w)) == ((3, 4), (4,))
-        second = s.call("rows", x3, w, output="device")
+        second = s.call("rows", x3, w, output="dlpack")
         assert all(o.storage_pointer is not None for o in second)
         np.testing.assert_array_equal(second[0].to_host(), x3 * w)
         np.testing.assert_array_equal(second[1].to_host(), w + w)
-        other = s.call("rows", x5, w, output="device")  # a new input shape: learned again
+        other = s.call("rows", x5, w, output="dlpack")  # a new input shape: learned again
         assert other[0].storage_pointer is None and tuple(other[0].shape) == (5, 4)
         assert call.storage_shapes((x5, w)) == ((5, 4), (4,))
 
@@ -157,8 +168,8 @@ def test_a_torch_view_outlives_the_result_the_session_and_the_model(tmp_path):
     model = myelin.Instance().load(build(tmp_path / "app.toml", tmp_path / "s.mln").output)
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     with model.session() as s:
-        kept = torch.from_dlpack(s.call("neg", x, output="device"))  # result dropped at once
-        y = s.call("neg", x + 1, output="device")
+        kept = torch.from_dlpack(s.call("neg", x, output="dlpack"))  # result dropped at once
+        y = s.call("neg", x + 1, output="dlpack")
         dropped_first = torch.from_dlpack(y)
         del dropped_first  # the torch tensor first, then the result
         del y

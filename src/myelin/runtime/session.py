@@ -49,6 +49,7 @@ from myelin.runtime.admission import Reservation
 from myelin.runtime.result_storage import KDL_CPU, KDL_CUDA, Storage, dlpack_capsule
 from myelin.runtime.tensors import (
     FIRST_CALL_OF_SHAPE,
+    NO_STORAGE_TWIN,
     DeviceTensor,
     as_host_array,
     check_index_ranges,
@@ -60,7 +61,11 @@ from myelin.runtime.tensors import (
 )
 from myelin.signature import STORAGE_TWIN_SUFFIX
 
-OutputKind = Literal["numpy", "device"]
+# "numpy": host arrays. "device": results stay on their device, in memory IREE allocates (the
+# fastest way to chain calls). "dlpack": the same, but in memory MyeLiN allocates where the
+# entrypoint has a storage twin, which exports DLPack on a GPU (`torch.from_dlpack(y)`, no
+# copy); it costs an allocation and an import per result and call (docs/runtime.md).
+OutputKind = Literal["numpy", "device", "dlpack"]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 
 # How often a waiting call looks at its cancel flag and deadline: the cancellation latency.
@@ -411,14 +416,19 @@ class ResolvedCall:
                 residency.before_call(self._parameters)
             try:
                 storage = None
-                if output == "device" and not outs_given and self._twin is not None:
+                if output == "dlpack" and not outs_given and self._twin is not None:
                     storage = self._storage_for(values)
                 if storage is not None:
                     outs = self._dispatch_into(values, ready, storage, device, stop, reservation)
                 else:
                     outs = self._dispatch(ready, device, output, stop, reservation)
-                    if output == "device" and not outs_given and self._twin is not None:
-                        outs = self._learn(values, outs)
+                    if output == "dlpack" and not outs_given:
+                        if self._twin is not None:
+                            outs = self._learn(values, outs)
+                        else:
+                            for o in outs:
+                                if isinstance(o, DeviceTensor):
+                                    o.not_exported = NO_STORAGE_TWIN
             except Cancelled as e:
                 # Its traceback's frames hold the abandoned call's buffers; freed after their
                 # device (in a later garbage collection), those crash IREE. Drop them here.
@@ -594,7 +604,7 @@ class ResolvedCall:
         if dtype is None:
             return results.get_variant(i)
         view = results.get_as_object(i, rt.HalBufferView)
-        if output == "device":  # exports DLPack: torch.from_dlpack(y) views it in place
+        if output != "numpy":  # stays on the device (DLPack export: DeviceTensor.__dlpack__)
             return DeviceTensor(
                 device,
                 view,

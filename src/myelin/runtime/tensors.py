@@ -83,9 +83,11 @@ def import_cuda_tensor(value: Any, device: rt.HalDevice, spec: TensorSpec, entry
 
 
 # Why a device result is in memory IREE allocated, for the BufferError its export raises.
+NOT_ASKED = 'call with output="dlpack" for results in memory that exports'
 NO_STORAGE_TWIN = (
-    "the entrypoint has no storage twin (built before PLeX added them, or a result that is "
-    "not a tensor, of size 0, or of a dtype IREE's DLPack import lacks): rebuild the .mln"
+    "the entrypoint has no storage twin (built before PLeX added them, or for a device "
+    "without result_storage, or a result that is not a tensor, of size 0, or of a dtype IREE's "
+    "DLPack import lacks): rebuild the .mln"
 )
 FIRST_CALL_OF_SHAPE = (
     "its shape has dynamic dims, unknown before the first call with these input shapes; the "
@@ -105,7 +107,7 @@ class DeviceTensor(rt.DeviceArray):
     # result_storage), where the call wrote it; None when IREE allocated the result.
     storage_pointer: int | None = None
     # Why a result IREE allocated has no storage of MyeLiN's (for the BufferError).
-    not_exported: str = NO_STORAGE_TWIN
+    not_exported: str = NOT_ASKED
 
     def __init__(self, device: rt.HalDevice, view: rt.HalBufferView, *, cuda: bool, **kwargs: Any):
         super().__init__(device, view, **kwargs)
