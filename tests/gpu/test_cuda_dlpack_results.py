@@ -109,3 +109,29 @@ def test_with_the_caching_allocator_a_dropped_results_block_is_reused_in_order(a
         [sys.executable, "-c", REUSE, str(path)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+BOUNDS = """
+import torch
+from myelin.runtime.result_storage import FREED_DEVICE_MEMORY, KDL_CUDA, Storage
+torch.zeros(1, device="cuda")  # the primary context
+n, kept = 1 << 20, FREED_DEVICE_MEMORY.BLOCKS_PER_SIZE
+blocks = [Storage(n, KDL_CUDA, reuse=True) for _ in range(kept + 2)]
+del blocks  # each gives its block back: only `kept` of one size stay reserved
+assert FREED_DEVICE_MEMORY.cached_bytes() == kept * n, FREED_DEVICE_MEMORY.cached_bytes()
+assert FREED_DEVICE_MEMORY.release() == kept * n
+assert FREED_DEVICE_MEMORY.cached_bytes() == 0
+print("ok")
+"""
+
+
+def test_kept_blocks_are_bounded_per_size_and_released_on_demand(torch):
+    """A model with dynamic result shapes makes many sizes: the memory kept for reuse must not
+    grow without bound, and a failed allocation can take it back (`release`)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", BOUNDS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]

@@ -161,7 +161,13 @@ class _FreedDeviceMemory:
     Order: torch drops a tensor (and calls the DLPack deleter) while kernels it queued may
     still read it. cuMemFree waits for those; a reused block must too. So a block is given
     back with an event on the legacy default stream (after all work queued on blocking
-    streams, torch's default stream included) and taken only once that event completed."""
+    streams, torch's default stream included) and taken only once that event completed.
+
+    Bounds: at most BLOCKS_PER_SIZE blocks are kept per size (a model with dynamic result
+    shapes makes many sizes, each of which would otherwise stay reserved), and an allocation
+    that fails gives every kept block back to the driver and tries once more."""
+
+    BLOCKS_PER_SIZE = 4
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -182,7 +188,24 @@ class _FreedDeviceMemory:
             device_free(pointer)
             return
         with self._lock:
-            self._blocks.setdefault(nbytes, []).append((pointer, event))
+            blocks = self._blocks.setdefault(nbytes, [])
+            if len(blocks) < self.BLOCKS_PER_SIZE:
+                blocks.append((pointer, event))
+                return
+        wait_and_destroy_event(event)  # enough of this size kept: back to the driver
+        device_free(pointer)
+
+    def release(self) -> int:
+        """Give every kept block back to the driver (once its event completed); the bytes."""
+        with self._lock:
+            kept, self._blocks = self._blocks, {}
+        freed = 0
+        for nbytes, blocks in kept.items():
+            for pointer, event in blocks:
+                wait_and_destroy_event(event)
+                device_free(pointer)
+                freed += nbytes
+        return freed
 
     def cached_bytes(self) -> int:
         with self._lock:
@@ -190,6 +213,16 @@ class _FreedDeviceMemory:
 
 
 FREED_DEVICE_MEMORY = _FreedDeviceMemory()
+
+
+def _alloc(nbytes: int, reuse: bool) -> int:
+    """cuMemAlloc; when it fails and blocks are kept for reuse, free those and try again."""
+    try:
+        return device_alloc(nbytes)
+    except MemoryError:
+        if not reuse or not FREED_DEVICE_MEMORY.release():
+            raise
+        return device_alloc(nbytes)
 
 
 class Storage:
@@ -206,7 +239,7 @@ class Storage:
         if device_type == KDL_CUDA:
             size = max(nbytes, 1)
             cached = FREED_DEVICE_MEMORY.take(size) if self._reuse else None
-            self.pointer = cached if cached is not None else device_alloc(size)
+            self.pointer = cached if cached is not None else _alloc(size, self._reuse)
         else:
             raw = np.empty(nbytes + _HOST_ALIGNMENT, np.uint8)
             offset = (-raw.ctypes.data) % _HOST_ALIGNMENT
