@@ -50,15 +50,21 @@ func.func @count(%x: tensor<4xf32>) -> i32 {
 """
 
 
+def _write_package(root, *, result_storage: bool) -> None:
+    """The graph as a one-device CPU app in `root`, with or without storage twins."""
+    (root / "g.mlir").write_text(GRAPH)
+    (root / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
+    storage = "result_storage = true\n" if result_storage else ""
+    (root / "app.toml").write_text(
+        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
+        f'cpu = "generic"\n{storage}'
+    )
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     root = tmp_path_factory.mktemp("storage")
-    (root / "g.mlir").write_text(GRAPH)
-    (root / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
-    (root / "app.toml").write_text(
-        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
-        'cpu = "generic"\nresult_storage = true\n'
-    )
+    _write_package(root, result_storage=True)
     loaded = myelin.Instance().load(build(root / "app.toml", root / "s.mln").output)
     yield loaded
     loaded.close()
@@ -71,12 +77,7 @@ def _function(session, name):
 
 
 def test_a_cpu_device_gets_no_twins_unless_it_asks(tmp_path):
-    (tmp_path / "g.mlir").write_text(GRAPH)
-    (tmp_path / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
-    (tmp_path / "app.toml").write_text(
-        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
-        'cpu = "generic"\n'
-    )
+    _write_package(tmp_path, result_storage=False)
     plain = myelin.Instance().load(build(tmp_path / "app.toml", tmp_path / "s.mln").output)
     with plain.session() as s:
         assert _function(s, "neg" + STORAGE_TWIN_SUFFIX) is None
@@ -157,12 +158,7 @@ def test_dynamic_result_shapes_are_learned_by_the_first_call_of_each_input_shape
 
 def test_a_torch_view_outlives_the_result_the_session_and_the_model(tmp_path):
     torch = pytest.importorskip("torch")
-    (tmp_path / "g.mlir").write_text(GRAPH)
-    (tmp_path / "plex.toml").write_text('[package]\nname = "s"\n\n[graph.g]\nsource = "g.mlir"\n')
-    (tmp_path / "app.toml").write_text(
-        '[app]\nname = "s"\npackages = ["."]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
-        'cpu = "generic"\nresult_storage = true\n'
-    )
+    _write_package(tmp_path, result_storage=True)
     gc.collect()
     before = live_capsules()
     model = myelin.Instance().load(build(tmp_path / "app.toml", tmp_path / "s.mln").output)
