@@ -146,8 +146,9 @@ def test_a_process_that_set_a_cuda_spec_library_refuses_a_compile_without_it():
     code = """
 from myelin.errors import CompileError
 from myelin.tuning.gate import LIBRARY_FLAG, process_wide_spec
-with process_wide_spec([f"{LIBRARY_FLAG}=/x/spec.mlir", "--a"]) as flags:
+with process_wide_spec([f"{LIBRARY_FLAG}=/x/spec.mlir", "--a"]) as (flags, applies_a_spec):
     assert flags == ["--a", "--iree-codegen-tuning-spec-path="], flags
+    assert applies_a_spec  # so the compile runs single-threaded (myelin.tuning.gate)
 try:
     with process_wide_spec(["--a"]):
         raise SystemExit("not refused")

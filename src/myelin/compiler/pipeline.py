@@ -251,8 +251,12 @@ def compile_module(
     flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
     backend_calls: list[BackendCall] = []
     decoded_at_load: list[str] = []
-    # IREE keeps the tuning-spec path process-wide: name it in every compile (myelin.tuning.gate)
-    with process_wide_spec(flags) as flags, CompilerSession(flags) as session:
+    # IREE keeps the tuning-spec path process-wide: name it in every compile, and compile with
+    # a spec on one thread (both in myelin.tuning.gate)
+    with (
+        process_wide_spec(flags) as (flags, applies_a_spec),
+        CompilerSession(flags, threaded=not applies_a_spec) as session,
+    ):
         module = session.parse(source, what=what)
         with session.context:
             _take_recorded_phase(module, phase, what)

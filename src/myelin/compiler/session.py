@@ -191,11 +191,15 @@ class CompilerSession:
     """One IREE compiler session (a context plus flags). Not shared across threads; two sessions
     in two threads compile concurrently because the C API releases the GIL."""
 
-    def __init__(self, flags: Sequence[str]) -> None:
+    def __init__(self, flags: Sequence[str], *, threaded: bool = True) -> None:
+        """`threaded=False` runs every pass of this session on the calling thread (see
+        `myelin.tuning.gate`: compiles that apply a tuning spec deadlock otherwise)."""
         self._lib = _dylib()
         self._session = Session()
         self.flags = tuple(flags)
         self._invocations: list[object] = []
+        if not threaded:
+            self._session.context.enable_multithreading(False)
         try:
             self._session.set_flags(*self.flags)
         except ValueError as e:

@@ -4,6 +4,15 @@ those compiling concurrently in other threads (verified: a compile without the f
 with it, still loaded the first spec). Every compile therefore names its spec explicitly (the
 empty value means none), and compiles that name different specs never overlap; compiles with
 the same spec (the usual case: none) still run concurrently.
+
+A compile that applies a spec runs its passes on one thread. IREE 3.13 parses a spec file once
+per context, in `IREECodegenDialect::getOrLoadTransformLibraryModule`, holding the dialect's
+(non-recursive) library mutex; the parse verifies the spec's named sequences in parallel, and a
+pool thread waiting for that verification picks up queued work, which can be the same pass for
+another executable, which takes the same mutex on the same thread: the compile hangs for good
+with no CPU used (seen in CI and here: one worker thread blocked in that mutex, every other
+thread idle). Without the MLIR thread pool there is no nested wait, so no deadlock; the cost is
+a single-threaded compile for tuned builds only.
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ SPEC_PATH_FLAG = "--iree-codegen-tuning-spec-path"
 # Not a session option in IREE 3.13's C API ("option not found"): a global command-line one,
 # set at most once per process through the embedding API's global command line.
 LIBRARY_FLAG = "--iree-codegen-transform-dialect-library"
+# What an `iree-compile` process that applies a spec adds (the in-process equivalent is a
+# session whose context has multithreading off): see the module docstring.
+SINGLE_THREADED_FLAG = "--mlir-disable-threading"
 
 _condition = threading.Condition()
 _current: str | None = None
@@ -24,9 +36,10 @@ _library: str | None = None  # the global library option, once this process set 
 
 
 @contextmanager
-def process_wide_spec(flags: Sequence[str]) -> Iterator[list[str]]:
+def process_wide_spec(flags: Sequence[str]) -> Iterator[tuple[list[str], bool]]:
     """Hold the process's tuning-spec option for a compile with `flags`; yields the flags to
-    open its session with (the spec path always set, to the given one or to none)."""
+    open its session with (the spec path always set, to the given one or to none) and whether
+    the compile applies a spec (then it must run single-threaded, see above)."""
     global _current, _holders
     prefix = f"{SPEC_PATH_FLAG}="
     value = next((f[len(prefix) :] for f in reversed(flags) if f.startswith(prefix)), "")
@@ -37,7 +50,8 @@ def process_wide_spec(flags: Sequence[str]) -> Iterator[list[str]]:
         _holders += 1
     try:
         rest = _global_library(flags)
-        yield [*(f for f in rest if not f.startswith(prefix)), f"{prefix}{value}"]
+        applies_a_spec = bool(value) or _library is not None
+        yield [*(f for f in rest if not f.startswith(prefix)), f"{prefix}{value}"], applies_a_spec
     finally:
         with _condition:
             _holders -= 1

@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from myelin.tuning.gate import SINGLE_THREADED_FLAG
 from myelin.tuning.smt import iree_compile
 from myelin.tuning.spec import CONFIG_DUMP_FLAG, count_marked, instrument_spec, spec_flag
 from synapse import Job, NodeContext, step
@@ -50,6 +51,7 @@ def run_cuda_candidate(job: CudaCandidateJob, ctx: NodeContext) -> None:
             command += [
                 spec_flag("cuda", folder / "spec.mlir"),
                 f"{CONFIG_DUMP_FLAG}={folder / 'conf'}",
+                SINGLE_THREADED_FLAG,  # a spec's compile can deadlock otherwise
             ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
