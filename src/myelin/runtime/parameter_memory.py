@@ -23,6 +23,7 @@ finds those by reading each proxy's count from its object header: taking a refer
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any
 
@@ -52,8 +53,20 @@ def _count(address: int) -> int:
     return ctypes.c_ssize_t.from_address(address).value
 
 
+def _header_is_readable() -> bool:
+    """Whether `_count` reads this interpreter's counts (not so where the header is laid out
+    otherwise, as in free-threaded builds: there proxies are kept for the process instead)."""
+    probe = memoryview(b"")
+    return _count(id(probe)) == sys.getrefcount(probe) - 1
+
+
+_READABLE = _header_is_readable()
+
+
 def collect() -> int:
     """Drop every proxy IREE has let go of (on this thread, under the GIL); how many went."""
+    if not _READABLE:
+        return 0
     with _LOCK:
         released = [a for a in list(_PROXIES) if _count(a) == _ONLY_OURS]
         for address in released:
