@@ -6,6 +6,9 @@ GPU (cuMemAlloc memory, torch CUDA tensors) is tests/gpu/test_cuda_dlpack_result
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -186,6 +189,36 @@ def test_an_unconsumed_capsule_frees_its_storage_when_dropped():
     assert live_capsules() == before + 1
     del capsule
     assert live_capsules() == before
+
+
+# Memory whose release runs Python that takes the capsule table's lock again on the same thread,
+# as a CUDA Storage's __del__ can (its allocations can start a garbage collection that deletes
+# another capsule). Before the owner was dropped outside the lock, this hung.
+_REENTRANT_RELEASE = textwrap.dedent(
+    """
+    import numpy as np
+    from myelin.runtime.result_storage import KDL_CPU, dlpack_capsule, live_capsules
+
+    class Memory:
+        def __init__(self):
+            self.host = np.empty(64, np.uint8)
+            self.pointer, self.device_type = self.host.ctypes.data, KDL_CPU
+
+        def __del__(self):
+            print("left", live_capsules())
+
+    capsule = dlpack_capsule(Memory(), (16,), np.dtype(np.float32))
+    del capsule
+    """
+)
+
+
+def test_a_release_that_runs_python_touching_the_capsules_does_not_deadlock():
+    result = subprocess.run(
+        [sys.executable, "-c", _REENTRANT_RELEASE], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["left", "0"]
 
 
 def test_dlpack_type_codes_of_result_dtypes():

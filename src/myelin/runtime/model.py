@@ -21,6 +21,8 @@ from myelin.mln import (
 )
 from myelin.runtime.admission import AdmissionBudget, CallNeed, FootprintFormula
 from myelin.runtime.devices import DeviceRegistry
+from myelin.runtime.parameter_memory import collect as collect_parameter_memory
+from myelin.runtime.parameter_memory import wrap_mapping
 from myelin.runtime.residency import ParameterResidency
 from myelin.signature import Signature, TensorSpec, parse_abi_declaration
 from myelin.sizes import parse_size
@@ -294,7 +296,9 @@ class Model:
         scopes = list(self.variant_record.parameter_scopes)
         if not scopes:
             return []
-        handle = rt.FileHandle.wrap_memory(self._reader.mmap, readable=True, writable=False)
+        # Not FileHandle.wrap_memory(mmap) itself: IREE can release what it wraps on one of its
+        # worker threads, without the GIL (myelin.runtime.parameter_memory).
+        handle = wrap_mapping(self._reader.mmap)
         indexes = {scope: rt.ParameterIndex() for scope in scopes}
         sections = self._reader.sections
         for p in self.artifact_manifest.parameters_in(scopes):
@@ -421,6 +425,7 @@ class Model:
         for attr in ("_modules", "_providers", "_file_handle", "_reader"):
             if hasattr(self, attr):
                 delattr(self, attr)
+        collect_parameter_memory()  # what IREE has let go of by now (the rest: at a later load)
 
     def __enter__(self) -> Model:
         return self

@@ -91,11 +91,19 @@ _LIVE: dict[int, tuple[Any, ...]] = {}
 _LIVE_LOCK = threading.Lock()
 
 
+def _forget(address: int) -> None:
+    """Drop the entry of a deleted capsule. Its owner goes outside the lock: a Storage's
+    __del__ runs Python (allocations, so a garbage collection that can delete other capsules,
+    which take this lock again on the same thread)."""
+    with _LIVE_LOCK:
+        entry = _LIVE.pop(address, None)
+    del entry
+
+
 @_DELETER
 def _delete(managed: Any) -> None:
     """The DLManagedTensor deleter (called by the consumer: IREE, when it releases the buffer)."""
-    with _LIVE_LOCK:
-        _LIVE.pop(ctypes.addressof(managed.contents), None)
+    _forget(ctypes.addressof(managed.contents))
 
 
 # Prototypes of our own over the C API: setting argtypes on `ctypes.pythonapi.X` would change
@@ -118,9 +126,7 @@ _CAPSULE_NAME = b"dltensor"
 def _capsule_destructor(capsule: int) -> None:
     """A capsule dropped unconsumed (still named "dltensor") deletes its tensor itself."""
     if _PyCapsule_IsValid(capsule, _CAPSULE_NAME):
-        address = _PyCapsule_GetPointer(capsule, _CAPSULE_NAME)
-        with _LIVE_LOCK:
-            _LIVE.pop(address, None)
+        _forget(_PyCapsule_GetPointer(capsule, _CAPSULE_NAME))
 
 
 _DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
