@@ -2,7 +2,7 @@
 """ONNX coverage: run onnx's own backend node tests through PLeX and through raw IREE.
 
     python tools/onnx_coverage.py                 # every node test, both paths, 2 at a time
-    python tools/onnx_coverage.py --sample 60     # a fixed, evenly spread sample
+    python tools/onnx_coverage.py --sample 30     # a fixed, evenly spread sample (CI's)
     python tools/onnx_coverage.py --tests test_abs,test_add --mode plex
     python tools/onnx_coverage.py --results out.jsonl --resume   # continue an interrupted run
 

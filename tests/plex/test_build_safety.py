@@ -73,14 +73,15 @@ def _error_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("what", "expected"),
+    ("what", "expected", "then_fixed"),
     [
-        ("ctypes.string_at(0)", "died from SIGSEGV (signal 11)"),
-        ("sys.exit(3)", "the step called sys.exit(3)"),
+        ("ctypes.string_at(0)", "died from SIGSEGV (signal 11)", True),
+        # the fixed model's rebuild is the same as above: checked once (a torch build is ~10 s)
+        ("sys.exit(3)", "the step called sys.exit(3)", False),
     ],
 )
 def test_a_crash_in_the_model_file_is_one_error_naming_the_node(
-    tmp_path: Path, what: str, expected: str
+    tmp_path: Path, what: str, expected: str, then_fixed: bool
 ) -> None:
     pytest.importorskip("torch")
     cache, output = tmp_path / "cache", tmp_path / "tiny.mln"
@@ -90,6 +91,8 @@ def test_a_crash_in_the_model_file_is_one_error_naming_the_node(
     line = _error_line(done)
     assert "import:tiny:tiny" in line and expected in line
     assert not output.exists()
+    if not then_fixed:
+        return
     # the cache is consistent: the crashed node left nothing, and a fixed model builds
     _torch_app(tmp_path, "pass")
     done = plex_build(app, output, cache)
