@@ -46,12 +46,15 @@ DEVICES = {"two_gpus": ("gpu0", "gpu1"), "two_cpus": ("cpu0", "cpu1")}  # front'
 
 
 def pipeline_model():
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_model", ROOT / "examples" / "pipeline" / "model.py"
-    )
+    folder = ROOT / "examples" / "pipeline"
+    spec = importlib.util.spec_from_file_location("pipeline_model", folder / "model.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(folder))  # for the llama_model.py beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
     return module
 
 

@@ -5,6 +5,11 @@ weights (this example is about deployment, not text quality). The KV cache is ex
 returns it and `decode` takes it and returns the updated one, so the graph holds no state and
 both entrypoints read the same weights. The cache has a fixed maximum length; `decode` writes
 position `pos` with a select, which keeps every shape static.
+
+The layers are defined once, here: examples/pipeline and the GPU benchmark's float16 decoder
+build from `Block`, `prefill_layers` and `decode_layers` (each through a `llama_model.py` in its
+own folder that links to this file, so this file is among the Python sources that key their
+builds).
 """
 
 from __future__ import annotations
@@ -47,15 +52,17 @@ class RMSNorm(nn.Module):
 
 
 class Block(nn.Module):
+    Norm: type[nn.Module] = RMSNorm  # a subclass may compute the norm its own way
+
     def __init__(self, c: Config) -> None:
         super().__init__()
         self.c = c
-        self.attn_norm = RMSNorm(c.dim, c.norm_eps)
+        self.attn_norm = self.Norm(c.dim, c.norm_eps)
         self.wq = nn.Linear(c.dim, c.heads * c.head_dim, bias=False)
         self.wk = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
         self.wv = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
         self.wo = nn.Linear(c.heads * c.head_dim, c.dim, bias=False)
-        self.mlp_norm = RMSNorm(c.dim, c.norm_eps)
+        self.mlp_norm = self.Norm(c.dim, c.norm_eps)
         self.w_gate = nn.Linear(c.dim, c.ffn, bias=False)
         self.w_up = nn.Linear(c.dim, c.ffn, bias=False)
         self.w_down = nn.Linear(c.ffn, c.dim, bias=False)
@@ -82,6 +89,65 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def rope_frequencies(c: Config) -> torch.Tensor:
+    """The inverse frequencies of the rotary embedding [hd/2] (a module's buffer)."""
+    return 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+
+
+def rope(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [s, hd/2] of the rotary angles at `positions` [s]."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def repeat_kv(c: Config, t: torch.Tensor) -> torch.Tensor:
+    """The kv heads repeated for the query heads that share them (grouped-query attention)."""
+    return t.repeat_interleave(c.heads // c.kv_heads, dim=1)
+
+
+def prefill_layers(c: Config, blocks, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """x [b, s, dim] through `blocks` with causal attention -> (x, ks, vs), per block its cache
+    [b, kv_heads, max_len, head_dim] holding positions 0..s-1 (the caller stacks them, after
+    what it computes from x: the graph keeps the order the model always had)."""
+    s = x.shape[1]
+    ks, vs = [], []
+    for block in blocks:
+        q, k, v = block.qkv(x, cos, sin)
+        attn = F.scaled_dot_product_attention(q, repeat_kv(c, k), repeat_kv(c, v), is_causal=True)
+        x = block.finish(x, attn)
+        ks.append(F.pad(k, (0, 0, 0, c.max_len - s)))
+        vs.append(F.pad(v, (0, 0, 0, c.max_len - s)))
+    return x, ks, vs
+
+
+def decode_layers(
+    c: Config,
+    blocks,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+):
+    """x [b, 1, dim] at position pos [1] through `blocks` -> (x, ks, vs), per block its cache
+    with that position written (stacked by the caller); attention reads positions 0..pos."""
+    slots = torch.arange(c.max_len, device=x.device)
+    write = (slots == pos)[None, None, :, None]  # [1, 1, max_len, 1]
+    hidden = torch.where(slots <= pos, 0.0, float("-inf"))  # [max_len]
+    ks, vs = [], []
+    for i, block in enumerate(blocks):
+        q, k, v = block.qkv(x, cos, sin)
+        kc = torch.where(write, k, k_cache[i])
+        vc = torch.where(write, v, v_cache[i])
+        scores = q @ repeat_kv(c, kc).transpose(-1, -2) / math.sqrt(c.head_dim)
+        attn = torch.softmax(scores + hidden, dim=-1) @ repeat_kv(c, vc)
+        x = block.finish(x, attn)
+        ks.append(kc)
+        vs.append(vc)
+    return x, ks, vs
+
+
 class Llama(nn.Module):
     def __init__(self, c: Config) -> None:
         super().__init__()
@@ -90,33 +156,15 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
         self.norm = RMSNorm(c.dim, c.norm_eps)
         self.lm_head = nn.Linear(c.dim, c.vocab, bias=False)
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        return angles.cos(), angles.sin()
-
-    def repeat_kv(self, t: torch.Tensor) -> torch.Tensor:
-        return t.repeat_interleave(self.c.heads // self.c.kv_heads, dim=1)
+        self.register_buffer("inv_freq", rope_frequencies(c), persistent=False)
 
     def prefill(self, tokens: torch.Tensor):
         """tokens [1, s] -> (logits of the last position [1, vocab], k_cache, v_cache), the
         caches [layers, 1, kv_heads, max_len, head_dim] holding positions 0..s-1."""
-        s = tokens.shape[1]
         x = self.embed(tokens)
-        cos, sin = self.rope(torch.arange(s, device=tokens.device))
-        ks, vs = [], []
-        for block in self.blocks:
-            q, k, v = block.qkv(x, cos, sin)
-            attn = F.scaled_dot_product_attention(
-                q, self.repeat_kv(k), self.repeat_kv(v), is_causal=True
-            )
-            x = block.finish(x, attn)
-            ks.append(F.pad(k, (0, 0, 0, self.c.max_len - s)))
-            vs.append(F.pad(v, (0, 0, 0, self.c.max_len - s)))
-        logits = self.lm_head(self.norm(x[:, -1, :]))
-        return logits, torch.stack(ks), torch.stack(vs)
+        cos, sin = rope(self.inv_freq, torch.arange(tokens.shape[1], device=tokens.device))
+        x, ks, vs = prefill_layers(self.c, self.blocks, x, cos, sin)
+        return self.lm_head(self.norm(x[:, -1, :])), torch.stack(ks), torch.stack(vs)
 
     def decode(
         self, token: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -124,22 +172,9 @@ class Llama(nn.Module):
         """token [1, 1] at position pos [1] -> (logits [1, vocab], k_cache, v_cache) with that
         position written; attention reads positions 0..pos."""
         x = self.embed(token)
-        cos, sin = self.rope(pos)
-        slots = torch.arange(self.c.max_len, device=token.device)
-        write = (slots == pos)[None, None, :, None]  # [1, 1, max_len, 1]
-        hidden = torch.where(slots <= pos, 0.0, float("-inf"))  # [max_len]
-        ks, vs = [], []
-        for i, block in enumerate(self.blocks):
-            q, k, v = block.qkv(x, cos, sin)
-            kc = torch.where(write, k, k_cache[i])
-            vc = torch.where(write, v, v_cache[i])
-            scores = q @ self.repeat_kv(kc).transpose(-1, -2) / math.sqrt(self.c.head_dim)
-            attn = torch.softmax(scores + hidden, dim=-1) @ self.repeat_kv(vc)
-            x = block.finish(x, attn)
-            ks.append(kc)
-            vs.append(vc)
-        logits = self.lm_head(self.norm(x[:, -1, :]))
-        return logits, torch.stack(ks), torch.stack(vs)
+        cos, sin = rope(self.inv_freq, pos)
+        x, ks, vs = decode_layers(self.c, self.blocks, x, pos, cos, sin, k_cache, v_cache)
+        return self.lm_head(self.norm(x[:, -1, :])), torch.stack(ks), torch.stack(vs)
 
 
 def make_model(c: Config) -> Llama:
@@ -186,15 +221,17 @@ def generate(prefill, decode, prompt: list[int], steps: int) -> tuple[list[int],
     return out, all_logits
 
 
+def numpy_call(fn):
+    """`fn` (torch tensors in, a tuple of them out) as numpy in, numpy out, without autograd."""
+
+    def call(*args):
+        with torch.no_grad():
+            out = fn(*(torch.from_numpy(np.asarray(a)) for a in args))
+        return tuple(t.numpy() for t in out)
+
+    return call
+
+
 def eager(model: Llama):
     """numpy-in, numpy-out prefill and decode of the torch model, for comparisons."""
-
-    def run(fn):
-        def call(*args):
-            with torch.no_grad():
-                out = fn(*(torch.from_numpy(np.asarray(a)) for a in args))
-            return tuple(t.numpy() for t in out)
-
-        return call
-
-    return run(model.prefill), run(model.decode)
+    return numpy_call(model.prefill), numpy_call(model.decode)

@@ -6,22 +6,24 @@ the final norm and the output head. Both stages take an explicit KV cache of the
 (returned by prefill, taken and returned by decode), so each cache stays on its stage's device
 and only the hidden states cross between the stages: [1, prompt, dim] once per prefill,
 [1, 1, dim] per decoded token. The architecture is examples/llama's (RMSNorm, rotary positions,
-grouped-query attention, SwiGLU) at a test-sized config with seeded random weights.
+grouped-query attention, SwiGLU) at a test-sized config with seeded random weights: its layers
+come from `llama_model.py`, a link to examples/llama/model.py (inside this package's folder, so
+that file is one of the sources that key this package's build).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+import llama_model
 import numpy as np
 import torch
-import torch.nn.functional as F
+from llama_model import Block, RMSNorm, decode_layers, numpy_call, prefill_layers, rope
 from torch import nn
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(llama_model.Config):
     vocab: int = 256
     dim: int = 64
     layers: int = 4
@@ -29,62 +31,11 @@ class Config:
     kv_heads: int = 2
     ffn: int = 160
     max_len: int = 64  # KV cache length: prompt + generated tokens
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    seed: int = 0
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
 
     @property
     def split(self) -> int:
         """The first layer of the back stage."""
         return self.layers // 2
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
-class Block(nn.Module):
-    def __init__(self, c: Config) -> None:
-        super().__init__()
-        self.c = c
-        self.attn_norm = RMSNorm(c.dim, c.norm_eps)
-        self.wq = nn.Linear(c.dim, c.heads * c.head_dim, bias=False)
-        self.wk = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
-        self.wv = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
-        self.wo = nn.Linear(c.heads * c.head_dim, c.dim, bias=False)
-        self.mlp_norm = RMSNorm(c.dim, c.norm_eps)
-        self.w_gate = nn.Linear(c.dim, c.ffn, bias=False)
-        self.w_up = nn.Linear(c.dim, c.ffn, bias=False)
-        self.w_down = nn.Linear(c.ffn, c.dim, bias=False)
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        b, s, _ = x.shape
-        h = self.attn_norm(x)
-        q = self.wq(h).view(b, s, self.c.heads, self.c.head_dim).transpose(1, 2)
-        k = self.wk(h).view(b, s, self.c.kv_heads, self.c.head_dim).transpose(1, 2)
-        v = self.wv(h).view(b, s, self.c.kv_heads, self.c.head_dim).transpose(1, 2)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
-
-    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        b, _, s, _ = attn.shape
-        x = x + self.wo(attn.transpose(1, 2).reshape(b, s, self.c.dim))
-        h = self.mlp_norm(x)
-        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
 
 
 class Layers(nn.Module):
@@ -94,48 +45,19 @@ class Layers(nn.Module):
         super().__init__()
         self.c = c
         self.blocks = nn.ModuleList(blocks)
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        return angles.cos(), angles.sin()
-
-    def repeat_kv(self, t: torch.Tensor) -> torch.Tensor:
-        return t.repeat_interleave(self.c.heads // self.c.kv_heads, dim=1)
+        self.register_buffer("inv_freq", llama_model.rope_frequencies(c), persistent=False)
 
     def prefill(self, x: torch.Tensor):
         """x [1, s, dim] -> (x after these layers, k_cache, v_cache [n, 1, kv_heads, max_len,
         head_dim] holding positions 0..s-1)."""
-        s = x.shape[1]
-        cos, sin = self.rope(torch.arange(s, device=x.device))
-        ks, vs = [], []
-        for block in self.blocks:
-            q, k, v = block.qkv(x, cos, sin)
-            attn = F.scaled_dot_product_attention(
-                q, self.repeat_kv(k), self.repeat_kv(v), is_causal=True
-            )
-            x = block.finish(x, attn)
-            ks.append(F.pad(k, (0, 0, 0, self.c.max_len - s)))
-            vs.append(F.pad(v, (0, 0, 0, self.c.max_len - s)))
+        cos, sin = rope(self.inv_freq, torch.arange(x.shape[1], device=x.device))
+        x, ks, vs = prefill_layers(self.c, self.blocks, x, cos, sin)
         return x, torch.stack(ks), torch.stack(vs)
 
     def decode(self, x: torch.Tensor, pos: torch.Tensor, k_cache, v_cache):
         """x [1, 1, dim] at position pos [1] -> (x after these layers, caches with pos written)."""
-        cos, sin = self.rope(pos)
-        slots = torch.arange(self.c.max_len, device=x.device)
-        write = (slots == pos)[None, None, :, None]
-        hidden = torch.where(slots <= pos, 0.0, float("-inf"))
-        ks, vs = [], []
-        for i, block in enumerate(self.blocks):
-            q, k, v = block.qkv(x, cos, sin)
-            kc = torch.where(write, k, k_cache[i])
-            vc = torch.where(write, v, v_cache[i])
-            scores = q @ self.repeat_kv(kc).transpose(-1, -2) / math.sqrt(self.c.head_dim)
-            attn = torch.softmax(scores + hidden, dim=-1) @ self.repeat_kv(vc)
-            x = block.finish(x, attn)
-            ks.append(kc)
-            vs.append(vc)
+        cos, sin = rope(self.inv_freq, pos)
+        x, ks, vs = decode_layers(self.c, self.blocks, x, pos, cos, sin, k_cache, v_cache)
         return x, torch.stack(ks), torch.stack(vs)
 
 
@@ -236,13 +158,4 @@ def _numpy(value) -> np.ndarray:
 def eager(c: Config = Config()):
     """numpy-in, numpy-out (front_prefill, front_decode, back_prefill, back_decode) in torch."""
     stages = make_stages(c)
-
-    def run(fn):
-        def call(*args):
-            with torch.no_grad():
-                out = fn(*(torch.from_numpy(np.asarray(a)) for a in args))
-            return tuple(t.numpy() for t in out)
-
-        return call
-
-    return tuple(run(getattr(s, f)) for s in stages for f in ("prefill", "decode"))
+    return tuple(numpy_call(getattr(s, f)) for s in stages for f in ("prefill", "decode"))

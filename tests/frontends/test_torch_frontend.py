@@ -316,6 +316,34 @@ def test_dynamic_is_refused_for_an_mlir_source(tmp_path):
         load_package(tmp_path)
 
 
+def test_a_linked_module_of_the_package_keys_the_import_and_is_re_read(tmp_path):
+    """examples/pipeline builds from examples/llama's layers through a link in its folder: the
+    linked file's content is in the import key, and an edit of it is seen by the next import."""
+    from myelin.frontends._torch_source import imported_source
+    from plex.builder import plan_for
+
+    shared = tmp_path / "shared.py"
+    shared.write_text("SCALE = 1\n")
+    write_package(
+        tmp_path / "p",
+        {"mlp.py": "import helpers\n" + MLP_PY},
+        '[package]\nname = "p"\n[graph.g]\nsource = "mlp.py:build"\nfrontend = "torch"\n',
+    )
+    (tmp_path / "p" / "helpers.py").symlink_to(shared)
+    app = write_app(tmp_path, ["p"])
+
+    def key_and_scale() -> tuple[str, int]:
+        _, plan = plan_for(app, tmp_path / "out.mln")
+        with imported_source(tmp_path / "p" / "mlp.py") as module:
+            return plan.nodes["import:p:g"].inputs["python_sources"], module.helpers.SCALE
+
+    before = key_and_scale()
+    shared.write_text("SCALE = 2\n")
+    after = key_and_scale()
+    assert before[0] != after[0]
+    assert (before[1], after[1]) == (1, 2)
+
+
 def test_editing_any_python_file_of_the_package_changes_the_import_key(tmp_path):
     from plex.builder import plan_for
 

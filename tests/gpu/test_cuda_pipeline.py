@@ -19,12 +19,15 @@ STAGES = ("front.prefill", "front.decode", "back.prefill", "back.decode")
 
 
 def pipeline_model():
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_model", REPO / "examples" / "pipeline" / "model.py"
-    )
+    folder = REPO / "examples" / "pipeline"
+    spec = importlib.util.spec_from_file_location("pipeline_model", folder / "model.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(folder))  # for the llama_model.py beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
     return module
 
 

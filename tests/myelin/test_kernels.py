@@ -4,14 +4,14 @@ of a graph's matmuls into their IREE external dispatches, compiled for CUDA."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from myelin.compiler.pipeline import compile_module, import_graph
+from myelin.compiler.pipeline import compile_module
 from myelin.compiler.targets import TargetDevice
 from myelin.kernels import apply_kernels
 from myelin.kernels._triton import MatmulConfig, compile_matmul
+from tests.myelin.kernels_helpers import flow_dispatches, import_mlir
 
 # mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
 # mm_ab: A x B at f16; bf16: A x B^T in bf16; decode: M = 8 (the skinny kernel); odd: K = 100 is no multiple of 64 (stays IREE's);
@@ -106,9 +106,7 @@ def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
 
 @pytest.fixture(scope="module")
 def kernelized(tmp_path_factory):
-    source = tmp_path_factory.mktemp("kernels") / "graph.mlir"
-    source.write_text(GRAPH)
-    imported = import_graph(Path(source), input_type="auto", module_name="g", scope="g")
+    imported = import_mlir(tmp_path_factory.mktemp("kernels"), GRAPH)
     return apply_kernels(imported.module_bytecode, library="triton")
 
 
@@ -133,19 +131,7 @@ def test_the_rewrite_reports_which_matmul_goes_to_which_kernel(kernelized):
 
 
 def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(kernelized):
-    phases: dict[str, str] = {}
-    gpu = [TargetDevice("gpu", target="cuda")]
-    compile_module(
-        kernelized.module_bytecode,
-        phase="input",
-        devices=gpu,
-        functions=FUNCTIONS,
-        stop_at="flow",
-        on_phase=lambda phase, text: phases.__setitem__(phase, text),
-    )
-    flow = phases["flow"]
-    # extern: @extern_dispatch_N::@cuda_nvptx_fb::@<kernel>; codegen: @<fn>_dispatch_N::@<name>
-    calls = re.findall(r"flow\.dispatch @(\w+)::(?:@\w+::)?@(\w+)", flow)
+    _, calls = flow_dispatches(kernelized.module_bytecode, FUNCTIONS)
     externs = [name for exe, name in calls if exe.startswith("extern_dispatch")]
     assert sorted(externs) == sorted(
         [
@@ -164,6 +150,7 @@ def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(ke
     # mm's truncf went into its kernel: mm has no dispatch of IREE's own
     assert not [n for n in codegen if n.startswith("mm_dispatch_")], codegen
     # and the whole module compiles to a CUDA VM module holding the cubins
+    gpu = [TargetDevice("gpu", target="cuda")]
     compiled = compile_module(
         kernelized.module_bytecode, phase="input", devices=gpu, functions=FUNCTIONS
     )

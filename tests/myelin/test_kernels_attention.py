@@ -10,16 +10,14 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
-from myelin.compiler.pipeline import compile_module, import_graph
-from myelin.compiler.targets import TargetDevice
 from myelin.kernels import apply_kernels
 from myelin.kernels._attention import AttentionConfig, compile_attention
+from tests.myelin.kernels_helpers import flow_dispatches, import_mlir
 
 MAPS = """
 #q = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>
@@ -157,9 +155,7 @@ def test_the_attention_kernel_matches_torch_in_tritons_interpreter():
 
 @pytest.fixture(scope="module")
 def kernelized(tmp_path_factory):
-    source = tmp_path_factory.mktemp("attention") / "graph.mlir"
-    source.write_text(_graph())
-    imported = import_graph(Path(source), input_type="auto", module_name="g", scope="g")
+    imported = import_mlir(tmp_path_factory.mktemp("attention"), _graph())
     return imported, apply_kernels(imported.module_bytecode, library="triton-attention")
 
 
@@ -175,16 +171,7 @@ def test_the_rewrite_sends_sdpa_attention_to_the_kernel_and_leaves_the_rest(kern
     assert sites["notcausal"]["kernel"] is None
     assert sites["notcausal"]["reason"].startswith("the mask is not the causal mask: ")
     assert sites["d96"]["kernel"] is None and "head dim 96" in sites["d96"]["reason"]
-    phases: dict[str, str] = {}
-    compile_module(
-        k.module_bytecode,
-        phase="input",
-        devices=[TargetDevice("gpu", target="cuda")],
-        functions=FUNCTIONS,
-        stop_at="flow",
-        on_phase=lambda phase, text: phases.__setitem__(phase, text),
-    )
-    calls = re.findall(r"flow\.dispatch @(\w+)::(?:@\w+::)?@(\w+)", phases["flow"])
+    _, calls = flow_dispatches(k.module_bytecode, FUNCTIONS)
     externs = sorted(n for exe, n in calls if exe.startswith("extern_dispatch"))
     assert [n.split("_")[2] for n in externs] == ["causal", "full"]
     codegen = [n for exe, n in calls if not exe.startswith("extern_dispatch")]

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,6 +19,7 @@ from myelin.compiler.pipeline import compile_module, import_graph
 from myelin.compiler.targets import TargetDevice
 from myelin.kernels import apply_kernels
 from myelin.kernels._decode_attention import DecodeAttentionConfig, compile_decode_attention
+from tests.myelin.kernels_helpers import flow_dispatches, import_mlir
 
 
 @pytest.mark.parametrize(
@@ -175,9 +175,7 @@ FUNCTIONS = ["decode", "decode_nocat", "catmany"]
 
 @pytest.fixture(scope="module")
 def kernelized(tmp_path_factory):
-    source = tmp_path_factory.mktemp("decode") / "graph.mlir"
-    source.write_text(GRAPH)
-    imported = import_graph(Path(source), input_type="auto", module_name="g", scope="g")
+    imported = import_mlir(tmp_path_factory.mktemp("decode"), GRAPH)
     return apply_kernels(imported.module_bytecode, library="triton-attention")
 
 
@@ -192,17 +190,7 @@ def test_decode_attention_goes_to_the_split_kv_kernels_and_reads_the_cache_in_pl
     assert "concat" not in sites["decode_nocat"]["reason"]
     assert sites["catmany"]["kernel"].startswith("plex_decode_attention_f16_d128_")
     assert "concat" not in sites["catmany"]["reason"]  # its concat is returned too: kept
-    phases: dict[str, str] = {}
-    compile_module(
-        kernelized.module_bytecode,
-        phase="input",
-        devices=[TargetDevice("gpu", target="cuda")],
-        functions=FUNCTIONS,
-        stop_at="flow",
-        on_phase=lambda phase, text: phases.__setitem__(phase, text),
-    )
-    flow = phases["flow"]
-    calls = re.findall(r"flow\.dispatch @(\w+)::(?:@\w+::)?@(\w+)", flow)
+    flow, calls = flow_dispatches(kernelized.module_bytecode, FUNCTIONS)
     externs = [n for exe, n in calls if exe.startswith("extern_dispatch")]
     # Two dispatches per attention (the split pass, then the combine), nothing else.
     assert sorted(n.split("_")[2] for n in externs) == ["attention"] * 3 + ["combine"] * 3, calls

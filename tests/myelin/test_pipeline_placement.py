@@ -25,7 +25,11 @@ def load_pipeline_model():
     spec = importlib.util.spec_from_file_location("pipeline_model", PIPELINE / "model.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(PIPELINE))  # for the llama_model.py beside it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(PIPELINE))
     return module
 
 

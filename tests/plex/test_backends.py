@@ -99,12 +99,17 @@ print(json.dumps({"z": float(np.abs(z - want_z).max() / np.abs(want_z).max()),
 """
 
 
-def _app(tmp: Path, backend_toml: str | None = None) -> Path:
+def _package(tmp: Path, model: str) -> None:
+    """Package `mm` in tmp/mm: one graph of `model` (MLIR text)."""
     (tmp / "mm").mkdir()
-    (tmp / "mm" / "model.mlir").write_text(MODEL)
+    (tmp / "mm" / "model.mlir").write_text(model)
     (tmp / "mm" / "plex.toml").write_text(
         '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
     )
+
+
+def _app(tmp: Path, backend_toml: str | None = None) -> Path:
+    _package(tmp, MODEL)
     blas = BLAS
     if backend_toml is not None:
         blas = tmp / "backend"
@@ -123,6 +128,19 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
         timeout=300,
         cwd=REPO,
     )
+
+
+def _build_and_run(tmp: Path, model: str, app_toml: str, script: str) -> dict:
+    """Package `mm` of `model` in the app `app_toml`, built and its .mln run by `script` in a
+    fresh process: the JSON `script` printed last."""
+    _package(tmp, model)
+    app = tmp / "app.toml"
+    app.write_text(app_toml)
+    out = tmp / "mm.mln"
+    build(app, out)
+    result = _run(script, str(out))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def test_blas_backend_matches_numpy_next_to_codegen(tmp_path):
@@ -298,18 +316,7 @@ def test_attention_and_split_calls_on_the_backend_match_numpy(tmp_path):
         ("plex_attention_0", "linalg.batch_matmul", "blas", "plain"),  # P @ V
     ]
 
-    (tmp_path / "mm").mkdir()
-    (tmp_path / "mm" / "model.mlir").write_text(ATTENTION_MODEL)
-    (tmp_path / "mm" / "plex.toml").write_text(
-        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
-    )
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(blas=BLAS))
-    out = tmp_path / "mm.mln"
-    build(app, out)
-    result = _run(ATTENTION_RUN, str(out))
-    assert result.returncode == 0, result.stderr
-    errors = json.loads(result.stdout.splitlines()[-1])
+    errors = _build_and_run(tmp_path, ATTENTION_MODEL, APP.format(blas=BLAS), ATTENTION_RUN)
     assert errors["a"] < 1e-5 and errors["y"] < 1e-4, errors
 
 
@@ -332,18 +339,12 @@ def test_fused_attention_on_the_backend_matches_numpy(tmp_path):
     ]
     assert "iree_linalg_ext.attention" not in text and "plex_blas_attention" in text
 
-    (tmp_path / "mm").mkdir()
-    (tmp_path / "mm" / "model.mlir").write_text(ATTENTION_MODEL)
-    (tmp_path / "mm" / "plex.toml").write_text(
-        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    errors = _build_and_run(
+        tmp_path,
+        ATTENTION_MODEL,
+        APP.format(blas=BLAS) + '"mm:attention" = "blas"\n',
+        ATTENTION_RUN,
     )
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(blas=BLAS) + '"mm:attention" = "blas"\n')
-    out = tmp_path / "mm.mln"
-    build(app, out)
-    result = _run(ATTENTION_RUN, str(out))
-    assert result.returncode == 0, result.stderr
-    errors = json.loads(result.stdout.splitlines()[-1])
     assert errors["a"] < 1e-5 and errors["y"] < 1e-4, errors
 
 
@@ -433,18 +434,12 @@ def test_fused_attention_reads_heads_and_mask_as_projected(tmp_path):
         "fused call: i1 mask, Q, K, V read as projected (no head transposes), one mask per "
         "batch, split over the heads"
     ]
-    (tmp_path / "mm").mkdir()
-    (tmp_path / "mm" / "model.mlir").write_text(HEADS_MODEL)
-    (tmp_path / "mm" / "plex.toml").write_text(
-        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    errors = _build_and_run(
+        tmp_path,
+        HEADS_MODEL,
+        APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:attention"'),
+        HEADS_RUN,
     )
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:attention"'))
-    out = tmp_path / "mm.mln"
-    build(app, out)
-    result = _run(HEADS_RUN, str(out))
-    assert result.returncode == 0, result.stderr
-    errors = json.loads(result.stdout.splitlines()[-1])
     assert errors["a"] < 1e-5, errors
 
 
@@ -522,18 +517,9 @@ def test_gelu_and_its_bias_add_on_the_backend_match_numpy(tmp_path):
         ("gelu", "plain"),
     ]
     assert "math.erf" not in text
-    (tmp_path / "mm").mkdir()
-    (tmp_path / "mm" / "model.mlir").write_text(GELU_MODEL)
-    (tmp_path / "mm" / "plex.toml").write_text(
-        '[package]\nname = "mm"\n[graph.mm]\nsource = "model.mlir"\n'
+    errors = _build_and_run(
+        tmp_path, GELU_MODEL, APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:gelu"'), GELU_RUN
     )
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(blas=BLAS).replace('"mm:matmul"', '"mm:gelu"'))
-    out = tmp_path / "mm.mln"
-    build(app, out)
-    result = _run(GELU_RUN, str(out))
-    assert result.returncode == 0, result.stderr
-    errors = json.loads(result.stdout.splitlines()[-1])
     assert errors["g1"] < 1e-5 and errors["g2"] < 1e-5, errors
 
 

@@ -29,7 +29,9 @@ def _tiny_decoder_app(folder: Path) -> Path:
 
         spec = importlib.util.spec_from_file_location("bench_decoder", {str(DECODER)!r})
         bench = sys.modules["bench_decoder"] = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, {str(DECODER.parent)!r})  # for the llama_model.py beside it
         spec.loader.exec_module(bench)  # registered first: its dataclass looks itself up
+        sys.path.pop(0)
 
 
         def build():

@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -116,7 +117,9 @@ def _module_name(source: Path) -> tuple[Path, str | None]:
 
 def _modules_under(root: Path, names_in: set[str]) -> list[str]:
     """Modules among `names_in` loaded from files under `root`, except from another import root
-    inside it (a virtualenv's site-packages in the package folder stays loaded)."""
+    inside it (a virtualenv's site-packages in the package folder stays loaded). A file in the
+    folder that links elsewhere (examples/pipeline's llama_model.py) counts as the folder's: it
+    is one of the package's sources, so an edit of what it points to must be re-read too."""
     root = root.resolve()
     others = [p for p in (Path(e).resolve() for e in sys.path if e) if p != root]
     others = [p for p in others if p.is_relative_to(root)]
@@ -125,9 +128,10 @@ def _modules_under(root: Path, names_in: set[str]) -> list[str]:
         file = getattr(sys.modules.get(name), "__file__", None)
         if not file:
             continue
-        path = Path(file).resolve()
-        if path.is_relative_to(root) and not any(path.is_relative_to(o) for o in others):
-            names.append(name)
+        for path in (Path(file).resolve(), Path(os.path.abspath(file))):
+            if path.is_relative_to(root) and not any(path.is_relative_to(o) for o in others):
+                names.append(name)
+                break
     return names
 
 

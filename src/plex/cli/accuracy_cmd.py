@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from plex.cli.build_cmd import _size
+from plex.cli.options import app_toml_argument, function_option, inputs_option, jobs_option
 from plex.errors import PlexError
 
 if TYPE_CHECKING:
@@ -23,12 +24,7 @@ if TYPE_CHECKING:
 
 
 def accuracy(
-    app_toml: Path = typer.Argument(
-        ...,
-        help="The application manifest (app.toml), or a folder that has one.",
-        metavar="APP_TOML",
-        show_default=False,
-    ),
+    app_toml: Path = app_toml_argument(),
     codec: str = typer.Option(
         None,
         "--codec",
@@ -36,24 +32,12 @@ def accuracy(
         'q4:g<group>), as if [weights.codec] ended with "*" = CODEC. Default: the app\'s codecs.',
         metavar="CODEC",
     ),
-    function: str = typer.Option(
-        None,
-        "-f",
-        "--function",
-        help="Entrypoint to compare (default: every entrypoint).",
-        metavar="NAME",
+    function: str = function_option("Entrypoint to compare (default: every entrypoint).", None),
+    inputs: list[str] = inputs_option(
+        "An argument: @file.npy or SHAPExTYPE=VALUES, repeated in argument order. Default: "
+        "random floats (seed 0), with every dynamic dim 2; integer arguments must be given."
     ),
-    inputs: list[str] = typer.Option(
-        [],
-        "--input",
-        "-i",
-        help="An argument: @file.npy or SHAPExTYPE=VALUES, repeated in argument order. Default: "
-        "random floats (seed 0), with every dynamic dim 2; integer arguments must be given.",
-        metavar="TENSOR",
-    ),
-    jobs: int = typer.Option(
-        None, "-j", "--jobs", min=1, help="Most build steps at once.", metavar="N"
-    ),
+    jobs: int = jobs_option("Most build steps at once."),
     keep: Path = typer.Option(
         None,
         "--keep",

@@ -7,6 +7,14 @@ from pathlib import Path
 
 import typer
 
+from plex.cli.options import (
+    artifact_argument,
+    dims_option,
+    function_option,
+    inputs_option,
+    variant_option,
+)
+
 
 def _rss_peak_mib() -> float:
     try:
@@ -19,29 +27,20 @@ def _rss_peak_mib() -> float:
 
 
 def bench(
-    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
-    function: str = typer.Option(
-        "forward", "-f", "--function", help="Entrypoint to time.", metavar="NAME"
+    artifact: Path = artifact_argument(),
+    function: str = function_option("Entrypoint to time."),
+    inputs: list[str] = inputs_option(
+        "As for `plex run`; without inputs, random tensors matching the signature are used."
     ),
-    inputs: list[str] = typer.Option(
-        [],
-        "--input",
-        "-i",
-        help="As for `plex run`; without inputs, random tensors matching the signature are used.",
-        metavar="TENSOR",
-    ),
-    dims: list[str] = typer.Option(
-        [],
-        "--dim",
-        help="Size of a dynamic dim for random inputs: "
-        "NAME=N (names as `plex inspect` shows them) or *=N.",
-        metavar="NAME=N",
+    dims: list[str] = dims_option(
+        "Size of a dynamic dim for random inputs: "
+        "NAME=N (names as `plex inspect` shows them) or *=N."
     ),
     warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed calls first.", metavar="N"),
     iterations: int = typer.Option(
         100, "-n", "--iterations", min=1, help="Timed calls.", metavar="N"
     ),
-    variant: str = typer.Option(None, "--variant", help="Variant to use.", metavar="NAME"),
+    variant: str = variant_option("Variant to use."),
 ) -> None:
     """Time an entrypoint: p50/p90/p99 latency, mean, calls/s and peak RSS."""
     import numpy as np

@@ -18,14 +18,11 @@ from typing import Any
 
 import typer
 
+from plex.cli.options import app_toml_argument, jobs_option
+
 
 def build(
-    app_toml: Path = typer.Argument(
-        ...,
-        help="The application manifest (app.toml), or a folder that has one.",
-        metavar="APP_TOML",
-        show_default=False,
-    ),
+    app_toml: Path = app_toml_argument(),
     output: Path = typer.Option(
         None,
         "-o",
@@ -34,13 +31,8 @@ def build(
         "APP_TOML is a folder).",
         metavar="PATH",
     ),
-    jobs: int = typer.Option(
-        None,
-        "-j",
-        "--jobs",
-        min=1,
-        help="Most build steps at once (default: [build] jobs, else the CPU count).",
-        metavar="N",
+    jobs: int = jobs_option(
+        "Most build steps at once (default: [build] jobs, else the CPU count)."
     ),
     cache: Path = typer.Option(
         None,

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from plex.cli.build_cmd import _size
+from plex.cli.options import artifact_argument
 
 
 def _print_backends(console, manifest, sections) -> None:
@@ -42,7 +43,7 @@ def _print_backends(console, manifest, sections) -> None:
 
 
 def inspect(
-    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
+    artifact: Path = artifact_argument(),
     as_json: bool = typer.Option(False, "--json", help="Print the raw manifest as JSON."),
     verify: bool = typer.Option(
         True, "--verify/--no-verify", help="Check every section's content hash (default: on)."

@@ -10,26 +10,23 @@ from pathlib import Path
 
 import typer
 
+from plex.cli.options import (
+    artifact_argument,
+    dims_option,
+    function_option,
+    inputs_option,
+    variant_option,
+)
+
 
 def profile(
-    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
-    function: str = typer.Option(
-        "forward", "-f", "--function", help="Entrypoint to profile.", metavar="NAME"
+    artifact: Path = artifact_argument(),
+    function: str = function_option("Entrypoint to profile."),
+    inputs: list[str] = inputs_option(
+        "As for `plex run`; without inputs, random tensors matching "
+        "the signature are used (dynamic dims from --dim)."
     ),
-    inputs: list[str] = typer.Option(
-        [],
-        "--input",
-        "-i",
-        help="As for `plex run`; without inputs, random tensors matching "
-        "the signature are used (dynamic dims from --dim).",
-        metavar="TENSOR",
-    ),
-    dims: list[str] = typer.Option(
-        [],
-        "--dim",
-        help="Size of a dynamic dim for random inputs: NAME=N or *=N.",
-        metavar="NAME=N",
-    ),
+    dims: list[str] = dims_option("Size of a dynamic dim for random inputs: NAME=N or *=N."),
     out_dir: Path = typer.Option(
         ...,
         "-o",
@@ -54,7 +51,7 @@ def profile(
     top: int = typer.Option(
         10, "--top", min=1, help="Rows of the hottest-dispatch table.", metavar="N"
     ),
-    variant: str = typer.Option(None, "--variant", help="Variant to profile.", metavar="NAME"),
+    variant: str = variant_option("Variant to profile."),
 ) -> None:
     """Capture one call of an entrypoint and show its hottest dispatches.
 

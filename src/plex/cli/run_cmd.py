@@ -6,19 +6,15 @@ from pathlib import Path
 
 import typer
 
+from plex.cli.options import artifact_argument, function_option, inputs_option, variant_option
+
 
 def run(
-    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
-    function: str = typer.Option(
-        "forward", "-f", "--function", help="Entrypoint to call.", metavar="NAME"
-    ),
-    inputs: list[str] = typer.Option(
-        [],
-        "--input",
-        "-i",
-        help="An argument: @file.npy or SHAPExTYPE=VALUES (e.g. 2x3xf32=1,2,3,4,5,6; one value "
-        "fills the tensor). Repeat in argument order.",
-        metavar="TENSOR",
+    artifact: Path = artifact_argument(),
+    function: str = function_option("Entrypoint to call."),
+    inputs: list[str] = inputs_option(
+        "An argument: @file.npy or SHAPExTYPE=VALUES (e.g. 2x3xf32=1,2,3,4,5,6; one value "
+        "fills the tensor). Repeat in argument order."
     ),
     outputs: list[Path] = typer.Option(
         [],
@@ -27,12 +23,7 @@ def run(
         help="Save a result as .npy. Repeat for several results.",
         metavar="FILE",
     ),
-    variant: str = typer.Option(
-        None,
-        "--variant",
-        help="Use this variant instead of the first that fits this machine.",
-        metavar="NAME",
-    ),
+    variant: str = variant_option("Use this variant instead of the first that fits this machine."),
     trust: Path = typer.Option(
         None,
         "--trust",

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import typer
 
+from plex.cli.options import artifact_argument
+
 
 def sign(
-    artifact: Path = typer.Argument(..., help="The .mln file to sign.", metavar="ARTIFACT"),
+    artifact: Path = artifact_argument("The .mln file to sign."),
     key: Path = typer.Option(
         ..., "--key", "-k", help="The private key (PEM, PKCS#8).", metavar="KEY"
     ),
@@ -37,7 +39,7 @@ def sign(
 
 
 def verify(
-    artifact: Path = typer.Argument(..., help="The .mln file.", metavar="ARTIFACT"),
+    artifact: Path = artifact_argument(),
     key: Path = typer.Option(
         ..., "--key", "-k", help="The public key to trust (PEM).", metavar="PUB"
     ),

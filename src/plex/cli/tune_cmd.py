@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from plex.cli.options import dims_option, function_option, jobs_option
+
 
 def tune(
     app_path: Path = typer.Argument(..., help="The app.toml (or its folder).", metavar="APP"),
@@ -23,33 +25,15 @@ def tune(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the searches recorded in DIR/tuning.json."
     ),
-    function: str = typer.Option(
-        None,
-        "-f",
-        "--function",
-        help="Entrypoint to time (default: forward or the first).",
-        metavar="NAME",
-    ),
-    dims: list[str] = typer.Option(
-        [],
-        "--dim",
-        help="Size of a dynamic dim for the random inputs: NAME=N or *=N.",
-        metavar="NAME=N",
-    ),
+    function: str = function_option("Entrypoint to time (default: forward or the first).", None),
+    dims: list[str] = dims_option("Size of a dynamic dim for the random inputs: NAME=N or *=N."),
     dispatches: int = typer.Option(
         3, "--dispatches", min=1, help="Hottest contraction dispatches to tune.", metavar="N"
     ),
     rounds: int = typer.Option(
         5, "--rounds", min=1, help="Interleaved timing rounds per batch.", metavar="N"
     ),
-    jobs: int = typer.Option(
-        None,
-        "-j",
-        "--jobs",
-        min=1,
-        help="Candidates built at once (default: CPU count).",
-        metavar="N",
-    ),
+    jobs: int = jobs_option("Candidates built at once (default: CPU count)."),
     executor: str = typer.Option(
         "local",
         "--executor",

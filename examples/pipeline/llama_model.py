@@ -1,0 +1,1 @@
+../llama/model.py
