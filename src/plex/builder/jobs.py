@@ -64,6 +64,8 @@ class EncodeJob(Job):
     # the selected tuning specs' weight layouts (myelin.tuning.layout), (parameter glob,
     # "nk" | "kn") in order, the last match winning: applied to the parameters no codec takes
     layouts: tuple[tuple[str, str], ...] = ()
+    # myelin.codecs.KERNELS_DIGEST: the encoded graph names the q4 AVX2 kernel it may call
+    codecs_kernels: str = ""
 
 
 @dataclass(frozen=True)

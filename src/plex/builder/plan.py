@@ -19,6 +19,7 @@ from pathlib import Path
 
 from myelin import hostinfo
 from myelin.codecs import FORMAT_VERSION as CODECS_FORMAT
+from myelin.codecs import KERNELS_DIGEST as CODECS_KERNELS
 from myelin.codecs import NO_CODEC, CodecPolicy, CodecRule
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
@@ -443,6 +444,7 @@ def _encode_node(
         codecs_format=CODECS_FORMAT,
         what=graph.ref,
         layouts=layouts,
+        codecs_kernels=CODECS_KERNELS,
     )
     label = f"encode weights of {graph.ref}"
     return Node(encode_node_id(graph), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
