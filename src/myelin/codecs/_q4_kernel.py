@@ -23,7 +23,6 @@ it crashes iree-compile 3.13 on llvm-cpu.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import subprocess
@@ -37,8 +36,8 @@ from myelin.errors import CompileError
 if TYPE_CHECKING:
     from iree.compiler import ir
 
-# On the grouped matvec's sum op: "kn:<digest>" when its codes are stored K-major
-# ([K / g, g, N]), "nk:<digest>" otherwise (the kernel reads K-major codes only).
+# On the grouped matvec's sum op: "kn" when its codes are stored K-major ([K / g, g, N]), "nk"
+# otherwise (the kernel reads K-major codes only).
 MARK = "plex.q4_matvec"
 SOURCE = Path(__file__).with_name("q4_matvec_avx2.c")
 SYMBOL = "plex_q4_matvec_avx2"
@@ -63,16 +62,16 @@ CFLAGS = (
 
 
 def digest() -> str:
-    """The kernel source's and flags' digest: part of the encode key (a new kernel recompiles)."""
+    """The kernel source's and flags' digest: part of the compile key (a new kernel recompiles)."""
     text = SOURCE.read_bytes() + " ".join(CFLAGS).encode()
     return hashlib.sha256(text).hexdigest()[:16]
 
 
-@functools.cache
 def kernel_object() -> Path:
     """The kernel's x86-64 object file, compiled once per kernel digest into the system temp
-    dir. IREE 3.13's llvm-cpu linker reads an object by `path` only: one given as `data`
-    links as an empty file (undefined symbol) or crashes iree-compile without a path."""
+    dir (again if something deleted it). IREE 3.13's llvm-cpu linker reads an object by
+    `path` only: one given as `data` links as an empty file (undefined symbol), or crashes
+    iree-compile when it has no path."""
     folder = Path(tempfile.gettempdir()) / "plex-kernels"
     target = folder / f"q4_matvec_avx2-{digest()}.o"
     if target.exists():
@@ -280,7 +279,7 @@ def apply_kernel(module: ir.Operation, use: bool) -> list[str]:
     executables: dict[tuple[int, int], str] = {}
     body = module.regions[0].blocks[0]
     for region, total in _regions(module):
-        orientation = ir.StringAttr(total.attributes[MARK]).value.split(":")[0]
+        orientation = ir.StringAttr(total.attributes[MARK]).value
         del total.attributes[MARK]
         if not use or orientation != "kn":
             continue

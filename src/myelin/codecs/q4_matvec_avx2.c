@@ -62,6 +62,7 @@ static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* of
     __m256i half[2][4];
     for (int h = 0; h < 2; ++h) {
       __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+#pragma GCC unroll 2
       for (int p = 0; p < 8; ++p) {
         const size_t row = g * GROUP + h * 16 + 2 * p;
         const uint8_t* r0 = codes + row * stride + n0 / 2;
@@ -72,9 +73,7 @@ static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* of
         const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
         const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
         /* byte 0 of each 16-bit lane multiplies row `row`, byte 1 row `row + 1` */
-        const int16_t pair = (int16_t)((uint16_t)(uint8_t)xq[row] |
-                                       ((uint16_t)(uint8_t)xq[row + 1] << 8));
-        const __m256i xp = _mm256_set1_epi16(pair);
+        const __m256i xp = _mm256_broadcastw_epi16(_mm_loadu_si16(xq + row));
         a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(l0, l1), xp));
         a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(l0, l1), xp));
         a2 = _mm256_add_epi16(a2, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(h0, h1), xp));

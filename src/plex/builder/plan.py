@@ -444,7 +444,6 @@ def _encode_node(
         codecs_format=CODECS_FORMAT,
         what=graph.ref,
         layouts=layouts,
-        codecs_kernels=CODECS_KERNELS,
     )
     label = f"encode weights of {graph.ref}"
     return Node(encode_node_id(graph), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
@@ -497,6 +496,7 @@ def _compile_node(
         phase_fields=phase_fields(unit, variant, app) if writes_phases else {},
         what=f"{unit.ref} ({variant.name})",
         backend_ops=backend_ops(app, unit, variant),
+        codecs_kernels=CODECS_KERNELS,
         **_tuning_fields(app, variant),
     )
     label = f"compile {unit.ref} for {variant.name}"
