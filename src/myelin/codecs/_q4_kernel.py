@@ -160,14 +160,14 @@ stream.executable private @{name} attributes {{
     ]
   }}>
 }} {{
-  stream.executable.export public @matvec workgroups() -> (index, index, index) {{
+  stream.executable.export public @{name} workgroups() -> (index, index, index) {{
     %c1 = arith.constant 1 : index
     %w = arith.constant {workgroups} : index
     stream.return %w, %c1, %c1 : index, index, index
   }}
   builtin.module {{
     func.func private @{SYMBOL}({signature}) attributes {{hal.import.static, llvm.bareptr = true}}
-    func.func @matvec({args}) {{
+    func.func @{name}({args}) {{
       %c0 = arith.constant 0 : index
       {chr(10).join("      " + s for s in subspans).lstrip()}
       %k = arith.constant {k} : index
@@ -320,7 +320,9 @@ def apply_kernel(module: ir.Operation, use: bool) -> list[str]:
 
 
 def _dispatch(name: str, operands: list[ir.Value], result_type: ir.Type) -> ir.Operation:
-    """`flow.dispatch @name::@matvec(operands)` -> result_type (static shapes, no workload)."""
+    """`flow.dispatch @name::@name(operands)` -> result_type (static shapes, no workload; the
+    entry point is named as its executable: IREE links the executables of a module into one,
+    where entry points must differ)."""
     from iree.compiler import ir
 
     context = result_type.context
@@ -330,7 +332,7 @@ def _dispatch(name: str, operands: list[ir.Value], result_type: ir.Type) -> ir.O
         operands=operands,
         attributes={
             "entry_points": ir.ArrayAttr.get(
-                [ir.SymbolRefAttr.get([name, "matvec"], context)], context
+                [ir.SymbolRefAttr.get([name, name], context)], context
             ),
             "operandSegmentSizes": ir.DenseI32ArrayAttr.get([0, len(operands), 0, 0], context),
         },
