@@ -17,14 +17,15 @@ embedded ELF (the call is `hal.import.static`). The object is a file in the syst
 named by its digest: IREE 3.13 links an object given as `data` as an empty file. The bindings
 are the encoded parameters themselves (read in place from the .mln), the activation and the
 consumer's init. Every other variant (cuda, vmvx, a CPU without AVX2, a shape the kernel does
-not take) keeps the grouped matvec. `hal.dispatch.extern` would be the shorter spelling, but
-it crashes iree-compile 3.13 on llvm-cpu.
+not take, a build machine without gcc) keeps the grouped matvec. `hal.dispatch.extern` would
+be the shorter spelling, but it crashes iree-compile 3.13 on llvm-cpu.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -97,10 +98,12 @@ def kernel_object() -> Path:
 def applies(devices: Sequence[Any]) -> bool:
     """Whether a variant on these devices (TargetDevice) runs q4 matvecs in the kernel: one
     x86-64 llvm-cpu device with AVX2 and FMA (the host's CPU for `cpu = "host"`, else the
-    features it names)."""
+    features it names), built where gcc is (else the grouped matvec, as before the kernel)."""
     from myelin import hostinfo
 
     if len(devices) != 1 or devices[0].target != "llvm-cpu" or hostinfo.machine() != "x86_64":
+        return False
+    if shutil.which("gcc") is None:
         return False
     device = devices[0]
     if device.cpu_features:
