@@ -2,7 +2,7 @@
  *
  * Linked into IREE's llvm-cpu executables as a static object (hal.executable.objects), so it
  * meets the embedded-ELF rules: no libc, no globals, no TLS, position independent
- * (myelin.codecs._q4_kernel builds it; docs/codecs.md, "The q4 kernel on AVX2").
+ * (myelin.codecs._q4_kernel builds it; docs/codecs.md, "q4 on AVX2 CPUs").
  *
  * The weight is the codec's format-7 storage, read in place from the parameters:
  *   codes  [K][N/2] bytes: w[k][n] in the low nibble of byte n/2 for even n, the high for odd n
