@@ -64,7 +64,8 @@ CFLAGS = (
 
 def digest() -> str:
     """The kernel source's and flags' digest: part of the compile key (a new kernel recompiles)."""
-    text = SOURCE.read_bytes() + " ".join(CFLAGS).encode()
+    source = SOURCE.read_bytes() if SOURCE.exists() else b"(no kernel source)"
+    text = source + " ".join(CFLAGS).encode()
     return hashlib.sha256(text).hexdigest()[:16]
 
 
@@ -98,12 +99,13 @@ def kernel_object() -> Path:
 def applies(devices: Sequence[Any]) -> bool:
     """Whether a variant on these devices (TargetDevice) runs q4 matvecs in the kernel: one
     x86-64 llvm-cpu device with AVX2 and FMA (the host's CPU for `cpu = "host"`, else the
-    features it names), built where gcc is (else the grouped matvec, as before the kernel)."""
+    features it names), built where gcc and the kernel's source are (else the grouped matvec,
+    as before the kernel)."""
     from myelin import hostinfo
 
     if len(devices) != 1 or devices[0].target != "llvm-cpu" or hostinfo.machine() != "x86_64":
         return False
-    if shutil.which("gcc") is None:
+    if shutil.which("gcc") is None or not SOURCE.exists():
         return False
     device = devices[0]
     if device.cpu_features:
