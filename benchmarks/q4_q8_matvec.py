@@ -1,5 +1,6 @@
-"""One q4 matvec at a time on CPU: the codecs' forms (fp32, int8, q4's grouped float matvec)
-against a q4 x Q8 integer form written by hand (not a codec yet), side by side in one run.
+"""One q4 matvec at a time on CPU: the codecs' forms (fp32, int8, q4's grouped float matvec
+`q4-grouped`, q4's AVX2 kernel `q4`) against a q4 x Q8 integer form written by hand in linalg
+(`q4xQ8`, not a codec), side by side in one run.
 
     python benchmarks/q4_q8_matvec.py [--shapes 512x32000,1408x512,512x1408,512x512]
                                       [--rounds 7] [--calls 20] [--dump DIR]
@@ -10,12 +11,15 @@ multiplied with it in 16-bit integers, 16 elements at a time (|sum| <= 16 * 127 
 fits in i16), so LLVM emits `vpmullw` + `vpaddw` on 16 outputs per instruction; the fold
 multiplies each partial sum by the group's scale times `max|x| / 127` and adds the group's
 offset times the exact float sum of `x` (the offset term needs no quantization), once per
-(group, half, output). The codecs' q4 form converts every code to float and takes an FMA per
-weight (docs/codecs.md, "Matrix-vector products").
+(group, half, output). The codecs' grouped q4 form converts every code to float and takes an
+FMA per weight (docs/codecs.md, "Matrix-vector products"); on an AVX2 CPU the codec runs the C
+kernel instead (myelin.codecs._q4_kernel: the same Q8 idea with `vpmaddubsw`), and
+`q4-grouped` is that build with the kernel turned off.
 
 Weights are random codes and factors (the same bytes for the q4 and Q8 forms); every form is
-checked against numpy: the codecs' against the float decode (rtol 1e-5), Q8's against the same
-decode with float activations (its cosine is printed: the activation quantization's error).
+checked against numpy: the codecs' float forms against the float decode (rtol 1e-5), the kernel's
+and Q8's against the same decode with float activations (their cosine is printed: the
+activation quantization's error).
 Timing: min of `--calls` calls per round, median over rounds, the forms interleaved per round.
 """
 
@@ -191,8 +195,9 @@ def _invoker(vmfb: bytes, parameters: dict[str, bytes]):
     return lambda x: call(x).to_host()
 
 
-def codec_form(k: int, n: int, codec: str, w: np.ndarray):
-    """(call, the weight as its stored bytes decode) for `codec` through the real encode step."""
+def codec_form(k: int, n: int, codec: str, w: np.ndarray, kernel: bool = True):
+    """(call, the weight as its stored bytes decode) for `codec` through the real encode step;
+    `kernel=False` compiles q4 without its AVX2 kernel (the grouped matvec)."""
     from myelin.codecs import (
         CodecPolicy,
         CodecRule,
@@ -222,9 +227,17 @@ def codec_form(k: int, n: int, codec: str, w: np.ndarray):
     graph = encode_graph(
         imported.module_bytecode, inputs, lambda p: w, CodecPolicy(rules=(CodecRule("w", codec),))
     )
-    vmfb = compile_imported(
-        graph.module_bytecode, phase="input", devices=[TargetDevice("cpu")]
-    ).vmfb
+    from myelin.compiler import pipeline
+
+    applies = pipeline.q4_kernel_applies
+    if not kernel:
+        pipeline.q4_kernel_applies = lambda devices: False
+    try:
+        vmfb = compile_imported(
+            graph.module_bytecode, phase="input", devices=[TargetDevice("cpu")]
+        ).vmfb
+    finally:
+        pipeline.q4_kernel_applies = applies
     record = graph.records[0]
     layout = choose_layout(
         record.codec,
@@ -284,27 +297,28 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--dump", type=Path, help="write the Q8 form's executables (x86) here")
     args = parser.parse_args()
-    forms = ("fp32", "int8", "q4", "q4xQ8")
+    forms = ("fp32", "int8", "q4-grouped", "q4", "q4xQ8")
     print(
         f"{platform.processor() or '?'}, {os.cpu_count()} CPUs, local-task; min of "
         f"{args.calls} calls, median of {args.rounds} rounds; load {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'K -> N':>14} " + " ".join(f"{f:>18}" for f in forms) + "  Q8 cosine")
+    print(f"{'K -> N':>14} " + " ".join(f"{f:>18}" for f in forms) + "  q4 / Q8 cosine")
     for shape in args.shapes.split(","):
         k, n = map(int, shape.split("x"))
         rng = np.random.default_rng(k * n)
         w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
         calls, weights = {}, {}
-        for form in forms[:3]:
+        for form in ("fp32", "int8", "q4"):
             calls[form], weights[form] = codec_form(k, n, form, w)
+        calls["q4-grouped"], weights["q4-grouped"] = codec_form(k, n, "q4", w, kernel=False)
         calls["q4xQ8"], weights["q4xQ8"] = q8_form(k, n, rng, args.dump)
         x = rng.standard_normal((1, k)).astype(np.float32)
-        q8_cos = 0.0
+        cosines = {}
         for form, call in calls.items():
             y, want = call(x), x @ weights[form].T
-            if form == "q4xQ8":
-                q8_cos = cosine(y, want)
-                assert q8_cos > 0.999, (shape, q8_cos)
+            if form in ("q4", "q4xQ8"):  # the activation is quantized: compared by cosine
+                cosines[form] = cosine(y, want)
+                assert cosines[form] > 0.999, (shape, form, cosines[form])
             else:
                 np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         times: dict[str, list[float]] = {f: [] for f in forms}
@@ -320,7 +334,8 @@ def main() -> None:
         for form in forms:
             ms = [t * 1e3 for t in times[form]]
             cells.append(f"{statistics.median(ms):7.3f} ({min(ms):.2f}-{max(ms):.2f})")
-        print(f"{k:>6} -> {n:<5} " + " ".join(f"{c:>18}" for c in cells) + f"  {q8_cos:.6f}")
+        q8 = f"{cosines['q4']:.6f} / {cosines['q4xQ8']:.6f}"
+        print(f"{k:>6} -> {n:<5} " + " ".join(f"{c:>18}" for c in cells) + f"  {q8}")
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 

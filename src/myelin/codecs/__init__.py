@@ -36,8 +36,19 @@ CODECS: dict[str, str] = {
     "q4": "myelin.codecs.q4",
 }
 NO_CODEC = "fp32"
+
+
+def _q4_kernel_digest() -> str:
+    from myelin.codecs._q4_kernel import digest
+
+    return digest()
+
+
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
+# The q4 AVX2 kernel's source digest (myelin.codecs._q4_kernel): part of the compile key, since
+# a compile links the kernel into q4 matvecs.
+KERNELS_DIGEST = _q4_kernel_digest()
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -252,6 +263,7 @@ __all__ = [
     "CODECS",
     "CODEC_FORMS",
     "FORMAT_VERSION",
+    "KERNELS_DIGEST",
     "NO_CODEC",
     "Layout",
     "ParameterRow",

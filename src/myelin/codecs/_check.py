@@ -145,18 +145,23 @@ def check_encoded_module(
     what: str = "graph",
     text: list[str] | None = None,
     load_time: bool = False,
+    q4_kernel: bool = False,
 ) -> list[Materialization]:
     """Compile an encoded input-phase module to dispatch-creation with a variant's flags and
     return the dispatches that materialize a decoded weight. `load_time` keeps the load-time
     form of contractions (a data-tiled variant, as the compile step chooses: see
-    myelin.codecs._loadtime); their decodes in initializers come back marked `at_load`. With
-    `text`, the dispatch-creation IR is appended to it as text (tests and debugging read it)."""
+    myelin.codecs._loadtime); their decodes in initializers come back marked `at_load`.
+    `q4_kernel` puts the AVX2 kernel in place of q4 matvecs, as the compile step does for a
+    variant it applies to (myelin.codecs._q4_kernel). With `text`, the dispatch-creation IR
+    is appended to it as text (tests and debugging read it)."""
     from myelin.codecs._loadtime import choose_forms
+    from myelin.codecs._q4_kernel import apply_kernel
     from myelin.compiler.session import CompilerSession
 
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
         with session.context:
+            apply_kernel(module, q4_kernel)
             at_load = frozenset(choose_forms(module, load_time))
         ir_bytes, _ = session.compile(
             module, compile_from="input", compile_to="dispatch-creation", what=what

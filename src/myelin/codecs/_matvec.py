@@ -31,6 +31,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import linalg
 
 from myelin.codecs import Layout
+from myelin.codecs import _q4_kernel as q4_kernel
 
 # A discardable attribute on a contraction: the llvm-cpu lowering config PLeX wants for it.
 CPU_TILES_ATTRIBUTE = "plex.cpu_tiles"
@@ -320,6 +321,9 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
     total = body[-1]
     total.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
     mark_matvec(total, n_loop, k, context)
+    # the compile step may put the AVX2 kernel in its place (myelin.codecs._q4_kernel)
+    stored = "kn" if (layout.order or (0, 1))[0] == axis else "nk"
+    total.attributes[q4_kernel.MARK] = ir.StringAttr.get(stored, context)
     consumer.results[0].replace_all_uses_with(total.results[0])
     # all but the constant and the activation's reshape: one dispatch (xs in it is recomputed
     # per workgroup, K additions, cheaper than a dispatch of its own)

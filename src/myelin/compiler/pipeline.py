@@ -15,6 +15,8 @@ from iree.compiler import ir
 from myelin.codecs import decodes_at_load
 from myelin.codecs._loadtime import choose_forms
 from myelin.codecs._matvec import apply_cpu_tiles
+from myelin.codecs._q4_kernel import applies as q4_kernel_applies
+from myelin.codecs._q4_kernel import apply_kernel as apply_q4_kernel
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
@@ -277,6 +279,8 @@ def compile_module(
                     add_storage_twins(module)
                 # codec matvec tiles: IREE's compilation_info on llvm-cpu, dropped elsewhere
                 apply_cpu_tiles(module, all(d.target == "llvm-cpu" for d in devices))
+                # q4 matvecs: the AVX2 kernel where the CPU has it, else the grouped matvec
+                apply_q4_kernel(module, q4_kernel_applies(devices))
                 # codecs under data tiling: decode at load into the packed layout, else fused
                 decoded_at_load = choose_forms(module, decodes_at_load(devices))
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)

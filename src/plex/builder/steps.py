@@ -23,6 +23,7 @@ from myelin.codecs import (
     decodes_at_load,
     encode_graph,
 )
+from myelin.codecs._q4_kernel import applies as q4_kernel_applies
 from myelin.compiler.index_ranges import index_ranges, input_range
 from myelin.compiler.phases import HEADER_PREFIX, PHASES, phase_file_name, render_phase_file
 from myelin.compiler.pipeline import CompiledModule, compile_module, import_graph
@@ -398,7 +399,7 @@ def run_kernels(job: KernelsJob, ctx: NodeContext) -> None:
 
 
 def _codec_check(
-    meta: dict, imported_dir: Path, flags: list[str], what: str, load_time: bool
+    meta: dict, imported_dir: Path, flags: list[str], what: str, load_time: bool, q4_kernel: bool
 ) -> tuple[list[str], list[str]]:
     """The no-materialization check of an encoded graph for one variant's flags: one message
     per dispatch that writes a decoded weight on its own, and ("scope::key") the parameters
@@ -423,6 +424,7 @@ def _codec_check(
         sizes,
         what=what,
         load_time=load_time,
+        q4_kernel=q4_kernel,
     )
     at_load = sorted({p for m in found if m.at_load for p in m.parameters})
     return [f"graph {what}: {m.message()}" for m in found if not m.at_load], at_load
@@ -483,7 +485,12 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
         tuning = _tuning_record(job, Path(tuning_dir.name), instrumented, stop_at)
         codec_violations, codecs_at_load = (
             _codec_check(
-                meta, imported_dir, list(compiled.flags), what, decodes_at_load(job.devices)
+                meta,
+                imported_dir,
+                list(compiled.flags),
+                what,
+                decodes_at_load(job.devices),
+                q4_kernel_applies(job.devices),
             )
             if stop_at is None and resume is None and meta.get("codecs")
             else ([], [])
