@@ -73,3 +73,24 @@ def test_two_instances_run_their_models_concurrently(mlp_mln, mlp_weights):
     for model in models:
         model.close()
     assert len(errors) == 40 and max(errors) < RTOL
+
+
+def test_registries_racing_for_a_new_device_get_one(monkeypatch):
+    """The first registries of a process may ask for a device at once (Instances made on several
+    threads): the device is created once and all of them get it."""
+    from myelin.runtime import devices
+
+    monkeypatch.setattr(devices, "_PROCESS_DEVICES", {})  # this process's devices exist already
+    start = threading.Barrier(4)
+    got: list[object] = []
+
+    def ask() -> None:
+        start.wait()
+        got.append(DeviceRegistry().device("local-task", 3))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(d is got[0] for d in got)
