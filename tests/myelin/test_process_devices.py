@@ -37,7 +37,8 @@ def test_many_instances_do_not_grow_the_thread_count(mlp_mln, mlp_weights):
     for _ in range(8):
         got = call_once(mlp_mln, x)
         assert np.abs(got - want).max() / np.abs(want).max() < RTOL
-    assert native_threads() == before
+    # <=: a thread another test left (a prefetcher winding down) may end meanwhile
+    assert native_threads() <= before
 
 
 def test_registries_share_devices_and_keep_ordinals_distinct():
