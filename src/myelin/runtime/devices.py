@@ -36,6 +36,15 @@ CUDA_ALLOCATORS = ("pool", "caching")
 _DRIVER_ALLOCATOR: dict[str, str] = {}
 _DRIVER_LOCK = threading.Lock()
 
+# The HAL devices of this process, shared by every DeviceRegistry (so by every Instance), keyed
+# by everything that makes two devices differ: (driver, ordinal, allocators asked for). A device
+# is never freed (`_live_for_the_process`), so a registry creating its own would leak a device
+# per Instance: a local-task device's worker threads and memory mappings stay for the process.
+# Keys differ per ordinal, so a variant's two local-task devices are still two devices.
+_ProcessKey = tuple[str, int, tuple[str, ...]]
+_PROCESS_DEVICES: dict[_ProcessKey, rt.HalDevice] = {}
+_PROCESS_LOCK = threading.Lock()
+
 # What each move method is, by the memory it goes between (`DeviceRegistry.transfers_by_kind`):
 # "host" between two host-memory (CPU) devices, "host-gpu" between host memory and a GPU's memory
 # in one copy, "peer" from one GPU's memory into another's. No method stages a GPU-to-GPU move
@@ -70,10 +79,13 @@ class TransferCount:
 
 
 class DeviceRegistry:
-    """Creates HAL devices on demand and remembers which drivers failed (and why).
+    """Finds HAL devices on demand and remembers which drivers failed (and why).
 
-    Devices are created per (driver, ordinal): a variant with two local-task devices gets two
-    distinct devices, and models loaded on the same driver share them.
+    Devices are per process (`_PROCESS_DEVICES`): created once per (driver, ordinal, allocators)
+    and shared by every registry, so many Instances cost one set of devices. A variant with two
+    local-task devices gets two distinct devices, and models loaded on the same driver share
+    them. What a registry reports stays its own (one Instance's): the failures it saw, the moves
+    it made (`transfers`) and the peer paths it asked about.
     """
 
     def __init__(self, *, cuda_allocator: str = "pool") -> None:
@@ -149,25 +161,38 @@ class DeviceRegistry:
         return ["caching"] if driver == "cuda" and self.cuda_allocator == "caching" else None
 
     def device(self, driver: str, ordinal: int = 0) -> rt.HalDevice:
+        """The process's device `ordinal` of `driver`, created by the first registry that asks."""
         key = (driver, ordinal)
         with self._lock:
             if key in self._devices:
                 return self._devices[key]
         drv = self._driver(driver)
+        allocators = self._allocators(driver)
+        shared: _ProcessKey = (driver, ordinal, tuple(allocators or ()))
+        with _PROCESS_LOCK:  # held while creating: two registries never make one key twice
+            dev = _PROCESS_DEVICES.get(shared)
+            if dev is None:
+                dev = self._create_device(drv, driver, ordinal, allocators)
+                _live_for_the_process(dev)
+                _PROCESS_DEVICES[shared] = dev
+        with self._lock:
+            return self._devices.setdefault(key, dev)
+
+    def _create_device(
+        self, drv: rt.HalDriver, driver: str, ordinal: int, allocators: list[str] | None
+    ) -> rt.HalDevice:
         try:
             if ordinal == 0 or driver in HOST_DRIVERS:
                 # each call creates a distinct device
-                dev = drv.create_default_device(allocators=self._allocators(driver))
-            else:  # the n-th physical device (GPU n)
-                available = drv.query_available_devices()
-                if ordinal >= len(available):
-                    raise DeviceUnavailable(
-                        f"driver '{driver}' has {len(available)} device(s); the variant needs "
-                        f"{ordinal + 1}"
-                    )
-                dev = drv.create_device(
-                    available[ordinal]["device_id"], allocators=self._allocators(driver)
+                return drv.create_default_device(allocators=allocators)
+            # the n-th physical device (GPU n)
+            available = drv.query_available_devices()
+            if ordinal >= len(available):
+                raise DeviceUnavailable(
+                    f"driver '{driver}' has {len(available)} device(s); the variant needs "
+                    f"{ordinal + 1}"
                 )
+            return drv.create_device(available[ordinal]["device_id"], allocators=allocators)
         except DeviceUnavailable:
             raise
         except Exception as e:
@@ -175,17 +200,14 @@ class DeviceRegistry:
             with self._lock:
                 self._failures[driver] = reason
             raise DeviceUnavailable(reason) from e
-        with self._lock:
-            if key not in self._devices:
-                _live_for_the_process(dev)
-            return self._devices.setdefault(key, dev)
 
     def devices_for(self, drivers: Sequence[str]) -> list[rt.HalDevice]:
         """One device per entry of a variant's device list, in order (see the module doc)."""
         return [self.device(d, o) for d, o in zip(drivers, driver_ordinals(drivers), strict=True)]
 
     def driver_of(self, device: rt.HalDevice) -> str | None:
-        """The driver of a device this registry created; None for a device made elsewhere."""
+        """The driver of a device of this process's registries (another Instance's model's output
+        moves like this one's); None for a device made elsewhere."""
         key = self._key_of(device)
         return key[0] if key is not None else None
 
@@ -194,6 +216,10 @@ class DeviceRegistry:
             for key, dev in self._devices.items():
                 if dev is device:
                     return key
+        with _PROCESS_LOCK:
+            for (driver, ordinal, _), dev in _PROCESS_DEVICES.items():
+                if dev is device:
+                    return driver, ordinal
         return None
 
     def device_count(self, driver: str) -> int | None:
@@ -383,8 +409,10 @@ class DeviceRegistry:
         if arch is not None:
             capability = self.cuda_capability()
             if capability is None or not hostinfo.cuda_arch_runs_on(arch, capability):
-                found = "no GPU found" if capability is None else (
-                    f"this GPU is compute capability {capability[0]}.{capability[1]}"
+                found = (
+                    "no GPU found"
+                    if capability is None
+                    else (f"this GPU is compute capability {capability[0]}.{capability[1]}")
                 )
                 return (
                     f"device '{requirement.name}' holds {arch} code (library kernels), and "

@@ -14,7 +14,9 @@ from myelin.runtime.model import FROM_ARTIFACT, Model
 class Instance:
     """`myelin.Instance().load("app.mln")` is the whole happy path.
 
-    One instance is enough per process: devices are shared by every model loaded through it.
+    HAL devices are per process, shared by every Instance (myelin.runtime.devices), so creating
+    an Instance per request costs no device; what the Instance's `device_registry` reports
+    (failed drivers, moves made) is its own.
 
     `trust` (a public key: the path of a PEM file, PEM bytes, or an Ed25519PublicKey) is a trust
     policy: every load then hashes the whole file and refuses it, with SignatureError, unless it

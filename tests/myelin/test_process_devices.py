@@ -1,0 +1,97 @@
+"""HAL devices are per process: every Instance (every DeviceRegistry) shares them, so a service
+that makes an Instance per request, or a test suite, does not leak a device per Instance."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+import myelin
+from myelin.runtime.devices import DeviceRegistry
+from tests.models import mlp_reference
+
+RTOL = 1e-5  # fp32 against numpy: same math, different summation order
+
+
+def native_threads() -> int:
+    """Threads of this process, IREE's native workers included (`threading` sees only Python's)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def call_once(mlp_mln, x: np.ndarray) -> np.ndarray:
+    model = myelin.Instance().load(mlp_mln)
+    try:
+        with model.session() as s:
+            return s.call("forward", x)
+    finally:
+        model.close()
+
+
+def test_many_instances_do_not_grow_the_thread_count(mlp_mln, mlp_weights):
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    _, want = mlp_reference(mlp_weights, x)
+    call_once(mlp_mln, x)  # the first Instance creates the process's devices
+    before = native_threads()
+    for _ in range(8):
+        got = call_once(mlp_mln, x)
+        assert np.abs(got - want).max() / np.abs(want).max() < RTOL
+    # <=: a thread another test left (a prefetcher winding down) may end meanwhile
+    assert native_threads() <= before
+
+
+def test_registries_share_devices_and_keep_ordinals_distinct():
+    first, second = DeviceRegistry(), DeviceRegistry()
+    assert first.device("local-task", 0) is second.device("local-task", 0)
+    assert first.device("local-task", 1) is second.device("local-task", 1)
+    assert first.device("local-task", 0) is not first.device("local-task", 1)
+    # a device another registry created is still known by its driver (arrays move between them)
+    assert DeviceRegistry().driver_of(first.device("local-task", 1)) == "local-task"
+
+
+def test_two_instances_run_their_models_concurrently(mlp_mln, mlp_weights):
+    models = [myelin.Instance().load(mlp_mln) for _ in range(2)]
+    assert models[0].devices[0] is models[1].devices[0]
+    errors: list[float] = []
+    start = threading.Barrier(len(models))
+
+    def serve(model, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        start.wait()
+        with model.session() as s:
+            for _ in range(20):
+                x = rng.standard_normal((int(rng.integers(1, 9)), 16)).astype(np.float32)
+                _, want = mlp_reference(mlp_weights, x)
+                got = s.call("forward", x)
+                errors.append(float(np.abs(got - want).max() / np.abs(want).max()))
+
+    threads = [threading.Thread(target=serve, args=(m, i)) for i, m in enumerate(models)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for model in models:
+        model.close()
+    assert len(errors) == 40 and max(errors) < RTOL
+
+
+def test_registries_racing_for_a_new_device_get_one(monkeypatch):
+    """The first registries of a process may ask for a device at once (Instances made on several
+    threads): the device is created once and all of them get it."""
+    from myelin.runtime import devices
+
+    monkeypatch.setattr(devices, "_PROCESS_DEVICES", {})  # this process's devices exist already
+    start = threading.Barrier(4)
+    got: list[object] = []
+
+    def ask() -> None:
+        start.wait()
+        got.append(DeviceRegistry().device("local-task", 3))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(d is got[0] for d in got)
