@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from myelin.compiler.workgroup_split import workgroup_share
 from myelin.errors import CompileError
 
 if TYPE_CHECKING:
@@ -179,13 +180,7 @@ stream.executable private @{name} attributes {{
       %n = arith.constant {n} : index
       %blocks = arith.constant {n // BLOCK} : index
       %block = arith.constant {BLOCK} : index
-      %wid = stream.dispatch.workgroup.id[0] : index
-      %wcount = stream.dispatch.workgroup.count[0] : index
-      %per = arith.ceildivui %blocks, %wcount : index
-      %start = arith.muli %wid, %per : index
-      %first = arith.minui %start, %blocks : index
-      %left = arith.subi %blocks, %first : index
-      %count = arith.minui %per, %left : index
+      {workgroup_share('%blocks')}
       %n_begin = arith.muli %first, %block : index
       %n_count = arith.muli %count, %block : index
       func.call @{SYMBOL}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)

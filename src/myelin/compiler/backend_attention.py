@@ -31,6 +31,8 @@ import struct
 
 from iree.compiler import ir
 
+from myelin.compiler.workgroup_split import workgroup_share
+
 ATTENTION = "iree_linalg_ext.attention"
 
 # d0 batch, d1 L (queries), d2 Ev, d3 E, d4 S (keys): Q, K, V, scale, [mask], out
@@ -330,13 +332,7 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %o0, %oo, %os, %ost = memref.extract_strided_metadata %o
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index{mask_view}
-      %wid = stream.dispatch.workgroup.id[0] : index
-      %wcount = stream.dispatch.workgroup.count[0] : index
-      %per = arith.ceildivui %units, %wcount : index
-      %start = arith.muli %wid, %per : index
-      %first = arith.minui %start, %units : index
-      %left = arith.subi %units, %first : index
-      %count = arith.minui %per, %left : index
+      {workgroup_share('%units')}
       %fl = arith.muli %first, %l : index
       %skip_o = arith.muli %fl, %ev : index
       %oo2 = arith.addi %oo, %skip_o : index

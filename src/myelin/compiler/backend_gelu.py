@@ -15,6 +15,8 @@ import math
 
 from iree.compiler import ir
 
+from myelin.compiler.workgroup_split import workgroup_share
+
 BIAS = 1  # PLEX_GELU_BIAS
 _BODY = ("arith.divf", "math.erf", "arith.addf", "arith.mulf", "arith.mulf", "linalg.yield")
 
@@ -130,13 +132,7 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %y0, %yo, %ys, %yst = memref.extract_strided_metadata %y
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index{bias_view}
-      %wid = stream.dispatch.workgroup.id[0] : index
-      %wcount = stream.dispatch.workgroup.count[0] : index
-      %per = arith.ceildivui %rows, %wcount : index
-      %start = arith.muli %wid, %per : index
-      %first = arith.minui %start, %rows : index
-      %left = arith.subi %rows, %first : index
-      %count = arith.minui %per, %left : index
+      {workgroup_share('%rows')}
       %skip = arith.muli %first, %n : index
       %xo2 = arith.addi %xo, %skip : index
       %yo2 = arith.addi %yo, %skip : index

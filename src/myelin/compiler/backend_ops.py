@@ -34,6 +34,7 @@ from myelin.compiler import backend_attention, backend_gelu
 from myelin.compiler.backend_attention import ATTENTION, decompose_attention
 from myelin.compiler.backend_attention import why_not as attention_why_not
 from myelin.compiler.placement import walk_region
+from myelin.compiler.workgroup_split import workgroup_share
 from myelin.errors import CompileError
 
 TRANSPOSE_B = 1  # PLEX_MATMUL_TRANSPOSE_B
@@ -104,15 +105,9 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %c0p, %co, %cs, %cst = memref.extract_strided_metadata %c
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
-      %wid = stream.dispatch.workgroup.id[0] : index
-      %wcount = stream.dispatch.workgroup.count[0] : index
       %by_batch = arith.cmpi ugt, %batch, %c1 : index
       %units = arith.select %by_batch, %batch, %m : index
-      %per = arith.ceildivui %units, %wcount : index
-      %start = arith.muli %wid, %per : index
-      %first = arith.minui %start, %units : index
-      %left = arith.subi %units, %first : index
-      %count = arith.minui %per, %left : index
+      {workgroup_share('%units')}
       %mk = arith.muli %m, %k : index
       %mn = arith.muli %m, %n : index
       %kn = arith.muli %k, %n : index
