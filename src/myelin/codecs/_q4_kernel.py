@@ -180,7 +180,7 @@ stream.executable private @{name} attributes {{
       %n = arith.constant {n} : index
       %blocks = arith.constant {n // BLOCK} : index
       %block = arith.constant {BLOCK} : index
-      {workgroup_share('%blocks')}
+      {workgroup_share("%blocks")}
       %n_begin = arith.muli %first, %block : index
       %n_count = arith.muli %count, %block : index
       func.call @{SYMBOL}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)

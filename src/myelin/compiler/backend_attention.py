@@ -332,7 +332,7 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %o0, %oo, %os, %ost = memref.extract_strided_metadata %o
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index{mask_view}
-      {workgroup_share('%units')}
+      {workgroup_share("%units")}
       %fl = arith.muli %first, %l : index
       %skip_o = arith.muli %fl, %ev : index
       %oo2 = arith.addi %oo, %skip_o : index

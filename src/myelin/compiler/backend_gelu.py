@@ -132,7 +132,7 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %y0, %yo, %ys, %yst = memref.extract_strided_metadata %y
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index{bias_view}
-      {workgroup_share('%rows')}
+      {workgroup_share("%rows")}
       %skip = arith.muli %first, %n : index
       %xo2 = arith.addi %xo, %skip : index
       %yo2 = arith.addi %yo, %skip : index

@@ -107,7 +107,7 @@ stream.executable private @{name} {{
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %by_batch = arith.cmpi ugt, %batch, %c1 : index
       %units = arith.select %by_batch, %batch, %m : index
-      {workgroup_share('%units')}
+      {workgroup_share("%units")}
       %mk = arith.muli %m, %k : index
       %mn = arith.muli %m, %n : index
       %kn = arith.muli %k, %n : index
