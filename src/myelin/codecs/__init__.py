@@ -17,6 +17,7 @@ manifest can validate codec names without the compiler installed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Sequence
@@ -38,17 +39,19 @@ CODECS: dict[str, str] = {
 NO_CODEC = "fp32"
 
 
-def _q4_kernel_digest() -> str:
+@functools.cache
+def kernels_key() -> str:
+    """The q4 AVX2 kernel a compile links into q4 matvecs (myelin.codecs._q4_kernel), as part of
+    the compile key: its source and flags' digest, and the C compiler that builds it (a build
+    machine without gcc keeps the grouped matvec: another artifact, so another key)."""
+    from myelin.backends import compiler_version
     from myelin.codecs._q4_kernel import digest
 
-    return digest()
+    return f"{digest()} {compiler_version() or '(no gcc)'}"
 
 
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
 FORMAT_VERSION = 11
-# The q4 AVX2 kernel's source digest (myelin.codecs._q4_kernel): part of the compile key, since
-# a compile links the kernel into q4 matvecs.
-KERNELS_DIGEST = _q4_kernel_digest()
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -263,7 +266,6 @@ __all__ = [
     "CODECS",
     "CODEC_FORMS",
     "FORMAT_VERSION",
-    "KERNELS_DIGEST",
     "NO_CODEC",
     "Layout",
     "ParameterRow",
@@ -275,6 +277,7 @@ __all__ = [
     "decode",
     "decodes_at_load",
     "encode",
+    "kernels_key",
     "parameter_rows",
     "parse_codec",
 ]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from myelin import hostinfo
 from myelin.codecs import FORMAT_VERSION as CODECS_FORMAT
-from myelin.codecs import KERNELS_DIGEST as CODECS_KERNELS
 from myelin.codecs import NO_CODEC, CodecPolicy, CodecRule
+from myelin.codecs import kernels_key as codecs_kernels_key
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
@@ -496,7 +496,7 @@ def _compile_node(
         phase_fields=phase_fields(unit, variant, app) if writes_phases else {},
         what=f"{unit.ref} ({variant.name})",
         backend_ops=backend_ops(app, unit, variant),
-        codecs_kernels=CODECS_KERNELS,
+        codecs_kernels=codecs_kernels_key(),
         **_tuning_fields(app, variant),
     )
     label = f"compile {unit.ref} for {variant.name}"
