@@ -159,12 +159,13 @@ class Encoded:
         )
         return found, text[0]
 
-    def session(self, data_tiling: bool = False):
+    def session(self, data_tiling: bool = False, device: TargetDevice | None = None):
+        """Call the encoded module's functions on local-task, compiled for `device` (default:
+        the host CPU, with or without data tiling)."""
         import iree.runtime as rt
 
-        vmfb = compile_imported(
-            self.graph.module_bytecode, phase="input", devices=[_device(data_tiling)]
-        ).vmfb
+        target = device if device is not None else _device(data_tiling)
+        vmfb = compile_imported(self.graph.module_bytecode, phase="input", devices=[target]).vmfb
         index = rt.ParameterIndex()
         for s in self.graph.stored:
             index.add_buffer(s.key, s.data.tobytes())

@@ -138,27 +138,10 @@ def test_other_targets_keep_the_grouped_matvec(encoded):
     if hostinfo.machine() == "x86_64":
         assert q4_kernel.applies([TargetDevice("cpu", cpu_features="+avx2,+fma")])
     # a CPU named without AVX2 (x86-64 baseline): the grouped matvec, exact to the decode
-    import iree.runtime as rt
-
-    from myelin.compiler.pipeline import compile_imported
-
     device = TargetDevice("cpu", cpu="x86-64")
     assert not q4_kernel.applies([device])
-    vmfb = compile_imported(encoded.graph.module_bytecode, phase="input", devices=[device]).vmfb
-    index = rt.ParameterIndex()
-    for s in encoded.graph.stored:
-        index.add_buffer(s.key, s.data.tobytes())
-    instance, hal = rt.VmInstance(), rt.get_device("local-task")
-    module = rt.VmModule.copy_buffer(instance, vmfb)
-    context = rt.VmContext(
-        instance,
-        [
-            rt.create_hal_module(instance, hal),
-            rt.create_io_parameters_module(instance, index.create_provider(scope="g")),
-            module,
-        ],
-    )
+    call = encoded.session(device=device)
     x = np.random.default_rng(12).standard_normal((1, K)).astype(np.float32)
     bias = np.ones((1, M), np.float32)
-    got = rt.FunctionInvoker(context, hal, module.lookup_function("mm"))(x, bias).to_host()
+    got = call("mm", x, bias)
     np.testing.assert_allclose(got, bias + x @ encoded.decoded("mm"), rtol=1e-5, atol=1e-5)
