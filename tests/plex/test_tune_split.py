@@ -159,3 +159,14 @@ with process_wide_spec([f"{LIBRARY_FLAG}=/x/spec.mlir"]):
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_compile_that_applies_a_spec_is_told_to_run_single_threaded():
+    """IREE 3.13 can deadlock parsing a spec with its thread pool on (myelin.tuning.gate): the
+    gate says which compiles apply one, and compile_module opens those sessions unthreaded."""
+    from myelin.tuning.gate import SPEC_PATH_FLAG, process_wide_spec
+
+    with process_wide_spec([f"{SPEC_PATH_FLAG}=/x/spec.mlir", "--a"]) as (flags, applies):
+        assert applies and flags == ["--a", f"{SPEC_PATH_FLAG}=/x/spec.mlir"]
+    with process_wide_spec(["--a"]) as (flags, applies):
+        assert not applies and flags == ["--a", f"{SPEC_PATH_FLAG}="]
