@@ -14,11 +14,16 @@ from dataclasses import dataclass, field
 from myelin.dtypes import MLIR_TO_NUMPY
 
 # The build exports, next to each entrypoint `f` whose results are all tensors, a twin
-# `f$into` that takes one storage argument per result (`{iree.abi.output = N : index}`) after
-# f's own arguments: the runtime hands it memory it allocated itself, so a device result lives
-# in memory that exports DLPack (myelin.compiler.result_storage, docs/runtime.md). Twins are no
-# entrypoints of their own: the signatures leave them out.
+# `f$into` that takes one storage argument per result after f's own arguments, then the call's
+# transient memory: the runtime hands it memory it allocated itself, so a device result lives
+# in memory that exports DLPack and a call allocates nothing on IREE's queue
+# (myelin.compiler.result_storage, docs/runtime.md). Twins are no entrypoints of their own: the
+# signatures leave them out.
 STORAGE_TWIN_SUFFIX = "$into"
+# A twin's storage arguments, marked so that the runtime finds them in its `iree.abi.declaration`:
+# result N's storage (a buffer view) and the call's transient memory (a buffer).
+TWIN_RESULT_ATTRIBUTE = "myelin.result"
+TWIN_TRANSIENTS_ATTRIBUTE = "myelin.transients"
 
 
 @dataclass(frozen=True)

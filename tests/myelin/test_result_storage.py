@@ -37,6 +37,18 @@ func.func @rows(%x: tensor<?x4xf32>, %w: tensor<4xf32>) -> (tensor<?x4xf32>, ten
   %w2 = arith.addf %w, %w : tensor<4xf32>
   return %y, %w2 : tensor<?x4xf32>, tensor<4xf32>
 }
+func.func @chain(%x: tensor<?x16xf32>, %w: tensor<16x16xf32>) -> tensor<?x16xf32> {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %d = tensor.dim %x, %c0 : tensor<?x16xf32>
+  %e = tensor.empty(%d) : tensor<?x16xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x16xf32>) -> tensor<?x16xf32>
+  %h = linalg.matmul ins(%x, %w : tensor<?x16xf32>, tensor<16x16xf32>)
+      outs(%f : tensor<?x16xf32>) -> tensor<?x16xf32>
+  %y = linalg.matmul ins(%h, %w : tensor<?x16xf32>, tensor<16x16xf32>)
+      outs(%f : tensor<?x16xf32>) -> tensor<?x16xf32>
+  return %y : tensor<?x16xf32>
+}
 func.func @same(%x: tensor<8xf32>) -> tensor<8xf32> {
   return %x : tensor<8xf32>
 }
@@ -93,8 +105,56 @@ def test_the_build_adds_a_twin_that_takes_storage_for_each_result(model):
     with model.session() as s:
         twin = _function(s, "rows" + STORAGE_TWIN_SUFFIX)
         declaration = twin.reflection["iree.abi.declaration"]
-    assert "%input2: tensor<?x4xf32> {iree.abi.output = 0 : index}" in declaration
-    assert "%input3: tensor<4xf32> {iree.abi.output = 1 : index}" in declaration
+    assert "%input2: !hal.buffer_view {myelin.result = 0 : index}" in declaration
+    assert "%input3: !hal.buffer_view {myelin.result = 1 : index}" in declaration
+    assert "%input4: !hal.buffer {myelin.transients" in declaration  # the call's transients
+
+
+def _vm_function(model, tmp_path, name: str) -> str:
+    """The VM code of function `name` in the model's module, as iree-dump-module prints it."""
+    from pathlib import Path
+
+    import iree._runtime_libs as libs
+
+    (record,) = model.variant_record.modules
+    path = tmp_path / "g.vmfb"
+    path.write_bytes(bytes(model._reader.section_view(record.section)))
+    dump = Path(libs.__file__).parent / "iree-dump-module"
+    text = subprocess.run([dump, path], capture_output=True, text=True, check=True).stdout
+    body = text.split(f"vm.func @{name}(", 1)[1]
+    return body.split("\nvm.export", 1)[0]
+
+
+def test_a_twin_call_allocates_nothing_on_the_device_queue(model, tmp_path):
+    """The twin takes its results' memory and its transients from the caller: no
+    queue.alloca (which waits on the host for the call's wait fence) and no queue.dealloca
+    (which waits on the host for the call's work), where the entrypoint itself has both."""
+    plain = _vm_function(model, tmp_path, "chain")
+    assert "hal.device.queue.alloca" in plain and "hal.device.queue.dealloca" in plain
+    twin = _vm_function(model, tmp_path, "chain" + STORAGE_TWIN_SUFFIX)
+    assert "hal.device.queue.execute" in twin
+    assert "hal.device.queue.alloca" not in twin and "hal.device.queue.dealloca" not in twin
+
+
+def test_transient_memory_is_sized_per_input_shape_kept_and_grown(model):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    with model.session() as s:
+        call = s.resolve("chain")
+        memory = call._transients
+        assert memory is not None and memory.nbytes == 0
+        small = None
+        for m in (3, 3, 3, 40, 40, 3):
+            x = rng.standard_normal((m, 16)).astype(np.float32)
+            y = s.call("chain", x, w, output="dlpack")
+            np.testing.assert_allclose(np.asarray(y.to_host()), x @ w @ w, rtol=1e-5, atol=1e-5)
+            if small is None and memory.nbytes:
+                small = memory.buffer(0)  # taken by the first call that ran the twin
+        assert y.storage_pointer is not None  # the twin ran (the shape was learned)
+        assert 0 < small.byte_length() < memory.nbytes
+        assert memory.nbytes >= 40 * 16 * 4  # grown for the larger shape: its intermediate
+        assert memory.buffer(0) is not small  # the larger buffer replaced the first
+        assert memory.buffer(1) is memory.buffer(memory.nbytes)  # and stays, call after call
 
 
 def test_twins_are_no_entrypoints_and_only_tensor_results_get_one(model):

@@ -1,21 +1,32 @@
 """Storage twins: for each public function `f` whose results are all tensors, a public
-`f$into(args..., %out0: R0 {iree.abi.output = 0 : index}, ...)` that calls `f`.
+`f$into(args..., %out0: !hal.buffer_view {myelin.result = 0 : index}, ...,
+%transients: !hal.buffer {myelin.transients})` that calls `f`.
 
 Why: IREE 3.13's CUDA allocator exports (DLPack) only memory it imported, never memory it
-allocated itself, and IREE writes a result into caller memory only through an argument marked
-`iree.abi.output` (its ABI pass ties the result to that storage with `hal.tensor.alias`). Models
-do not declare such arguments, so the build adds the twin at the input phase, before IREE's ABI
-pass: the runtime passes memory it allocated and imported, the result aliases it, and the
-result exports. The twin's call of `f` is inlined like any call, so the result is written into
-the storage by the graph's own last dispatch (no copy). Everything here is public IREE input
-(`util.func`, `util.call`, the `iree.abi.output` argument attribute); no IREE pass is changed.
+allocated itself, and IREE writes a result into caller memory only where the program ties it to
+that storage (`hal.tensor.alias`). Models do not declare such storage, so the build adds the
+twin at the input phase: the runtime passes memory it allocated and imported, the result
+aliases it, and the result exports. The twin's call of `f` is inlined like any call, so the
+result is written into the storage by the graph's own last dispatch (no copy).
+
+The twin also takes the call's transient memory (the intermediates IREE would otherwise take
+with `hal.device.queue.alloca` and give back with a `queue.dealloca` that waits on the host):
+each result passes through `hal.tensor.transients` from that buffer, IREE's own form for
+caller-provided transients (its torch input conversion emits the same with
+`--iree-torch-externalize-transients`). IREE then compiles `f$into_transients_size`, named in
+the twin's `iree.abi.transients.size` reflection (and `...size.constant` when it does not
+depend on the inputs), which the runtime calls to size the buffer it keeps per entrypoint.
+With both, a call allocates nothing on the device queue. The alias comes before the
+transients op: the other order (what IREE's ABI pass does with `iree.abi.output`) makes IREE
+allocate the result and copy it into the storage. Everything here is public IREE input
+(`util.func`, `util.call`, `hal.tensor.alias`, `hal.tensor.transients`); no IREE pass is changed.
 """
 
 from __future__ import annotations
 
 from iree.compiler import ir
 
-from myelin.signature import STORAGE_TWIN_SUFFIX
+from myelin.signature import STORAGE_TWIN_SUFFIX, TWIN_RESULT_ATTRIBUTE, TWIN_TRANSIENTS_ATTRIBUTE
 
 _OUTPUT_ATTRIBUTE = "iree.abi.output"
 # Function attributes the twin does not copy from `f`: its own name, type and argument and
@@ -112,27 +123,49 @@ def _append_twin(op: ir.Operation, name: str, block: ir.Block) -> None:
     params = [
         f"%a{i}: {t} {_render(a)}" for i, (t, a) in enumerate(zip(inputs, arg_attrs, strict=True))
     ]
-    for n, (t, a) in enumerate(zip(results, res_attrs, strict=True)):
-        storage = {**a, _OUTPUT_ATTRIBUTE: ir.IntegerAttr.get(index, n)}
-        params.append(f"%out{n}: {t} {_render(storage)}")
+    for n in range(len(results)):
+        marker = {TWIN_RESULT_ATTRIBUTE: ir.IntegerAttr.get(index, n)}
+        params.append(f"%out{n}: !hal.buffer_view {_render(marker)}")
+    params.append(f"%transients: !hal.buffer {{{TWIN_TRANSIENTS_ATTRIBUTE}}}")
     arg_types = ", ".join(str(t) for t in inputs)
     res_types = ", ".join(str(t) for t in results)
     res_list = ", ".join(f"{t} {_render(a)}" for t, a in zip(results, res_attrs, strict=True))
     extra = {k: op.attributes[k] for k in op.attributes if k not in _OWN_ATTRIBUTES}
     attributes = f" attributes {_render(extra)}" if extra else ""
     operands = ", ".join(f"%a{i}" for i in range(len(inputs)))
-    values = ", ".join(f"%r#{n}" for n in range(len(results)))
+    body = [
+        f"  %r:{len(results)} = util.call @{_quote(name)}({operands}) : "
+        f"({arg_types}) -> ({res_types})"
+    ]
+    for n, (t, a) in enumerate(zip(results, res_attrs, strict=True)):
+        body += _tie_result(n, ir.RankedTensorType(t), a.get("iree.abi.affinity"))
+    values = ", ".join(f"%t{n}" for n in range(len(results)))
     twin = name + STORAGE_TWIN_SUFFIX
     text = (
         f"util.func private @{_quote(name)}({arg_types}) -> ({res_types})\n"
         f"util.func public @{_quote(twin)}({', '.join(params)}) -> ({res_list}){attributes} {{\n"
-        f"  %r:{len(results)} = util.call @{_quote(name)}({operands}) : "
-        f"({arg_types}) -> ({res_types})\n"
-        f"  util.return {values} : {res_types}\n"
+        + "\n".join(body)
+        + f"\n  util.return {values} : {res_types}\n"
         "}\n"
     )
     scratch = ir.Module.parse(text)
     block.append(list(scratch.body.operations)[1].operation)
+
+
+def _tie_result(n: int, t: ir.RankedTensorType, affinity: ir.Attribute | None) -> list[str]:
+    """The lines that write result `n` (`%r#n`) into `%out{n}` and take its transients from
+    `%transients`, ending in `%t{n}`."""
+    lines, dims = [], []
+    for axis in range(t.rank):
+        if t.is_dynamic_dim(axis):
+            lines.append(f"  %c{n}_{axis} = arith.constant {axis} : index")
+            lines.append(f"  %d{n}_{axis} = tensor.dim %r#{n}, %c{n}_{axis} : {t}")
+            dims.append(f"%d{n}_{axis}")
+    shaped = f"{t}{{{', '.join(dims)}}}" if dims else str(t)
+    on = f"on({affinity}) " if affinity is not None else ""
+    lines.append(f"  %s{n} = hal.tensor.alias {on}%r#{n} : {shaped} to %out{n} : !hal.buffer_view")
+    lines.append(f"  %t{n} = hal.tensor.transients %s{n} : {shaped} from %transients : !hal.buffer")
+    return lines
 
 
 def _quote(symbol: str) -> str:

@@ -57,8 +57,10 @@ from myelin.runtime.tensors import (
     index_checks,
     output_arguments,
     shared_dims,
+    twin_arguments,
     with_output_arguments,
 )
+from myelin.runtime.transients import TransientMemory, takes_transients
 from myelin.signature import STORAGE_TWIN_SUFFIX
 
 # "numpy": host arrays. "device": results stay on their device, in memory IREE allocates (the
@@ -255,7 +257,14 @@ class ResolvedCall:
         self._storage_kind = _STORAGE_DRIVERS.get(driver or "") if twin is not None else None
         self._twin = twin if self._storage_kind is not None else None
         self._twin_pairs = (
-            output_arguments(twin.reflection.get("iree.abi.declaration")) if self._twin else ()
+            twin_arguments(twin.reflection.get("iree.abi.declaration")) if self._twin else ()
+        )
+        # The twin's transient memory, held by this session (None: a twin built before twins
+        # took it, which allocates it on IREE's queue every call).
+        self._transients = (
+            TransientMemory(module, twin, self._device)
+            if self._twin is not None and takes_transients(twin)
+            else None
         )
         # With cuda_allocator="caching", result storage reuses the memory of dropped results.
         self._reuse = getattr(registry, "cuda_allocator", None) == "caching"
@@ -460,12 +469,16 @@ class ResolvedCall:
         stop: _Stop,
         reservation: Reservation | None,
         function: Any = None,
+        transients: Any = None,
     ) -> list[Any]:
         """Run the call on `arguments`, ready for IREE's packer (buffer views for device
-        arrays), and convert its results."""
+        arrays), and convert its results. `transients` (a HAL buffer, which the packer does
+        not take) is the twin's last argument."""
         stop.where = "before it was dispatched"
         stop.check()
         args = self._packer.pack(InvokeContext(device), arguments, {})
+        if transients is not None:
+            args.push_ref(transients)
         results = rt.VmVariantList(self._result_count)
         function = function if function is not None else self._function
         if self._async:
@@ -533,7 +546,13 @@ class ResolvedCall:
         IREE's packer takes them."""
         views = tuple(view for _, view in storage)
         args = with_output_arguments(self.name, tuple(ready), views, self._twin_pairs)
-        outs = self._dispatch(args, device, "device", stop, reservation, self._twin)
+        transients = None
+        if self._transients is not None:
+            need = self._transients.size(
+                self._shape_key(values), lambda f, buffer: self._query(f, args, buffer)
+            )
+            transients = self._transients.buffer(need)
+        outs = self._dispatch(args, device, "device", stop, reservation, self._twin, transients)
         for out, (memory, _) in zip(outs, storage, strict=True):
             out.storage_pointer = memory.pointer
         if self._static_shapes is None:
@@ -541,6 +560,18 @@ class ResolvedCall:
             if shapes != self.storage_shapes(values):  # smaller than learned: remember
                 self._remember(self._shape_key(values), shapes)
         return outs
+
+    def _query(self, function: Any, arguments: tuple[Any, ...], buffer: Any) -> int:
+        """Run the twin's transient-size function on the twin's arguments: it reads only
+        their shapes (and scalars), so any buffer and, for an async twin, fresh fences do."""
+        args = self._packer.pack(InvokeContext(self._device), arguments, {})
+        args.push_ref(buffer)
+        if self._async:
+            args.push_ref(rt.HalFence(1))
+            args.push_ref(rt.HalFence(1))
+        result = rt.VmVariantList(1)
+        self._invoke(args, result, function)
+        return int(result.get_variant(0))
 
     def _learn(self, values: Any, outs: list[Any]) -> list[Any]:
         """The first call with new input shapes ran `f` itself, in memory IREE allocated (the

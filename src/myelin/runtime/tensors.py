@@ -143,6 +143,19 @@ def output_arguments(declaration: str | None) -> tuple[tuple[int, int], ...]:
     return tuple((int(a), int(r)) for a, r in _OUTPUT_ARGUMENT.findall(declaration))
 
 
+_TWIN_RESULT = re.compile(r"%input(\d+): !hal\.buffer_view \{[^}]*myelin\.result = (\d+)")
+
+
+def twin_arguments(declaration: str | None) -> tuple[tuple[int, int], ...]:
+    """(argument, result) pairs of a storage twin's result storage, from its declaration
+    (myelin.compiler.result_storage marks them `myelin.result`; twins built before the
+    transient argument existed marked them `iree.abi.output`)."""
+    if not declaration:
+        return ()
+    pairs = tuple((int(a), int(r)) for a, r in _TWIN_RESULT.findall(declaration))
+    return pairs or output_arguments(declaration)
+
+
 def with_output_arguments(
     entrypoint: str,
     inputs: tuple[Any, ...],

@@ -1,0 +1,76 @@
+"""The transient memory of a storage twin's call, kept by the session and reused across calls.
+
+Why: without it, every call of an IREE function takes its intermediates with
+`hal.device.queue.alloca` and gives them back with a `queue.dealloca` that waits on the host for
+the call's work (docs/runtime.md, "Overhead"). A twin (myelin.compiler.result_storage) takes that
+memory as its last argument instead, and IREE compiles a function that says how much it needs
+for given inputs (named in the twin's `iree.abi.transients.size` reflection, with the value
+itself in `...size.constant` when no input changes it). IREE does not check the buffer's size
+against that need (a short buffer is written out of bounds), so the size always comes from that
+function: once per input-shape key, remembered.
+
+One buffer per entrypoint and session: calls of one session are serialized, and async calls are
+ordered on the session's timeline, so a call never runs while the previous one still uses it.
+A buffer that must grow is replaced; the old one lives until the calls that hold it let go.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import iree.runtime as rt
+
+# Reflection keys IREE 3.13 sets on a function with external transients.
+SIZE_FUNCTION = "iree.abi.transients.size"
+SIZE_CONSTANT = "iree.abi.transients.size.constant"
+# Sizes remembered per entrypoint (input-shape keys); the oldest is forgotten first.
+_KNOWN_SIZES = 64
+# A buffer is never empty: IREE's CUDA allocator refuses a zero-byte allocation.
+_MIN_BYTES = 256
+_USAGE = int(rt.BufferUsage.TRANSFER | rt.BufferUsage.DISPATCH_STORAGE)
+_MEMORY = int(rt.MemoryType.DEVICE_LOCAL)
+
+
+def takes_transients(function: Any) -> bool:
+    """Whether a compiled twin takes its transient memory from the caller."""
+    return SIZE_FUNCTION in function.reflection
+
+
+class TransientMemory:
+    """The transient buffer of one entrypoint's twin on one device, for one session."""
+
+    def __init__(self, module: Any, twin: Any, device: rt.HalDevice) -> None:
+        reflection = twin.reflection
+        self._size_function = module.lookup_function(reflection[SIZE_FUNCTION])
+        constant = reflection.get(SIZE_CONSTANT)
+        self._constant = int(constant) if constant is not None else None
+        self._device = device
+        self._buffer: Any = None
+        self._known: dict[tuple[Any, ...], int] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the buffer the session holds now (0 before the first call)."""
+        return self._buffer.byte_length() if self._buffer is not None else 0
+
+    def size(self, key: tuple[Any, ...], query: Any) -> int:
+        """The bytes a call with input-shape `key` needs. `query(function, buffer)` runs the
+        size function on the call's own arguments (with `buffer` in the transients' place)
+        and returns its value; it runs only for a key not seen yet."""
+        if self._constant is not None:
+            return self._constant
+        known = self._known.get(key)
+        if known is None:
+            known = int(query(self._size_function, self.buffer(0)))
+            if len(self._known) >= _KNOWN_SIZES:
+                self._known.pop(next(iter(self._known)))
+            self._known[key] = known
+        return known
+
+    def buffer(self, nbytes: int) -> Any:
+        """A buffer of at least `nbytes`: the one held, or a larger one that replaces it."""
+        if self._buffer is None or self._buffer.byte_length() < nbytes:
+            self._buffer = self._device.allocator.allocate_buffer(
+                _MEMORY, _USAGE, max(nbytes, _MIN_BYTES)
+            )
+        return self._buffer
