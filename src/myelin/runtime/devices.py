@@ -29,7 +29,41 @@ from myelin.runtime._iree_private import buffer_view_of, device_of
 # - "caching": IREE's caching allocator (`allocators=["caching"]` on the device) over
 #   synchronous allocations (`--cuda_async_allocations=false`): a freed buffer is kept and the
 #   next allocation of its size reuses it, so a steady stream of calls allocates nothing.
-CUDA_ALLOCATORS = ("pool", "caching")
+#   Unbounded, it keeps every freed buffer (up to 64) for the life of the process.
+# - "caching:<capacity>[;<free count>]": the same, bounded: memory it holds (in use and kept)
+#   stays under <capacity> bytes (a suffix K, M, G: KiB, MiB, GiB), and it keeps at most
+#   <free count> freed buffers (default 16). Past the bound it frees its oldest kept buffer
+#   before allocating. IREE's form of it: `caching:device_local=*;<bytes>;<count>`.
+_CACHING_FREE_COUNT = 16
+_SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def caching_spec(cuda_allocator: str) -> str | None:
+    """IREE's allocator spec for a `cuda_allocator` value ("caching" or its bounded form), None
+    for "pool"; a ValueError that names the accepted forms for anything else."""
+    if cuda_allocator == "pool":
+        return None
+    if cuda_allocator == "caching":
+        return "caching"
+    name, _, bound = cuda_allocator.partition(":")
+    capacity, _, count = bound.partition(";")
+    capacity, count = capacity.strip().upper(), count.strip()
+    suffix = capacity[-1:] if capacity[-1:] in _SIZE_SUFFIXES else ""
+    digits = capacity[: len(capacity) - len(suffix)]
+    if name != "caching" or not digits.isdigit() or not (count == "" or count.isdigit()):
+        raise ValueError(
+            f"cuda_allocator must be 'pool', 'caching' or 'caching:<capacity>[;<free count>]' "
+            f"(e.g. 'caching:8G;16'), got {cuda_allocator!r}"
+        )
+    nbytes = int(digits) * _SIZE_SUFFIXES[suffix]
+    free = int(count) if count else _CACHING_FREE_COUNT
+    if nbytes == 0 or free == 0:
+        raise ValueError(
+            f"cuda_allocator {cuda_allocator!r}: the capacity and the free count must be above "
+            "0 (use 'pool' for no caching)"
+        )
+    return f"caching:device_local=*;{nbytes};{free}"
+
 
 # The CUDA driver's allocation mode is a process-wide IREE flag read when the driver is created:
 # the first registry to create it decides (driver name -> the allocator it was created for).
@@ -89,11 +123,7 @@ class DeviceRegistry:
     """
 
     def __init__(self, *, cuda_allocator: str = "pool") -> None:
-        if cuda_allocator not in CUDA_ALLOCATORS:
-            raise ValueError(
-                f"cuda_allocator must be one of {', '.join(map(repr, CUDA_ALLOCATORS))}, "
-                f"got {cuda_allocator!r}"
-            )
+        self._caching = caching_spec(cuda_allocator)  # refuses a bad value here, not later
         self.cuda_allocator = cuda_allocator
         self._lock = threading.Lock()
         self._drivers: dict[str, rt.HalDriver] = {}
@@ -144,7 +174,7 @@ class DeviceRegistry:
         with _DRIVER_LOCK:
             made = _DRIVER_ALLOCATOR.get(name)
             if made is None:
-                if self.cuda_allocator == "caching":
+                if self._caching is not None:
                     rt.flags.parse_flags("--cuda_async_allocations=false")
                 driver = rt.get_driver(name)
                 _DRIVER_ALLOCATOR[name] = self.cuda_allocator
@@ -158,7 +188,12 @@ class DeviceRegistry:
         return rt.get_driver(name)
 
     def _allocators(self, driver: str) -> list[str] | None:
-        return ["caching"] if driver == "cuda" and self.cuda_allocator == "caching" else None
+        return [self._caching] if driver == "cuda" and self._caching is not None else None
+
+    @property
+    def caches_cuda_memory(self) -> bool:
+        """Whether CUDA memory that is freed is kept for reuse ("caching", bounded or not)."""
+        return self._caching is not None
 
     def device(self, driver: str, ordinal: int = 0) -> rt.HalDevice:
         """The process's device `ordinal` of `driver`, created by the first registry that asks."""

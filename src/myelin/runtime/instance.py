@@ -24,9 +24,11 @@ class Instance:
     any parameter registered. Without `trust` (the default) signatures are not looked at.
 
     `cuda_allocator` says how CUDA devices allocate call results and transients: "pool"
-    (IREE's default stream-ordered pools) or "caching" (IREE's caching allocator: a steady
-    stream of calls reuses its buffers instead of allocating and freeing them; docs/runtime.md
-    has the measurements). It is fixed per process when the CUDA driver starts.
+    (IREE's default stream-ordered pools), "caching" (IREE's caching allocator: a steady
+    stream of calls reuses its buffers instead of allocating and freeing them) or
+    "caching:<capacity>[;<free count>]" (the same, holding at most <capacity> bytes, e.g.
+    "caching:8G"); docs/runtime.md has the measurements. It is fixed per process when the CUDA
+    driver starts.
     """
 
     def __init__(self, *, trust: KeySource | None = None, cuda_allocator: str = "pool") -> None:

@@ -267,7 +267,7 @@ class ResolvedCall:
             else None
         )
         # With cuda_allocator="caching", result storage reuses the memory of dropped results.
-        self._reuse = getattr(registry, "cuda_allocator", None) == "caching"
+        self._reuse = bool(getattr(registry, "caches_cuda_memory", False))
         # Result shapes by input-shape key, for results with dynamic dims (storage_shapes).
         self._learned: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
         outputs = self.signature.outputs
