@@ -136,6 +136,16 @@ def test_a_twin_call_allocates_nothing_on_the_device_queue(model, tmp_path):
     assert "hal.device.queue.alloca" not in twin and "hal.device.queue.dealloca" not in twin
 
 
+def test_a_spinning_session_returns_the_same_results(model):
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    with model.session(spin_us=300) as s:
+        for _ in range(3):
+            np.testing.assert_array_equal(s.call("neg", x, output="dlpack").to_host(), -x)
+        assert s.resolve("neg")._wait.expected_s is not None  # async: the policy waited
+    with pytest.raises(ValueError, match=r"spin_us must be microseconds in \[0, 1000000\]"):
+        model.session(spin_us=-5)
+
+
 def test_transient_memory_is_sized_per_input_shape_kept_and_grown(model):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((16, 16)).astype(np.float32)

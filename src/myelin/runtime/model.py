@@ -358,8 +358,13 @@ class Model:
             entry = self.entrypoint(entry)
         return entry.memory.need(entry.name, inputs)
 
-    def session(self, *, profile: bool = False):
+    def session(self, *, profile: bool = False, spin_us: float = 0.0):
         """A new session: its own VM context over this model's modules and parameters.
+
+        `spin_us` > 0: an async call (entrypoints built `cancellable`, as CUDA ones are) blocks
+        on its fence until shortly before the time its previous call took, then polls it for up
+        to `spin_us` microseconds before blocking again: it returns sooner after the GPU is done
+        and burns a CPU core meanwhile (docs/runtime.md, "Overhead"). 0 (the default) blocks.
 
         `profile=True` is refused: IREE 3.13's Python runtime has no profile sink, so captures
         run through IREE's tools (`plex profile`, `myelin.runtime.profiling.capture`).
@@ -373,7 +378,7 @@ class Model:
                 "in-process profiling is not available in IREE 3.13's Python runtime (it has no "
                 f"profile sink); capture with `plex profile {self.path.name} -f NAME -o DIR`"
             )
-        session = Session(self)
+        session = Session(self, spin_us=spin_us)
         with self._lock:
             self._sessions.add(session)
         self.residency.after_upload()

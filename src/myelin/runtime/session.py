@@ -61,6 +61,7 @@ from myelin.runtime.tensors import (
     with_output_arguments,
 )
 from myelin.runtime.transients import TransientMemory, takes_transients
+from myelin.runtime.waiting import FenceWait
 from myelin.signature import STORAGE_TWIN_SUFFIX
 
 # "numpy": host arrays. "device": results stay on their device, in memory IREE allocates (the
@@ -129,8 +130,15 @@ class _Stop:
 
 
 class Session:
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, spin_us: float = 0.0) -> None:
         self.model = model
+        # Async calls block on their fence (0), or block and then poll it for up to this long
+        # around the time the previous call took (myelin.runtime.waiting).
+        if not (isinstance(spin_us, (int, float)) and 0 <= spin_us <= 1e6):
+            raise ValueError(
+                f"spin_us must be microseconds in [0, 1000000] (0: block), got {spin_us!r}"
+            )
+        self.spin_s = spin_us / 1e6
         self._lock = threading.Lock()  # serializes this session's calls
         self._generation = 0  # bumped by cancel(); a call remembers the value it started with
         devices, modules = model._context_modules()
@@ -233,6 +241,7 @@ class ResolvedCall:
         self._session = session
         self._function = module.lookup_function(entry.function)
         self._async = self._function.reflection.get("iree.abi.model") == "coarse-fences"
+        self._wait = FenceWait(session.spin_s)  # how an async call waits for its fence
         self._packer = argument_packer()
         self._out_dtypes = [
             numpy_dtype(t.dtype) if not t.is_scalar else None for t in self.signature.outputs
@@ -613,8 +622,7 @@ class ResolvedCall:
             raise
         stop.where = "while the device ran it"
         try:
-            while not signal.wait(timeout=int(stop.slice_s() * 1e9)):
-                stop.check()
+            self._wait.wait(signal, stop.slice_s, stop.check)
         except Cancelled:
             if reservation is not None:
                 reservation.held_by_device = True

@@ -1,0 +1,49 @@
+"""The fence wait policy of async calls (myelin.runtime.waiting), on IREE's local-task device: a
+real semaphore signalled from another thread, as IREE's completion thread signals it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import iree.runtime as rt
+import pytest
+
+from myelin.runtime.waiting import FenceWait
+
+
+def _fence_signalled_after(delay_s: float) -> tuple[rt.HalFence, threading.Thread]:
+    device = rt.get_device("local-task")
+    semaphore = device.create_semaphore(0)
+    fence = rt.HalFence.create_at(semaphore, 1)
+    thread = threading.Thread(target=lambda: (time.sleep(delay_s), semaphore.signal(1)))
+    thread.start()
+    return fence, thread
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 0.002])
+def test_a_wait_returns_once_the_fence_is_signalled_and_remembers_how_long(spin_s):
+    policy = FenceWait(spin_s)
+    for _ in range(2):  # the second wait blocks first, then polls around the expected time
+        fence, thread = _fence_signalled_after(0.01)
+        start = time.perf_counter()
+        policy.wait(fence, lambda: 0.02, lambda: None)
+        took = time.perf_counter() - start
+        thread.join()
+        assert took >= 0.009
+        assert policy.expected_s == pytest.approx(took, abs=0.002)
+
+
+def test_a_stop_raised_between_slices_ends_the_wait():
+    fence, thread = _fence_signalled_after(0.2)
+    checks = []
+
+    def check():
+        checks.append(1)
+        if len(checks) == 3:
+            raise TimeoutError("stopped")
+
+    with pytest.raises(TimeoutError):
+        FenceWait(0.001, expected_s=0.05).wait(fence, lambda: 0.005, check)
+    assert len(checks) == 3
+    thread.join()
