@@ -136,6 +136,29 @@ def test_a_twin_call_allocates_nothing_on_the_device_queue(model, tmp_path):
     assert "hal.device.queue.alloca" not in twin and "hal.device.queue.dealloca" not in twin
 
 
+def test_out_on_an_entrypoint_without_storage_arguments_goes_through_its_twin(model):
+    """The caller's device memory takes the result, the session's buffer the transients: a
+    serving loop that passes the same storage every call allocates nothing per call."""
+    import iree.runtime as rt
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    with model.session() as s:
+        storage = rt.asdevicearray(s._device, np.zeros((5, 16), np.float32))
+        for _ in range(2):
+            y = s.call("chain", x, w, out=storage)
+            assert y is storage
+            np.testing.assert_allclose(storage.to_host(), x @ w @ w, rtol=1e-5, atol=1e-5)
+        wrong = rt.asdevicearray(s._device, np.zeros((5, 8), np.float32))
+        with pytest.raises(myelin.InputError, match=r"out= for result .* is \[5, 8\]"):
+            s.call("chain", x, w, out=wrong)
+        with pytest.raises(myelin.InputError, match="must be a device array"):
+            s.call("chain", x, w, out=np.zeros((5, 16), np.float32))
+        with pytest.raises(myelin.InputError, match="out= has 2 tensor"):
+            s.call("chain", x, w, out=(storage, storage))
+
+
 def test_a_spinning_session_returns_the_same_results(model):
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     with model.session(spin_us=300) as s:

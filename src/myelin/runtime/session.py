@@ -36,7 +36,7 @@ import iree.runtime as rt
 import numpy as np
 
 from myelin.dtypes import numpy_dtype
-from myelin.errors import Cancelled, DeadlineExceeded, MyelinError
+from myelin.errors import Cancelled, DeadlineExceeded, InputError, MyelinError
 from myelin.runtime._iree_private import (
     InvokeContext,
     argument_packer,
@@ -58,6 +58,7 @@ from myelin.runtime.tensors import (
     output_arguments,
     shared_dims,
     twin_arguments,
+    twin_storage_view,
     with_output_arguments,
 )
 from myelin.runtime.transients import TransientMemory, takes_transients
@@ -381,9 +382,15 @@ class ResolvedCall:
     ) -> Any:
         session = self._session
         outs_given = ()
+        # out= on an entrypoint whose source takes no result storage: through its storage
+        # twin, which writes the results into the caller's memory (and takes no memory from
+        # IREE's queue: myelin.compiler.result_storage).
+        via_twin = False
         if out is not None:
             outs_given = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-            inputs = with_output_arguments(self.name, inputs, outs_given, self._output_args)
+            via_twin = not self._output_args and bool(self._twin_pairs)
+            if not via_twin:
+                inputs = with_output_arguments(self.name, inputs, outs_given, self._output_args)
         if output not in OUTPUT_KINDS:
             raise ValueError(
                 f"{self.name}: output must be one of {', '.join(map(repr, OUTPUT_KINDS))}, "
@@ -434,7 +441,9 @@ class ResolvedCall:
                 residency.before_call(self._parameters)
             try:
                 storage = None
-                if output == "dlpack" and not outs_given and self._twin is not None:
+                if via_twin:
+                    storage = self._caller_storage(outs_given)
+                elif output == "dlpack" and not outs_given and self._twin is not None:
                     storage = self._storage_for(values)
                 if storage is not None:
                     outs = self._dispatch_into(values, ready, storage, device, stop, reservation)
@@ -458,12 +467,13 @@ class ResolvedCall:
                     reservation.release()
         finally:
             session._lock.release()
-        for (_, result), given in zip(self._output_args, outs_given, strict=False):
+        pairs = self._twin_pairs if via_twin else self._output_args
+        for (_, result), given in zip(pairs, outs_given, strict=False):
             if isinstance(given, np.ndarray):  # host arrays are passed as copies: copy back
                 np.copyto(given, np.asarray(outs[result]))
             outs[result] = given  # written in place: hand back the caller's own object
         if outs_given and wanted == "numpy":
-            tied = {result for _, result in self._output_args}
+            tied = {result for _, result in pairs}
             outs = [
                 o if i in tied or not is_device_array(o) else np.asarray(o.to_host())
                 for i, o in enumerate(outs)
@@ -522,6 +532,20 @@ class ResolvedCall:
             return self._static_shapes
         return self._learned.get(self._shape_key(values))
 
+    def _caller_storage(self, outs: tuple[Any, ...]) -> list[tuple[None, Any]]:
+        """The twin's storage from `out=`: one caller tensor per result."""
+        specs = self.signature.outputs
+        if len(outs) != len(specs):
+            raise InputError(
+                f"{self.name}: out= has {len(outs)} tensor(s); the entrypoint has "
+                f"{len(specs)} result(s), one storage each"
+            )
+        cuda = self._cuda is not None
+        return [
+            (None, twin_storage_view(o, spec, self._device, self.name, cuda))
+            for o, spec in zip(outs, specs, strict=True)
+        ]
+
     def _storage_for(self, values: Any) -> list[tuple[Storage, Any]] | None:
         """One imported allocation per result, or None when the shapes are not known yet or
         IREE refuses the import (a dtype it has no DLPack import for)."""
@@ -563,7 +587,8 @@ class ResolvedCall:
             transients = self._transients.buffer(need)
         outs = self._dispatch(args, device, "device", stop, reservation, self._twin, transients)
         for out, (memory, _) in zip(outs, storage, strict=True):
-            out.storage_pointer = memory.pointer
+            if memory is not None:  # None: the caller's own (out=)
+                out.storage_pointer = memory.pointer
         if self._static_shapes is None:
             shapes = tuple(tuple(buffer_view_of(o).shape) for o in outs)
             if shapes != self.storage_shapes(values):  # smaller than learned: remember
