@@ -29,6 +29,13 @@ import myelin
 from myelin.runtime.tensors import import_cuda_tensor
 
 
+def torch_dtype(spec) -> str:
+    """The torch dtype name of a signature tensor's dtype."""
+    from myelin.dtypes import numpy_dtype
+
+    return str(np.dtype(numpy_dtype(spec.dtype)))
+
+
 def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref.float()).norm() / ref.float().norm())
 
@@ -58,6 +65,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--flags", default="")
     p.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
+    p.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) of *_spin rows")
     args = p.parse_args()
     if args.flags:
         import iree.runtime as rt
@@ -75,12 +83,14 @@ def main() -> None:
     inputs = block.example_inputs(dev)
     mdl = myelin.Instance(cuda_allocator=args.allocator).load(args.mln)
     s = mdl.session()
+    s_spin = mdl.session(spin_us=args.spin_us)
     out: dict = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "variant": mdl.variant_name,
         "flags": args.flags,
         "allocator": args.allocator,
+        "spin_us": args.spin_us,
         "cases": {},
     }
     funcs: dict = {}
@@ -107,6 +117,34 @@ def main() -> None:
         def plex_resident(fn=fn, acts=acts_dev, resident=resident):
             return fn(*acts, *resident, output="device")
 
+        # The storage twin (output="dlpack"): results in MyeLiN's memory, transients in the
+        # session's buffer, so the call allocates nothing on IREE's queue; then the same with
+        # the hybrid fence wait.
+        fn_spin = s_spin.resolve(name)
+
+        def plex_twin(fn=fn, acts=acts_dev, resident=resident):
+            return fn(*acts, *resident, output="dlpack")
+
+        def plex_twin_spin(fn=fn_spin, acts=acts_dev, resident=resident):
+            return fn(*acts, *resident, output="dlpack")
+
+        # out= through the twin into result storage imported once (resident, as the inputs)
+        storage = [
+            import_cuda_tensor(
+                torch.empty(spec.shape, device=dev, dtype=getattr(torch, torch_dtype(spec))),
+                fn._device,
+                spec,
+                name,
+            )
+            for spec in fn.signature.outputs
+        ]
+
+        def plex_out(fn=fn, acts=acts_dev, resident=resident, storage=storage):
+            return fn(*acts, *resident, out=tuple(storage))
+
+        def plex_out_spin(fn=fn_spin, acts=acts_dev, resident=resident, storage=storage):
+            return fn(*acts, *resident, out=tuple(storage))
+
         def eager(fn_t=fn_t, xs=xs, backends=None):
             with torch.no_grad(), sdpa_kernel(backends or fast_sdpa):
                 return fn_t(*xs)
@@ -128,14 +166,24 @@ def main() -> None:
             },
             "plex_nan": any(bool(torch.isnan(t).any()) for t in y_plex),
         }
-        del ref, y_plex, y_torch
+        y_twin = [torch.from_dlpack(r) for r in plex_twin()]  # static shapes: exported in place
+        row["error_vs_fp32"]["plex_twin"] = [
+            rel_error(a, b) for a, b in zip(y_twin, ref, strict=True)
+        ]
+        del ref, y_plex, y_torch, y_twin
         walls: dict[str, list[float]] = {
             "plex": [],
             "plex_resident": [],
             "plex_nosync": [],
+            "plex_twin": [],
+            "plex_twin_nosync": [],
+            "plex_twin_spin_nosync": [],
+            "plex_out_nosync": [],
+            "plex_out_spin_nosync": [],
             "torch": [],
         }
-        for f in (plex, plex_resident, eager):  # warm-up
+        warm = (plex, plex_resident, plex_twin, plex_twin_spin, plex_out, plex_out_spin, eager)
+        for f in warm:  # warm-up
             for _ in range(3):
                 f()
             torch.cuda.synchronize()
@@ -146,6 +194,11 @@ def main() -> None:
                 ("plex", plex, True),
                 ("plex_resident", plex_resident, True),
                 ("plex_nosync", plex_resident, False),
+                ("plex_twin", plex_twin, True),
+                ("plex_twin_nosync", plex_twin, False),
+                ("plex_twin_spin_nosync", plex_twin_spin, False),
+                ("plex_out_nosync", plex_out, False),
+                ("plex_out_spin_nosync", plex_out_spin, False),
                 ("torch", eager, True),
             ):
                 ts = []
@@ -162,6 +215,11 @@ def main() -> None:
             "plex": plex,
             "plex_resident": plex_resident,
             "plex_nosync": plex_resident,
+            "plex_twin": plex_twin,
+            "plex_twin_nosync": plex_twin,
+            "plex_twin_spin_nosync": plex_twin_spin,
+            "plex_out_nosync": plex_out,
+            "plex_out_spin_nosync": plex_out_spin,
             "torch": eager,
         }
     # Profiles last: a CUPTI session slows what runs after it in the same process.
@@ -178,7 +236,7 @@ def main() -> None:
                 "top_kernels_ms": dict(list(per.items())[:12]),
                 "kernels": len(per),
             }
-        for who in ("plex", "plex_nosync"):
+        for who in [w for w in walls if w != "torch"]:
             ratios = [t / p for t, p in zip(walls["torch"], walls[who], strict=True)]
             row[f"torch_over_{who}"] = {
                 "median": statistics.median(ratios),

@@ -88,13 +88,71 @@ def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.float() - ref).norm() / ref.norm())
 
 
+def gemv_rows(mln: str, allocator: str, spin_us: float, dev) -> dict:
+    """Issue 17's GEMVs, 1x8192 by a 28672x8192 weight stored N x K (x W^T) or K x N (x W),
+    from `benchmarks/gpu/tunekern` (the kernel library's default configs), the weight resident:
+    torch eager, PLeX with IREE's result memory ("device"), and the storage twin ("dlpack":
+    results in MyeLiN's memory, transients in the session's buffer) and `out=` through the twin
+    (resident result storage), blocking or hybrid wait."""
+    model = myelin.Instance(cuda_allocator=allocator).load(mln)
+    s, s_spin = model.session(), model.session(spin_us=spin_us)
+    x = (torch.randn(1, 8192, device=dev) * 0.1).half()
+    w = (torch.randn(28672, 8192, device=dev) * 0.1).half()
+    out = {}
+    for name, weight, torch_fn in (
+        ("gemv_nk", w, lambda: torch.nn.functional.linear(x, w)),
+        ("gemv_kn", w.T.contiguous(), None),
+    ):
+        fn, fn_spin = s.resolve(name), s_spin.resolve(name)
+        hal = s._device
+        x_dev = import_cuda_tensor(x, hal, fn.signature.inputs[0], name)
+        w_dev = import_cuda_tensor(weight, hal, fn.signature.inputs[1], name)
+        if torch_fn is None:
+            torch_fn = lambda weight=weight: x @ weight  # noqa: E731
+        ref = x.float() @ w.float().T
+        y = torch.from_dlpack(fn(x_dev, w_dev, output="dlpack"))
+        y_dev = import_cuda_tensor(torch.empty_like(y), hal, fn.signature.outputs[0], name)
+        row: dict = {"plex_error": rel_error(y, ref), "torch_error": rel_error(torch_fn(), ref)}
+        calls = {
+            "torch": torch_fn,
+            "plex device": lambda fn=fn, x=x_dev, w=w_dev: fn(x, w, output="device"),
+            "plex twin": lambda fn=fn, x=x_dev, w=w_dev: fn(x, w, output="dlpack"),
+            "plex twin, hybrid wait": lambda f=fn_spin, x=x_dev, w=w_dev: f(x, w, output="dlpack"),
+            "plex out= via twin": lambda fn=fn, x=x_dev, w=w_dev, y=y_dev: fn(x, w, out=y),
+            "plex out= via twin, hybrid wait": lambda f=fn_spin, x=x_dev, w=w_dev, y=y_dev: f(
+                x, w, out=y
+            ),
+        }
+        walls: dict[str, list[float]] = {who: [] for who in calls}
+        for _ in range(5):  # 5 interleaved rounds of 20 calls each: the spread
+            for who, call in calls.items():
+                walls[who].append(wall_ms(call))
+        for who, call in calls.items():  # CUPTI last: it slows what runs after it
+            kernel, count = kernel_ms(call)
+            wall = statistics.median(walls[who])
+            row[who] = {
+                "wall_ms": wall,
+                "wall_ms_rounds": walls[who],
+                "kernel_ms": kernel,
+                "kernels_per_call": count,
+                "overhead_ms": wall - kernel,
+            }
+        for who in list(calls)[1:]:
+            row[who]["vs_torch"] = row["torch"]["wall_ms"] / row[who]["wall_ms"]
+        out[name] = row
+        print(name, json.dumps(row))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mln", required=True)
+    parser.add_argument("--mln", help="kernels.mln (without it, only the --gemv rows)")
     parser.add_argument("--json", default="kernels_h200.json")
     parser.add_argument("--flags", default="", help="IREE runtime flags (--device_allocator=...)")
     parser.add_argument("--short", action="store_true", help="the overhead rows only")
     parser.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
+    parser.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) rows")
+    parser.add_argument("--gemv", help="tunekern.mln (benchmarks/gpu/tunekern): the GEMV rows")
     args = parser.parse_args()
     if args.flags:  # before the first driver is created
         import iree.runtime as rt
@@ -102,6 +160,11 @@ def main() -> None:
         rt.flags.parse_flags(*args.flags.split())
     torch.manual_seed(0)
     dev = torch.device("cuda")
+    if args.mln is None:  # the GEMV rows alone, in a process of their own
+        gemv = gemv_rows(args.gemv, args.allocator, args.spin_us, dev)
+        with open(args.json, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "gemv": gemv}, fh, indent=1)
+        return
     a = (torch.randn(N, N, device=dev) * 0.05).half()
     b = (torch.randn(N, N, device=dev) * 0.05).half()
     results: dict = {
@@ -114,6 +177,7 @@ def main() -> None:
     model = myelin.Instance(cuda_allocator=args.allocator).load(args.mln)
     results["variant"] = model.variant_name
     s = model.session()
+    mm_spin = model.session(spin_us=args.spin_us).resolve("matmul")
     mm, mm_bt, into, ident = (
         s.resolve(n) for n in ("matmul", "matmul_bt", "matmul_into", "identity")
     )
@@ -121,6 +185,7 @@ def main() -> None:
     a_dev = import_cuda_tensor(a, hal, mm.signature.inputs[0], "matmul")
     b_dev = import_cuda_tensor(b, hal, mm.signature.inputs[1], "matmul")
     c = torch.empty(N, N, device=dev, dtype=torch.float16)
+    c_dev = import_cuda_tensor(c, hal, mm.signature.outputs[0], "matmul")  # resident storage
     tiny = torch.ones(8, device=dev, dtype=torch.float16)
 
     # correctness first: fresh inputs, poisoned output, against an fp32 reference
@@ -150,6 +215,12 @@ def main() -> None:
         "plex matmul (imported device arrays)": lambda: mm(a_dev, b_dev, output="device"),
         "plex matmul_into (out= torch tensor)": lambda: into(a, b, out=c),
         "plex matmul_into (device arrays, out=)": lambda: into(a_dev, b_dev, out=c),
+        "plex matmul (device arrays, dlpack: twin, transients)": lambda: mm(
+            a_dev, b_dev, output="dlpack"
+        ),
+        "plex matmul (twin, hybrid wait)": lambda: mm_spin(a_dev, b_dev, output="dlpack"),
+        "plex matmul (device arrays, out= via twin)": lambda: mm(a_dev, b_dev, out=c_dev),
+        "plex matmul (out= via twin, hybrid wait)": lambda: mm_spin(a_dev, b_dev, out=c_dev),
         "plex matmul_bt (A x B^T)": lambda: mm_bt(a_dev, b_dev, output="device"),
         "plex identity, 8 elements (fixed cost)": lambda: ident(tiny, output="device"),
     }
@@ -157,7 +228,7 @@ def main() -> None:
         cases = {
             k: v
             for k, v in cases.items()
-            if k == "torch a @ b" or "into" in k or "imported" in k or "fixed" in k
+            if k == "torch a @ b" or "into" in k or "imported" in k or "fixed" in k or "twin" in k
         }
     for name, fn in cases.items():
         try:
@@ -180,6 +251,8 @@ def main() -> None:
     results["matmul_8192"] = rows
 
     results["llama_shapes"] = llama_shapes(s, hal, dev)
+    if args.gemv:
+        results["gemv"] = gemv_rows(args.gemv, args.allocator, args.spin_us, dev)
     if args.short:
         print(json.dumps({k: round(v["overhead_ms"], 3) for k, v in rows.items()}))
         print(json.dumps({k: round(v["wall_ms"], 3) for k, v in rows.items()}))

@@ -3,7 +3,8 @@
 # Run from the tree's root with ARTIFACTS holding kernels.mln and block.mln (built here):
 #   ARTIFACTS=benchmarks/gpu/artifacts bash benchmarks/gpu/overhead_device.sh
 # Writes to $OUT: overhead*.json/log (overhead_h200.py, default flags and variants), iree-*.log
-# (IREE's own C tools on the same module: no Python in the loop), block_h200*.json/log.
+# (IREE's own C tools on the same module: no Python in the loop), kernels_h200_*, gemv_h200_*,
+# block_h200_*.json/log (numbered in the order of the allocation modes), gputest.log.
 set -u
 OUT=${OUT:-/tmp/out}
 ARTIFACTS=${ARTIFACTS:-benchmarks/gpu/artifacts}
@@ -118,22 +119,41 @@ fi
 
 fi
 
-# 2b. The 8192^3 matmul and the Llama projections again, in the chosen allocation mode
+# 2b. The 8192^3 matmul and the Llama projections again, in the chosen allocation modes
+# (MATMUL_ALLOCATORS, default BLOCK_ALLOCATORS; a mode may be bounded: "caching:16G;16")
 if has matmul; then
-  for a in ${BLOCK_ALLOCATORS:-pool}; do
+  i=0
+  for a in ${MATMUL_ALLOCATORS:-${BLOCK_ALLOCATORS:-pool}}; do
     timeout 120 python3 benchmarks/gpu/kernels_h200.py --mln "$ARTIFACTS/kernels.mln" --short \
-      --allocator=$a --json "$OUT/kernels_h200_$a.json" > "$OUT/kernels_h200_$a.log" 2>&1
+      --allocator="$a" --json "$OUT/kernels_h200_$i.json" > "$OUT/kernels_h200_$i.log" 2>&1
+    i=$((i + 1))
   done
 fi
 
-# 3. The block: PLeX vs torch eager
-if has block && [ -f "$ARTIFACTS/block.mln" ]; then
+# 2c. Issue 17's GEMVs (both weight layouts), from tunekern.mln (benchmarks/gpu/tunekern)
+if has gemv && [ -f "$ARTIFACTS/tunekern.mln" ]; then
   i=0
-  for a in ${BLOCK_ALLOCATORS:-pool}; do
-    timeout 150 python3 benchmarks/gpu/block_h200.py --mln "$ARTIFACTS/block.mln" --json "$OUT/block_h200_$i.json" \
-      --allocator=$a > "$OUT/block_h200_$i.log" 2>&1
+  for a in ${MATMUL_ALLOCATORS:-${BLOCK_ALLOCATORS:-pool}}; do
+    timeout 120 python3 benchmarks/gpu/kernels_h200.py --gemv "$ARTIFACTS/tunekern.mln" \
+      --allocator="$a" --json "$OUT/gemv_h200_$i.json" > "$OUT/gemv_h200_$i.log" 2>&1
     i=$((i + 1))
   done
+fi
+
+# 3. The block: PLeX vs torch eager (BLOCK: which build, default block.mln)
+BLOCK=${BLOCK:-$ARTIFACTS/block.mln}
+if has block && [ -f "$BLOCK" ]; then
+  i=0
+  for a in ${BLOCK_ALLOCATORS:-pool}; do
+    timeout 150 python3 benchmarks/gpu/block_h200.py --mln "$BLOCK" --json "$OUT/block_h200_$i.json" \
+      --allocator="$a" > "$OUT/block_h200_$i.log" 2>&1
+    i=$((i + 1))
+  done
+fi
+
+# 4. The DLPack-results GPU tests (dlpack.mln: storage twins with transients)
+if has gputest && [ -f "$ARTIFACTS/dlpack.mln" ]; then
+  timeout 120 python3 -m pytest -q tests/gpu/test_cuda_dlpack_results.py > "$OUT/gputest.log" 2>&1
 fi
 rm -f "$OUT/bench.vmfb" "$OUT/block.vmfb"
 ls -laR "$OUT" > "$OUT/files.txt"

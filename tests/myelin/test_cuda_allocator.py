@@ -13,7 +13,13 @@ def test_the_caching_allocator_is_asked_for_cuda_devices_only():
     caching = devices.DeviceRegistry(cuda_allocator="caching")
     assert caching._allocators("cuda") == ["caching"]
     assert caching._allocators("local-task") is None
-    assert devices.DeviceRegistry()._allocators("cuda") is None  # "pool": IREE's default
+    assert devices.DeviceRegistry(cuda_allocator="pool")._allocators("cuda") is None  # IREE's
+
+
+def test_the_default_is_a_bounded_caching_allocator():
+    default = devices.DeviceRegistry()
+    assert default.cuda_allocator == devices.DEFAULT_CUDA_ALLOCATOR == "caching:4G;16"
+    assert default._allocators("cuda") == [f"caching:device_local=*;{4 * 2**30};16"]
 
 
 def test_an_unknown_allocator_is_refused_with_the_choices():
@@ -29,7 +35,7 @@ def test_a_bounded_caching_allocator_becomes_iree_s_spec():
     bounded = devices.DeviceRegistry(cuda_allocator="caching:512m;8")
     assert bounded._allocators("cuda") == [f"caching:device_local=*;{512 * 2**20};8"]
     assert bounded._allocators("local-task") is None and bounded.caches_cuda_memory
-    assert not devices.DeviceRegistry().caches_cuda_memory
+    assert not devices.DeviceRegistry(cuda_allocator="pool").caches_cuda_memory
 
 
 @pytest.mark.parametrize("bad", ["caching:", "caching:8X", "caching:-1", "caching:1G;x", "cach:1G"])

@@ -7,7 +7,7 @@ import os
 import iree.runtime as rt
 
 from myelin.mln import KeySource, load_public_key
-from myelin.runtime.devices import DeviceRegistry
+from myelin.runtime.devices import DEFAULT_CUDA_ALLOCATOR, DeviceRegistry
 from myelin.runtime.model import FROM_ARTIFACT, Model
 
 
@@ -27,11 +27,13 @@ class Instance:
     (IREE's default stream-ordered pools), "caching" (IREE's caching allocator: a steady
     stream of calls reuses its buffers instead of allocating and freeing them) or
     "caching:<capacity>[;<free count>]" (the same, holding at most <capacity> bytes, e.g.
-    "caching:8G"); docs/runtime.md has the measurements. It is fixed per process when the CUDA
-    driver starts.
+    "caching:8G"; the default is `DEFAULT_CUDA_ALLOCATOR`, "caching:4G;16"); docs/runtime.md
+    has the measurements. It is fixed per process when the CUDA driver starts.
     """
 
-    def __init__(self, *, trust: KeySource | None = None, cuda_allocator: str = "pool") -> None:
+    def __init__(
+        self, *, trust: KeySource | None = None, cuda_allocator: str = DEFAULT_CUDA_ALLOCATOR
+    ) -> None:
         # Load the key now: a bad key path fails here, not at the first load.
         self.trust = load_public_key(trust) if trust is not None else None
         self.vm_instance = rt.VmInstance()
