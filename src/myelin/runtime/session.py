@@ -248,6 +248,8 @@ class ResolvedCall:
             numpy_dtype(t.dtype) if not t.is_scalar else None for t in self.signature.outputs
         ]
         self._result_count = len(self._out_dtypes)
+        # The HAL element type of each tensor result, for checking out= storage (None: none).
+        self._out_hal = [element_type_of(d) if d is not None else None for d in self._out_dtypes]
         self._memory = entry.memory
         self._parameters = entry.memory.parameters or None
         # Arguments that are result storage ({iree.abi.output = N}): (argument, result) pairs.
@@ -542,8 +544,8 @@ class ResolvedCall:
             )
         cuda = self._cuda is not None
         return [
-            (None, twin_storage_view(o, spec, self._device, self.name, cuda))
-            for o, spec in zip(outs, specs, strict=True)
+            (None, twin_storage_view(o, spec, element, self._device, self.name, cuda))
+            for o, spec, element in zip(outs, specs, self._out_hal, strict=True)
         ]
 
     def _storage_for(self, values: Any) -> list[tuple[Storage, Any]] | None:

@@ -13,13 +13,11 @@ from typing import Any
 import iree.runtime as rt
 import numpy as np
 
-from myelin.dtypes import numpy_dtype
 from myelin.errors import InputError
 from myelin.runtime._cuda import CU_STREAM_LEGACY, KDL_CUDA, synchronize_legacy_stream
 from myelin.runtime._iree_private import (
     buffer_view_of,
     device_of,
-    element_type_of,
     is_device_array,
 )
 from myelin.signature import TensorSpec
@@ -163,11 +161,17 @@ def twin_arguments(declaration: str | None) -> tuple[tuple[int, int], ...]:
 
 
 def twin_storage_view(
-    value: Any, spec: TensorSpec, device: rt.HalDevice, entrypoint: str, cuda: bool
+    value: Any,
+    spec: TensorSpec,
+    element: int | None,
+    device: rt.HalDevice,
+    entrypoint: str,
+    cuda: bool,
 ) -> Any:
     """`out=` storage for a storage twin: a device array on `device` or, on a CUDA device, a
-    torch CUDA tensor (imported in place), of the result's dtype, rank and static dims; as a
-    buffer view. IREE writes the result into it (its size is asserted by IREE, not here)."""
+    torch CUDA tensor (imported in place), of the result's dtype (HAL element type `element`;
+    None: not checked), rank and static dims; as a buffer view. IREE writes the result into
+    it (its size is asserted by IREE, not here)."""
     if cuda and _dlpack_device(value)[0] == KDL_CUDA:
         value = import_cuda_tensor(value, device, spec, entrypoint)
     if not is_device_array(value) or device_of(value) is not device:
@@ -179,7 +183,6 @@ def twin_storage_view(
     view = buffer_view_of(value)
     expected = tuple(spec.shape or ())
     shape = tuple(view.shape)
-    element = element_type_of(numpy_dtype(spec.dtype))
     if (
         len(shape) != len(expected)
         or any(e is not None and e != d for e, d in zip(expected, shape, strict=True))
