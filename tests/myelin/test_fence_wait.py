@@ -30,8 +30,7 @@ def test_a_wait_returns_once_the_fence_is_signalled_and_remembers_how_long(spin_
         policy.wait(fence, lambda: 0.02, lambda: None)
         took = time.perf_counter() - start
         thread.join()
-        assert took >= 0.009
-        assert policy.expected_s == pytest.approx(took, abs=0.002)
+        assert 0.009 <= policy.expected_s <= took  # the wait's own length, remembered
 
 
 def test_a_stop_raised_between_slices_ends_the_wait():
