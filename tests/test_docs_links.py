@@ -12,7 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted(
     p
     for p in [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("*/**/README.md")]
-    if ".venv" not in p.parts and "node_modules" not in p.parts
+    # Hidden folders (a venv, a device-run copy of the tree) are not the repository's docs.
+    if not any(part.startswith(".") for part in p.relative_to(REPO).parts)
+    and "node_modules" not in p.parts
 )
 CODE = sorted(
     p
