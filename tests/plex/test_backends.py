@@ -535,3 +535,42 @@ def test_a_backend_artifact_can_be_profiled(tmp_path):
     inputs = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
     result = capture(out, "forward", inputs, tmp_path / "profile")
     assert result.profile.exists() and result.dispatches, result
+
+
+# a few rows times a wide weight (as MiniLM's projections at batch 1): both matmuls are split
+# into blocks of columns (400 columns: three blocks of >= 192), one with its weight transposed
+# as stored, one with it as [k][n]; a block's rows of C and of that B have the op's whole width
+WIDE_MODEL = """
+func.func @forward(%x: tensor<?x64xf32>, %w: tensor<400x64xf32>, %u: tensor<64x400xf32>)
+    -> (tensor<?x400xf32>, tensor<?x400xf32>) {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %n = tensor.dim %x, %c0 : tensor<?x64xf32>
+  %t0 = tensor.empty() : tensor<64x400xf32>
+  %t = linalg.transpose ins(%w : tensor<400x64xf32>) outs(%t0 : tensor<64x400xf32>) permutation = [1, 0]
+  %y0 = tensor.empty(%n) : tensor<?x400xf32>
+  %yz = linalg.fill ins(%zero : f32) outs(%y0 : tensor<?x400xf32>) -> tensor<?x400xf32>
+  %y = linalg.matmul ins(%x, %t : tensor<?x64xf32>, tensor<64x400xf32>) outs(%yz : tensor<?x400xf32>) -> tensor<?x400xf32>
+  %z = linalg.matmul ins(%x, %u : tensor<?x64xf32>, tensor<64x400xf32>) outs(%yz : tensor<?x400xf32>) -> tensor<?x400xf32>
+  return %y, %z : tensor<?x400xf32>, tensor<?x400xf32>
+}
+"""
+
+WIDE_RUN = """
+import json, sys
+import numpy as np
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+rng = np.random.default_rng(0)
+x = rng.standard_normal((7, 64), dtype=np.float32)
+w = rng.standard_normal((400, 64), dtype=np.float32)
+u = rng.standard_normal((64, 400), dtype=np.float32)
+with model.session() as s:
+    y, z = s.call("forward", x, w, u)
+print(json.dumps({"y": float(np.abs(y - x @ w.T).max()), "z": float(np.abs(z - x @ u).max())}))
+"""
+
+
+def test_wide_matmuls_split_over_columns_match_numpy(tmp_path):
+    errors = _build_and_run(tmp_path, WIDE_MODEL, APP.format(blas=BLAS), WIDE_RUN)
+    assert errors["y"] < 1e-4 and errors["z"] < 1e-4, errors

@@ -18,13 +18,13 @@ int plex_backend_matmul(const plex_matmul_args_t* args) {
   const float* a = args->a + args->a_offset;
   const float* b = args->b + args->b_offset;
   float* c = args->c + args->c_offset;
-  const int m = (int)args->m, n = (int)args->n, k = (int)args->k;
+  const int m = (int)args->m, n = (int)args->n, k = (int)args->k, ld = (int)args->ld;
   const int transpose_b = (args->flags & PLEX_MATMUL_TRANSPOSE_B) != 0;
-  const size_t b_stride = (args->flags & PLEX_MATMUL_SHARED_B) ? 0 : (size_t)k * n;
+  const size_t b_stride = (args->flags & PLEX_MATMUL_SHARED_B) ? 0 : (size_t)k * ld;
   for (size_t i = 0; i < args->batch; ++i) {
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans, m, n, k,
-                1.0f, a + i * (size_t)m * k, k, b + i * b_stride, transpose_b ? k : n, 0.0f,
-                c + i * (size_t)m * n, n);
+                      1.0f, a + i * (size_t)m * k, k, b + i * b_stride, transpose_b ? k : ld, 0.0f,
+                      c + i * (size_t)m * ld, ld);
   }
   return 0;
 }

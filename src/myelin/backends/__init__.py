@@ -19,7 +19,7 @@ from pathlib import Path
 
 from myelin.errors import MyelinError
 
-ABI_VERSION = 1  # PLEX_BACKEND_ABI_VERSION in abi/plex_backend.h
+ABI_VERSION = 2  # PLEX_BACKEND_ABI_VERSION in abi/plex_backend.h
 ABI_DIR = Path(__file__).parent / "abi"
 ABI_FILES = (ABI_DIR / "plex_backend.h", ABI_DIR / "plex_plugin.c")
 # The ops the compiler can hand to a backend.

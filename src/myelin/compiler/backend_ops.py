@@ -40,10 +40,15 @@ from myelin.errors import CompileError
 TRANSPOSE_B = 1  # PLEX_MATMUL_TRANSPOSE_B
 SHARED_B = 2  # PLEX_MATMUL_SHARED_B
 # A call is split into workgroups that the device's worker pool runs in parallel, each calling
-# the backend on its slice (whole batches, else blocks of rows): at most this many, and row
-# blocks of at least this many rows (each call re-packs B: fewer, larger slices pack it less).
+# the backend on its slice: whole batches; else, where op(B) has more columns than A has rows
+# (MiniLM at batch 1: 128 rows, 384 or 1536 columns), blocks of columns, so each call packs
+# only its own part of the weight; else blocks of rows (each call packs all of B again). At
+# most MAX_WORKGROUPS, row blocks of at least MIN_ROWS_PER_WORKGROUP rows and column blocks of
+# at least MIN_COLUMNS_PER_WORKGROUP columns (two blocks for a 384-wide weight: one per worker
+# of a 2-core pool; fewer, larger calls pack less).
 MAX_WORKGROUPS = 16
 MIN_ROWS_PER_WORKGROUP = 64
+MIN_COLUMNS_PER_WORKGROUP = 192
 
 # (device, backend, op, min_flops), in [placement] order
 BackendOpRule = tuple[str, str, str, int]
@@ -77,8 +82,9 @@ def _executable_text(name: str, backend: str) -> str:
     # buffer and passes each one's offset to the dispatch; with an identity layout the offset
     # folds to 0 and every call would see the buffer's start (measured: wrong results).
     # Workgroup w of W takes its share of the call's units (the batch when batch > 1, else the
-    # rows of A and C) and calls the backend on that slice: the local-task pool spreads the
-    # workgroups over its workers, so the vendor library runs single-threaded on each.
+    # columns of op(B) and C where n > m, else the rows of A and C) and calls the backend on
+    # that slice: the local-task pool spreads the workgroups over its workers, so the vendor
+    # library runs single-threaded on each. `ld` (the op's whole n) stays the row stride.
     return f"""
 #dyn = strided<[1], offset: ?>
 stream.executable private @{name} {{
@@ -88,7 +94,7 @@ stream.executable private @{name} {{
   }}
   builtin.module {{
     func.func private @{symbol}(memref<f32>, index, memref<f32>, index, memref<f32>, index,
-        index, index, index, index, index) attributes {{llvm.bareptr = true}}
+        index, index, index, index, index, index) attributes {{llvm.bareptr = true}}
     func.func @matmul(%ba: !stream.binding, %bb: !stream.binding, %bc: !stream.binding,
         %batch: index, %m: index, %n: index, %k: index, %flags: index, %lb: index) {{
       %c0 = arith.constant 0 : index
@@ -106,14 +112,24 @@ stream.executable private @{name} {{
       %c0p, %co, %cs, %cst = memref.extract_strided_metadata %c
           : memref<?xf32, #dyn> -> memref<f32>, index, index, index
       %by_batch = arith.cmpi ugt, %batch, %c1 : index
-      %units = arith.select %by_batch, %batch, %m : index
+      %wide = arith.cmpi ugt, %n, %m : index
+      %one = arith.cmpi eq, %batch, %c1 : index
+      %by_cols = arith.andi %one, %wide : i1
+      %rows_or_cols = arith.select %by_cols, %n, %m : index
+      %units = arith.select %by_batch, %batch, %rows_or_cols : index
       {workgroup_share("%units")}
       %mk = arith.muli %m, %k : index
       %mn = arith.muli %m, %n : index
       %kn = arith.muli %k, %n : index
-      %a_unit = arith.select %by_batch, %mk, %k : index
-      %b_unit = arith.select %by_batch, %kn, %c0 : index
-      %c_unit = arith.select %by_batch, %mn, %n : index
+      %tflag = arith.andi %flags, %c1 : index
+      %transposed = arith.cmpi ne, %tflag, %c0 : index
+      %b_col = arith.select %transposed, %k, %c1 : index
+      %a_row = arith.select %by_cols, %c0, %k : index
+      %b_row = arith.select %by_cols, %b_col, %c0 : index
+      %c_row = arith.select %by_cols, %c1, %n : index
+      %a_unit = arith.select %by_batch, %mk, %a_row : index
+      %b_unit = arith.select %by_batch, %kn, %b_row : index
+      %c_unit = arith.select %by_batch, %mn, %c_row : index
       %a_skip = arith.muli %first, %a_unit : index
       %b_skip = arith.muli %first, %b_unit : index
       %c_skip = arith.muli %first, %c_unit : index
@@ -121,10 +137,12 @@ stream.executable private @{name} {{
       %bo2 = arith.addi %bo, %b_skip : index
       %co2 = arith.addi %co, %c_skip : index
       %batch2 = arith.select %by_batch, %count, %batch : index
-      %m2 = arith.select %by_batch, %m, %count : index
-      func.call @{symbol}(%a0, %ao2, %b0, %bo2, %c0p, %co2, %batch2, %m2, %n, %k, %flags)
+      %row_count = arith.select %by_cols, %m, %count : index
+      %m2 = arith.select %by_batch, %m, %row_count : index
+      %n2 = arith.select %by_cols, %count, %n : index
+      func.call @{symbol}(%a0, %ao2, %b0, %bo2, %c0p, %co2, %batch2, %m2, %n2, %k, %flags, %n)
           : (memref<f32>, index, memref<f32>, index, memref<f32>, index, index, index, index,
-             index, index) -> ()
+             index, index, index) -> ()
       return
     }}
   }}
@@ -236,15 +254,21 @@ class _Builder:
     def binary(self, name: str, a: ir.Value, b: ir.Value) -> ir.Value:
         return self._create(name, [a, b], [self.index], {}).result
 
-    def workgroups(self, batch: ir.Value, m: ir.Value) -> ir.Value:
-        """How many workgroups a call is split into (the executable's slicing, see above)."""
+    def _ugt(self, a: ir.Value, b: ir.Value) -> ir.Value:
         pred = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 8)  # ugt
         i1 = ir.IntegerType.get_signless(1)
-        by_batch = self._create(
-            "arith.cmpi", [batch, self.constant(1)], [i1], {"predicate": pred}
-        ).result
+        return self._create("arith.cmpi", [a, b], [i1], {"predicate": pred}).result
+
+    def _select(self, condition: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self._create("arith.select", [condition, a, b], [self.index], {}).result
+
+    def workgroups(self, batch: ir.Value, m: ir.Value, n: ir.Value) -> ir.Value:
+        """How many workgroups a matmul call is split into (the executable's slicing, see
+        above: batches, else column blocks where n > m, else row blocks)."""
         rows = self.binary("arith.ceildivui", m, self.constant(MIN_ROWS_PER_WORKGROUP))
-        units = self._create("arith.select", [by_batch, batch, rows], [self.index], {}).result
+        cols = self.binary("arith.ceildivui", n, self.constant(MIN_COLUMNS_PER_WORKGROUP))
+        blocks = self._select(self._ugt(n, m), cols, rows)
+        units = self._select(self._ugt(batch, self.constant(1)), batch, blocks)
         return self.binary("arith.minui", units, self.constant(MAX_WORKGROUPS))
 
     def dynamic_dims(self, tensor: ir.Value) -> list[ir.Value]:
@@ -264,12 +288,12 @@ class _Builder:
     ) -> ir.Value:
         """The call; its result has the type and dims of `init` (the op's zero output). The
         first `tensors` operands are tensors, the rest index scalars; by default the call is
-        split as a matmul's (batch, m)."""
+        split as a matmul's (batch, m, n)."""
         scalars = operands[tensors:]
         tensor_operands = operands[:tensors]
         argument_dims = [d for t in tensor_operands for d in self.dynamic_dims(t)]
         result_dims = self.dynamic_dims(init)
-        workload = [workgroups or self.workgroups(scalars[0], scalars[1])]
+        workload = [workgroups or self.workgroups(scalars[0], scalars[1], scalars[2])]
         attributes = {
             "entry_points": ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, entry])]),
             "operandSegmentSizes": ir.DenseI32ArrayAttr.get(

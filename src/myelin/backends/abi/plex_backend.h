@@ -1,4 +1,4 @@
-/* PLeX external backend ABI, version 1.
+/* PLeX external backend ABI, version 2 (2 added plex_matmul_args_t.ld).
  *
  * A backend implements the ops it declares in its package ([backend.<name>] ops) as plain C
  * functions with these signatures. PLeX compiles them together with plex_plugin.c into an IREE
@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define PLEX_BACKEND_ABI_VERSION 1
+#define PLEX_BACKEND_ABI_VERSION 2
 
 #define PLEX_BACKEND_EXPORT __attribute__((visibility("default")))
 
@@ -29,7 +29,10 @@ extern "C" {
 #define PLEX_MATMUL_SHARED_B 2u    /* one b for every batch (b has no batch dimension) */
 
 /* c[i] = a[i] @ op(b[i]) for i < batch, row-major, f32; c is overwritten (beta = 0).
- * Element offsets are added to the base pointers (they are the binding's subspan offsets). */
+ * Element offsets are added to the base pointers (they are the binding's subspan offsets).
+ * `ld` is the op's whole n: the row stride of c, and of b where b is [k][n]. A call may get a
+ * block of the op's columns (n < ld: c and b start at the block, the strides stay ld), of its
+ * rows, or of its batches. */
 typedef struct plex_matmul_args_t {
   const float* a;
   size_t a_offset;
@@ -42,6 +45,7 @@ typedef struct plex_matmul_args_t {
   size_t n;
   size_t k;
   size_t flags;
+  size_t ld;
 } plex_matmul_args_t;
 
 /* attention flags: which mask `mask` points to (with neither, `mask` is not read), and the
