@@ -241,6 +241,21 @@ def test_op_placement_needs_a_backend_device(tmp_path):
         load_app(app)
 
 
+def test_a_variant_of_only_backend_devices_is_a_manifest_error(tmp_path):
+    app = _app(tmp_path)
+    text = app.read_text()
+    app.write_text(text.replace('[devices.cpu]\ntarget = "llvm-cpu"\n', ""))
+    with pytest.raises(ManifestError, match="variant 'default' has only backend devices"):
+        load_app(app)
+    app.write_text(
+        text
+        + '\n[[variant]]\nname = "cpu"\ndevices = ["cpu", "blas"]\n'
+        + '\n[[variant]]\nname = "blas_only"\ndevices = ["blas"]\n'
+    )
+    with pytest.raises(ManifestError, match="variant 'blas_only' has only backend devices"):
+        load_app(app)
+
+
 # an attention (as IREE's torch import makes it, i1 mask) next to a batched matmul whose every
 # B is transposed, with enough rows and batches to be split over several workgroups
 ATTENTION_MODEL = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -218,8 +218,12 @@ class _Packages:
         table: Mapping[str, Any] = getattr(package, kind)
         if ref[1] not in table:
             accepted = [spec.ref for spec in table.values()]
-            word = {"graphs": "graph", "weights": "weights", "tuning": "tuning spec",
-                    "backends": "backend"}[kind]
+            word = {
+                "graphs": "graph",
+                "weights": "weights",
+                "tuning": "tuning spec",
+                "backends": "backend",
+            }[kind]
             raise doc.error(at, *unknown(text, accepted, what=word))
         return table[ref[1]]
 
@@ -327,20 +331,25 @@ def _backend_devices(
         at = ("devices", name, "backend")
         if table.target != "llvm-cpu" or (table.driver or "local-task") != "local-task":
             raise doc.error(
-                at, "a backend device runs on the local-task driver with target llvm-cpu",
+                at,
+                "a backend device runs on the local-task driver with target llvm-cpu",
                 "remove target and driver",
             )
         if ":" in table.backend:
             backend = packages.resolve(doc, at, table.backend, "backends")
         else:
-            found = [p.backends[table.backend] for p in packages.listed
-                     if table.backend in p.backends]
+            found = [
+                p.backends[table.backend] for p in packages.listed if table.backend in p.backends
+            ]
             if len(found) != 1:
                 names = [b.ref for p in packages.listed for b in p.backends.values()]
                 if not found:
                     raise doc.error(at, *unknown(table.backend, names, what="backend"))
-                raise doc.error(at, f"{len(found)} packages export backend {table.backend!r}",
-                                "name it as 'package:name'")
+                raise doc.error(
+                    at,
+                    f"{len(found)} packages export backend {table.backend!r}",
+                    "name it as 'package:name'",
+                )
             backend = found[0]
         out[name] = replace(devices[name], backend=backend)
     return out
@@ -354,22 +363,45 @@ def _check_backend_rule(doc: TomlDocument, rule: PlacementRule, device: DeviceSp
     if rule.op is None:
         if backend is not None:
             raise doc.error(
-                at, f"device {device.name!r} is backend {backend.ref}: it runs ops, not graphs",
+                at,
+                f"device {device.name!r} is backend {backend.ref}: it runs ops, not graphs",
                 f'place ops on it: "{rule.module_glob}:{backend.ops[0]}" = "{device.name}"',
             )
         return
     if backend is None:
-        raise doc.error(at, f"device {device.name!r} has no backend; only a backend device "
-                        "takes op placements", 'add backend = "package:name" to the device')
+        raise doc.error(
+            at,
+            f"device {device.name!r} has no backend; only a backend device takes op placements",
+            'add backend = "package:name" to the device',
+        )
     if rule.op not in backend.ops:
-        raise doc.error(at, f"backend {backend.ref} does not implement {rule.op!r}",
-                        f"it implements: {', '.join(backend.ops)}")
+        raise doc.error(
+            at,
+            f"backend {backend.ref} does not implement {rule.op!r}",
+            f"it implements: {', '.join(backend.ops)}",
+        )
+
+
+def _check_not_only_backends(
+    doc: TomlDocument, at: tuple[str | int, ...], variant: str, devices: Iterable[DeviceSpec]
+) -> None:
+    """A backend device runs only the ops placed on it, so a variant needs another device for
+    the rest of the model (without one, IREE's compile fails deep inside with no clue why)."""
+    members = list(devices)
+    if members and all(d.backend is not None for d in members):
+        raise doc.error(
+            at,
+            f"variant {variant!r} has only backend devices ({', '.join(d.name for d in members)}):"
+            " a backend device runs only the ops placed on it, not the rest of the model",
+            'add a device for the rest, e.g. [devices.cpu] target = "llvm-cpu"',
+        )
 
 
 def _variants(
     doc: TomlDocument, app: AppFile, devices: dict[str, DeviceSpec]
 ) -> tuple[VariantSpec, ...]:
     if not app.variant:
+        _check_not_only_backends(doc, ("devices",), "default", devices.values())
         return (VariantSpec("default", tuple(devices.values())),)
     variants: dict[str, VariantSpec] = {}
     for i, v in enumerate(app.variant):
@@ -383,5 +415,6 @@ def _variants(
             if device in members:
                 raise doc.error(at, f"{device!r} is listed twice")
             members[device] = devices[device]
+        _check_not_only_backends(doc, ("variant", i, "devices"), v.name, members.values())
         variants[v.name] = VariantSpec(v.name, tuple(members.values()))
     return tuple(variants.values())
