@@ -4,7 +4,7 @@ The device call carries at most 64 MiB, and a decoder with Llama-7B-shaped layer
 GB of parameters. Its weights are seeded, so the GPU machine can compute them again:
 
     here:  python benchmarks/gpu/payload.py strip BUILT.mln SKELETON_DIR
-    there: python benchmarks/gpu/payload.py rebuild SKELETON_DIR OUT.mln \\
+    there: python benchmarks/gpu/payload.py rebuild SKELETON_DIR=OUT.mln [...] \\
                --weights benchmarks/gpu/decoder7b/model.py:weights
 
 `strip` writes the .mln's manifest (with every section's SHA-256 digest, the integrity records
@@ -22,11 +22,14 @@ The compiled module and the weights' names, shapes and encodings are what PLeX b
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -61,13 +64,14 @@ def _encoded_parts(records: list[dict], values: Mapping[str, np.ndarray]) -> dic
     parts_of: dict[str, list[dict]] = {}
     for r in records:
         parts_of.setdefault(r.get("of", r["key"]), []).append(r)
-    for key, parts in parts_of.items():
-        data = next(r for r in parts if "of" not in r)
+
+    def one(key: str) -> None:
+        data = next(r for r in parts_of[key] if "of" not in r)
         value = np.asarray(values[key])
         codec = data.get("codec", "none")
         if codec in ("none", "fp32"):  # stored as the graph reads it
             out[key] = np.ascontiguousarray(value.astype(data["dtype"])).tobytes()
-            continue
+            return
         shape = tuple(data["shape"])
         layout = choose_layout(
             codec, shape, str(value.dtype), tuple(data["reduce_axes"]), tuple(data["order"])
@@ -77,6 +81,12 @@ def _encoded_parts(records: list[dict], values: Mapping[str, np.ndarray]) -> dic
         arrays = encode(value.reshape(shape), layout)
         for part, array in zip(layout.parts, arrays, strict=True):
             out[key + part.suffix] = np.ascontiguousarray(array).tobytes()
+
+    # numpy releases the GIL in the encoders' loops (q4's threads per matrix come on top): the
+    # GPU machine's cores encode several parameters at once, the same bytes in any order
+    workers = max(1, (os.cpu_count() or 1) // 4)
+    with ThreadPoolExecutor(workers, thread_name_prefix="payload") as pool:
+        list(pool.map(one, parts_of))  # list(): re-raises a worker's exception
     return out
 
 
@@ -128,9 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("strip", help="the manifest and module sections of a .mln, into a folder")
     s.add_argument("mln", type=Path)
     s.add_argument("skeleton", type=Path)
-    r = sub.add_parser("rebuild", help="the .mln of a skeleton, its weights computed again")
-    r.add_argument("skeleton", type=Path)
-    r.add_argument("out", type=Path)
+    r = sub.add_parser("rebuild", help="the .mln of each skeleton, its weights computed again")
+    r.add_argument("pairs", nargs="+", metavar="SKELETON=OUT", help="skeleton folder=.mln to write")
     r.add_argument("--weights", required=True, help="FILE.py:FUNCTION returning {key: array}")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -139,13 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(f.stat().st_size for f in args.skeleton.iterdir())
         print(f"{args.skeleton}: {len(manifest['parameters'])} parameter records, {size} bytes")
         return 0
-    differ = rebuild(args.skeleton, args.out, load_function(args.weights))
-    took = time.perf_counter() - start
-    if differ:
-        print(f"{args.out}: {len(differ)} section(s) differ from the build: {differ[:5]}")
-        return 1
-    print(f"{args.out}: rebuilt in {took:.1f} s, every section's digest as built")
-    return 0
+    values = functools.cache(load_function(args.weights))  # computed once for every skeleton
+    failed = 0
+    for pair in args.pairs:
+        skeleton, _, out = pair.partition("=")
+        differ = rebuild(Path(skeleton), Path(out), values)
+        took = time.perf_counter() - start
+        if differ:
+            print(f"{out}: {len(differ)} section(s) differ from the build: {differ[:5]}")
+            failed = 1
+        else:
+            print(f"{out}: rebuilt ({took:.1f} s so far), every section's digest as built")
+    return failed
 
 
 if __name__ == "__main__":
