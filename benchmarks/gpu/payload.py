@@ -25,11 +25,12 @@ import argparse
 import functools
 import importlib.util
 import json
+import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -56,37 +57,50 @@ def strip(mln: Path, out: Path) -> dict:
     return manifest
 
 
+_VALUES: Mapping[str, np.ndarray] = {}  # the logical weights, for the forked encoders
+_PARTS: dict[str, list[dict]] = {}
+
+
+def _encode_one(key: str) -> dict[str, bytes]:
+    """One parameter's stored parts by key, as the encode step made them."""
+    from myelin.codecs import choose_layout, encode, q4
+
+    # q4 cuts a matrix into chunks of 1024 rows for its threads (the same bytes for any count);
+    # more threads let the largest matrix (the head) finish with the others
+    q4._WORKERS = max(q4._WORKERS, (os.cpu_count() or 1) // 2)
+    data = next(r for r in _PARTS[key] if "of" not in r)
+    value = np.asarray(_VALUES[key])
+    codec = data.get("codec", "none")
+    if codec in ("none", "fp32"):  # stored as the graph reads it
+        return {key: np.ascontiguousarray(value.astype(data["dtype"])).tobytes()}
+    shape = tuple(data["shape"])
+    layout = choose_layout(
+        codec, shape, str(value.dtype), tuple(data["reduce_axes"]), tuple(data["order"])
+    )
+    if isinstance(layout, str):
+        raise ValueError(f"{key}: {codec} does not apply as recorded: {layout}")
+    arrays = encode(value.reshape(shape), layout)
+    return {
+        key + part.suffix: np.ascontiguousarray(array).tobytes()
+        for part, array in zip(layout.parts, arrays, strict=True)
+    }
+
+
 def _encoded_parts(records: list[dict], values: Mapping[str, np.ndarray]) -> dict[str, bytes]:
-    """Every stored part's bytes by key, from the logical values, as the encode step made them."""
-    from myelin.codecs import choose_layout, encode
+    """Every stored part's bytes by key, from the logical values, as the encode step made them.
 
-    out: dict[str, bytes] = {}
-    parts_of: dict[str, list[dict]] = {}
+    One process per parameter at a time (forked, so the weights are shared, not copied): q4's
+    search is seconds per million weights, and numpy's loops in threads of one process left
+    most of the GPU machine's 16 cores idle; each process still runs q4's own row threads."""
+    global _VALUES, _PARTS
+    _VALUES, _PARTS = values, {}
     for r in records:
-        parts_of.setdefault(r.get("of", r["key"]), []).append(r)
-
-    def one(key: str) -> None:
-        data = next(r for r in parts_of[key] if "of" not in r)
-        value = np.asarray(values[key])
-        codec = data.get("codec", "none")
-        if codec in ("none", "fp32"):  # stored as the graph reads it
-            out[key] = np.ascontiguousarray(value.astype(data["dtype"])).tobytes()
-            return
-        shape = tuple(data["shape"])
-        layout = choose_layout(
-            codec, shape, str(value.dtype), tuple(data["reduce_axes"]), tuple(data["order"])
-        )
-        if isinstance(layout, str):
-            raise ValueError(f"{key}: {codec} does not apply as recorded: {layout}")
-        arrays = encode(value.reshape(shape), layout)
-        for part, array in zip(layout.parts, arrays, strict=True):
-            out[key + part.suffix] = np.ascontiguousarray(array).tobytes()
-
-    # numpy releases the GIL in the encoders' loops (q4's threads per matrix come on top): the
-    # GPU machine's cores encode several parameters at once, the same bytes in any order
-    workers = max(1, (os.cpu_count() or 1) // 4)
-    with ThreadPoolExecutor(workers, thread_name_prefix="payload") as pool:
-        list(pool.map(one, parts_of))  # list(): re-raises a worker's exception
+        _PARTS.setdefault(r.get("of", r["key"]), []).append(r)
+    context = multiprocessing.get_context("fork")
+    out: dict[str, bytes] = {}
+    with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=context) as pool:
+        for parts in pool.map(_encode_one, list(_PARTS)):
+            out.update(parts)
     return out
 
 
