@@ -38,9 +38,11 @@ def _inputs() -> dict[str, tuple[torch.Tensor, ...]]:
 
 
 def weights() -> dict[str, np.ndarray]:
-    """The seeded weights by torch name, as the torch frontend stores them (float16)."""
+    """The seeded weights by torch name, as the torch frontend stores them (float16), and the
+    buffers it stores with them (the rotary frequencies)."""
     model = make_decoder(CONFIG)
-    return {name: p.detach().numpy() for name, p in model.named_parameters()}
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return {name: t.detach().numpy() for name, t in tensors}
 
 
 def build() -> dict:
