@@ -155,6 +155,7 @@ def check_encoded_module(
     variant it applies to (myelin.codecs._q4_kernel). With `text`, the dispatch-creation IR
     is appended to it as text (tests and debugging read it)."""
     from myelin.codecs._loadtime import choose_forms
+    from myelin.codecs._q4_gpu import choose_kernel_forms
     from myelin.codecs._q4_kernel import apply_kernel
     from myelin.compiler.session import CompilerSession
 
@@ -162,6 +163,7 @@ def check_encoded_module(
         module = session.parse(module_bytecode, what=what)
         with session.context:
             apply_kernel(module, q4_kernel)
+            choose_kernel_forms(module, False)  # the kernels step's IR has none left
             at_load = frozenset(choose_forms(module, load_time))
         ir_bytes, _ = session.compile(
             module, compile_from="input", compile_to="dispatch-creation", what=what

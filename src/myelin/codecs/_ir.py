@@ -934,6 +934,7 @@ def rewrite(
     linalg.batch_matmul", ...). The old global and every load of it are gone afterwards."""
     from myelin.codecs._loadtime import emit_load_time_form, wants_load_time_form
     from myelin.codecs._matvec import emit_grouped, emit_scaled, mark_matvec, matvec_loops
+    from myelin.codecs._q4_gpu import emit_kernel_form
 
     globals_ = module_globals(module)
     old = globals_[name]
@@ -972,6 +973,8 @@ def rewrite(
                     if wants_load_time_form(chain, matvec):
                         emit_load_time_form(chain, load.results[0], layout, parts, what, context)
                 if kind.kind == "contraction" and _split_of(layout) is not None:
+                    # the Hopper kernel's form next to the fused one (myelin.codecs._q4_gpu)
+                    emit_kernel_form(chain, layout, parts, what, context)
                     if emit_grouped(chain, layout, parts, what, context):
                         continue
                     if _emit_chunked(chain, layout, parts, what, context):

@@ -205,6 +205,8 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
     assert maps is not None
     w_dims, a_dims, o_dims = (_map_dims(maps[i]) for i in (chain.operand, 1 - chain.operand, 2))
     activation, init = consumer.operands[1 - chain.operand], consumer.operands[2]
+    if str(ir.RankedTensorType(activation.type).element_type) != "f32":
+        return False  # the sums below are f32 throughout (an f16 model takes the chunked form)
     a_shape, o_shape = _static(activation), _static(init)
     target = ir.RankedTensorType(chain.value.type)
     at = chain.src[axis]  # the weight operand's contracted dim

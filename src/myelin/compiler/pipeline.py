@@ -15,6 +15,7 @@ from iree.compiler import ir
 from myelin.codecs import decodes_at_load
 from myelin.codecs._loadtime import choose_forms
 from myelin.codecs._matvec import apply_cpu_tiles
+from myelin.codecs._q4_gpu import choose_kernel_forms
 from myelin.codecs._q4_kernel import applies as q4_kernel_applies
 from myelin.codecs._q4_kernel import apply_kernel as apply_q4_kernel
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
@@ -281,6 +282,8 @@ def compile_module(
                 apply_cpu_tiles(module, all(d.target == "llvm-cpu" for d in devices))
                 # q4 matvecs: the AVX2 kernel where the CPU has it, else the grouped matvec
                 apply_q4_kernel(module, q4_kernel_applies(devices))
+                # q4 kernel forms left (not a kernels variant): the fused decode
+                choose_kernel_forms(module, False)
                 # codecs under data tiling: decode at load into the packed layout, else fused
                 decoded_at_load = choose_forms(module, decodes_at_load(devices))
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)

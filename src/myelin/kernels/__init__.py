@@ -81,10 +81,14 @@ def apply_kernels(
 
     With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
     flash-attention kernel (prefill) or the split-KV kernels (decode: at most 16 query rows, no
-    mask or an additive one) too (docs/kernels.md)."""
+    mask or an additive one) too (docs/kernels.md).
+
+    Both libraries put the q4 kernel (myelin.kernels._q4) in place of the q4 contractions the
+    codec gave a kernel form (myelin.codecs._q4_gpu: decode steps, M <= 16)."""
+    from myelin.codecs._loadtime import choose_forms
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _rewrite, _space, _triton
+    from myelin.kernels import _attention, _q4, _rewrite, _space, _triton
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -94,6 +98,11 @@ def apply_kernels(
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
         with session.context:
+            # A CUDA variant never decodes at load (myelin.codecs.decodes_at_load): drop the
+            # load-time forms, whose matmuls would be matched for nothing
+            choose_forms(module, False)
+            # q4 decode-step matmuls first: their fused forms (erased here) hold matmuls too
+            q4_sites, q4_kernels = _q4.rewrite_q4(module, arch)
             choose = _space.with_tuned(choose_matmul_config, tuned or {})
             matches = _rewrite.find_matmuls(module, choose)
             if tuned:
@@ -101,7 +110,8 @@ def apply_kernels(
             configs = {m.config.name: m.config for m in matches if m.config is not None}
             kernels = {name: _triton.compile_matmul(c, arch) for name, c in configs.items()}
             _rewrite.rewrite(module, matches, kernels, session.context)
-            sites = [m.site.to_json() for m in matches]
+            sites = [m.site.to_json() for m in matches] + [q.to_json() for q in q4_sites]
+            kernels.update(q4_kernels)
             if library == ATTENTION_LIBRARY:
                 found = _attention.find_attention(module)
                 wanted = {m.config.name: m.config for m in found if m.config is not None}

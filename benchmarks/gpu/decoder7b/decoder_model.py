@@ -1,0 +1,1 @@
+../decoder/model.py

@@ -1,0 +1,180 @@
+"""Move a large .mln to the GPU machine without its weights, and rebuild them there.
+
+The device call carries at most 64 MiB, and a decoder with Llama-7B-shaped layers stores 0.4-1.3
+GB of parameters. Its weights are seeded, so the GPU machine can compute them again:
+
+    here:  python benchmarks/gpu/payload.py strip BUILT.mln SKELETON_DIR
+    there: python benchmarks/gpu/payload.py rebuild SKELETON_DIR=OUT.mln [...] \\
+               --weights benchmarks/gpu/decoder7b/model.py:weights
+
+`strip` writes the .mln's manifest (with every section's SHA-256 digest, the integrity records
+the runtime checks) and its non-parameter sections (the compiled modules) into a folder.
+`rebuild` gets the logical weights by name from `--weights` (a function returning
+{key: array}, the values the torch frontend stored: the same seed, the same module), encodes
+each parameter exactly as the build's encode step did (`myelin.codecs.choose_layout` and
+`encode` with the codec, shape, dtype, contracted axes and storage order its manifest records:
+the same numpy encoders), places every part at its recorded offset, writes the file with MyeLiN's
+own writer (`myelin.mln.MlnWriter`) in the recorded section order, and checks that every
+section's digest equals the recorded one: the rebuilt file is the built file (exit 1 otherwise).
+The compiled module and the weights' names, shapes and encodings are what PLeX built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+PARAMETER_PREFIX = "param/"
+
+
+def _section_file(name: str) -> str:
+    return name.replace("/", "__")
+
+
+def strip(mln: Path, out: Path) -> dict:
+    """The skeleton of `mln` in folder `out`: its manifest and its non-parameter sections."""
+    from myelin.mln import MlnReader
+
+    out.mkdir(parents=True, exist_ok=True)
+    with MlnReader(mln) as reader:
+        manifest = reader.manifest
+        for s in manifest["sections"]:
+            if not s["name"].startswith(PARAMETER_PREFIX):
+                (out / _section_file(s["name"])).write_bytes(bytes(reader.section_view(s["name"])))
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
+_VALUES: Mapping[str, np.ndarray] = {}  # the logical weights, for the forked encoders
+_PARTS: dict[str, list[dict]] = {}
+
+
+def _encode_one(key: str) -> dict[str, bytes]:
+    """One parameter's stored parts by key, as the encode step made them."""
+    from myelin.codecs import choose_layout, encode, q4
+
+    # q4 cuts a matrix into chunks of 1024 rows for its threads (the same bytes for any count);
+    # more threads let the largest matrix (the head) finish with the others
+    q4._WORKERS = max(q4._WORKERS, (os.cpu_count() or 1) // 2)
+    data = next(r for r in _PARTS[key] if "of" not in r)
+    value = np.asarray(_VALUES[key])
+    codec = data.get("codec", "none")
+    if codec in ("none", "fp32"):  # stored as the graph reads it
+        return {key: np.ascontiguousarray(value.astype(data["dtype"])).tobytes()}
+    shape = tuple(data["shape"])
+    layout = choose_layout(
+        codec, shape, str(value.dtype), tuple(data["reduce_axes"]), tuple(data["order"])
+    )
+    if isinstance(layout, str):
+        raise ValueError(f"{key}: {codec} does not apply as recorded: {layout}")
+    arrays = encode(value.reshape(shape), layout)
+    return {
+        key + part.suffix: np.ascontiguousarray(array).tobytes()
+        for part, array in zip(layout.parts, arrays, strict=True)
+    }
+
+
+def _encoded_parts(records: list[dict], values: Mapping[str, np.ndarray]) -> dict[str, bytes]:
+    """Every stored part's bytes by key, from the logical values, as the encode step made them.
+
+    One process per parameter at a time (forked, so the weights are shared, not copied): q4's
+    search is seconds per million weights, and numpy's loops in threads of one process left
+    most of the GPU machine's 16 cores idle; each process still runs q4's own row threads."""
+    global _VALUES, _PARTS
+    _VALUES, _PARTS = values, {}
+    for r in records:
+        _PARTS.setdefault(r.get("of", r["key"]), []).append(r)
+    context = multiprocessing.get_context("fork")
+    out: dict[str, bytes] = {}
+    with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=context) as pool:
+        for parts in pool.map(_encode_one, list(_PARTS)):
+            out.update(parts)
+    return out
+
+
+def rebuild(skeleton: Path, out: Path, values: Callable[[], Mapping[str, np.ndarray]]) -> list[str]:
+    """Write the .mln of `skeleton` with its parameters computed from `values()`; returns the
+    sections whose digest differs from the recorded one (empty: the same file)."""
+    from myelin.mln import MlnReader, MlnWriter
+
+    manifest = json.loads((skeleton / MANIFEST).read_text())
+    stored = _encoded_parts(manifest["parameters"], values())
+    by_section: dict[str, list[dict]] = {}
+    for p in manifest["parameters"]:
+        by_section.setdefault(p["section"], []).append(p)
+    writer = MlnWriter({k: v for k, v in manifest.items() if k not in ("format", "sections")})
+    for s in manifest["sections"]:
+        if s["name"] in by_section:
+            data = bytearray(s["length"])
+            for p in by_section[s["name"]]:
+                part = stored[p["key"]]
+                if len(part) != p["length"]:
+                    raise ValueError(f"{p['key']}: {len(part)} bytes, recorded {p['length']}")
+                data[p["offset"] : p["offset"] + p["length"]] = part
+            writer.add_section(s["name"], s["kind"], bytes(data))
+        else:
+            writer.add_section(s["name"], s["kind"], skeleton / _section_file(s["name"]))
+    writer.write(out)
+    with MlnReader(out) as reader:
+        written = {s["name"]: s for s in reader.manifest["sections"]}
+        reader.verify_all()
+    return [s["name"] for s in manifest["sections"] if written[s["name"]] != s]
+
+
+def load_function(spec: str) -> Callable:
+    """`path/to/file.py:function`, imported with the file's folder on sys.path."""
+    path, _, name = spec.rpartition(":")
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module_spec = importlib.util.spec_from_file_location(Path(path).stem + "_weights", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("strip", help="the manifest and module sections of a .mln, into a folder")
+    s.add_argument("mln", type=Path)
+    s.add_argument("skeleton", type=Path)
+    r = sub.add_parser("rebuild", help="the .mln of each skeleton, its weights computed again")
+    r.add_argument("pairs", nargs="+", metavar="SKELETON=OUT", help="skeleton folder=.mln to write")
+    r.add_argument("--weights", required=True, help="FILE.py:FUNCTION returning {key: array}")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    if args.command == "strip":
+        manifest = strip(args.mln, args.skeleton)
+        size = sum(f.stat().st_size for f in args.skeleton.iterdir())
+        print(f"{args.skeleton}: {len(manifest['parameters'])} parameter records, {size} bytes")
+        return 0
+    values = functools.cache(load_function(args.weights))  # computed once for every skeleton
+    failed = 0
+    for pair in args.pairs:
+        skeleton, _, out = pair.partition("=")
+        differ = rebuild(Path(skeleton), Path(out), values)
+        took = time.perf_counter() - start
+        if differ:
+            print(f"{out}: {len(differ)} section(s) differ from the build: {differ[:5]}")
+            failed = 1
+        else:
+            print(f"{out}: rebuilt ({took:.1f} s so far), every section's digest as built")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

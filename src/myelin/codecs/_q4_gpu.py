@@ -1,0 +1,221 @@
+"""q4 matmuls of decode steps on Hopper: a second form of the encoded contraction that the kernel
+library (myelin.kernels._q4) turns into its skinny-M q4 kernel.
+
+One encoded graph serves every variant, and only the kernels step of a CUDA device with
+`kernels = "triton"` (or "triton-attention") can put a Triton kernel in it. So the encode step
+gives every q4 matmul the kernel covers (M <= 16 rows, static sizes, a K-major g32 weight:
+myelin.kernels._q4.covers) two forms joined by an `arith.select` on a constant marked with
+KERNEL_FORM_ATTRIBUTE:
+
+- the kernel form: one `linalg.generic` over (rows, outputs, group, element) that reads the
+  stored parts and the activation directly and decodes in its body (a correct, if slow,
+  contraction on any target), marked with Q4_MATMUL_ATTRIBUTE; the kernels step replaces it by
+  the kernel's external dispatch;
+- the fused form the codec emits everywhere else (myelin.codecs._ir, _matvec).
+
+The kernels step keeps the kernel form (`choose_kernel_forms(module, True)`); every compile
+keeps the fused one otherwise (the constant `false` folds to it even if nothing chose).
+"""
+
+from __future__ import annotations
+
+import math
+
+from iree.compiler import ir
+
+from myelin.codecs import Layout
+
+# On the arith.select joining the forms, and on the kernel form's contraction: "scope::key".
+KERNEL_FORM_ATTRIBUTE = "plex.q4_kernel_form"
+Q4_MATMUL_ATTRIBUTE = "plex.q4_matmul"
+_CONSUMERS = ("linalg.matmul", "linalg.batch_matmul")
+_ACTIVATIONS = {"f16", "bf16"}
+
+
+def _static(value: ir.Value) -> list[int] | None:
+    t = ir.RankedTensorType(value.type)
+    return [t.get_dim_size(d) for d in range(t.rank)] if t.has_static_shape else None
+
+
+def kernel_shape(chain, layout: Layout) -> tuple[int, int, int] | None:
+    """(M, N, K) of a q4 contraction the kernel form applies to: a matmul or batch matmul
+    reading the weight as its second operand with [K, N] dims (broadcast batch dims allowed),
+    an activation [rows..., K] of f16/bf16 and a result [rows..., N] of f32, every size static,
+    the weight stored K-major; None for anything else."""
+    from myelin.codecs._ir import _map_dims, _reduction_loops
+    from myelin.codecs._matvec import _maps
+    from myelin.kernels._q4 import covers
+
+    consumer = chain.consumer
+    if consumer.name not in _CONSUMERS or chain.operand != 1 or layout.split is None:
+        return None
+    axis, group = layout.split
+    if (layout.order or (0, 1))[0] != axis or len(consumer.results) != 1:
+        return None
+    maps = _maps(consumer)
+    reductions = _reduction_loops(consumer)
+    if maps is None or reductions is None or len(reductions) != 1:
+        return None
+    a_dims, w_dims, o_dims = (_map_dims(m) for m in maps)
+    if a_dims is None or w_dims is None or o_dims is None:
+        return None
+    (k,) = reductions
+    if w_dims[chain.src[axis]] != k:
+        return None
+    n = w_dims[chain.src[1 - axis]]
+    rows = a_dims[:-1]
+    if a_dims[-1] != k or o_dims != [*rows, n]:
+        return None
+    a_shape, o_shape = _static(consumer.operands[0]), _static(consumer.operands[2])
+    if a_shape is None or o_shape is None:
+        return None
+    a_el = str(ir.RankedTensorType(consumer.operands[0].type).element_type)
+    o_el = str(ir.RankedTensorType(consumer.operands[2].type).element_type)
+    if o_el != "f32":
+        return None
+    m, n_size, k_size = math.prod(a_shape[:-1]), o_shape[-1], a_shape[-1]
+    if covers(a_el, m, n_size, k_size, group) is not None:
+        return None
+    return m, n_size, k_size
+
+
+def emit_kernel_form(
+    chain, layout: Layout, parts: list[ir.Value], what: str, context: ir.Context
+) -> bool:
+    """Place the kernel form of this use before its consumer, joined to the consumer's result
+    by the marked select (the fused form is built afterwards from the same chain). False
+    (nothing changed) when the kernel does not cover the contraction."""
+    from myelin.codecs._ir import _parse_template, _remap, _template_body
+
+    shape = kernel_shape(chain, layout)
+    if shape is None:
+        return False
+    m, n, k = shape
+    _, group = layout.split  # type: ignore[misc]
+    groups = k // group
+    consumer = chain.consumer
+    x, init = consumer.operands[0], consumer.operands[2]
+    x_t, init_t = ir.RankedTensorType(x.type), ir.RankedTensorType(init.type)
+    el = str(x_t.element_type)
+    x2_t, xe_t = f"tensor<{m}x{k}x{el}>", f"tensor<{m}x{groups}x{group}x{el}>"
+    r_t = f"tensor<{m}x{n}xf32>"
+
+    def flat(name: str, value_t: ir.RankedTensorType, to: str, out: str) -> str:
+        if value_t.rank == 2:
+            return f"  %{out} = tensor.cast %{name} : {value_t} to {to}\n"
+        rows = list(range(value_t.rank - 1))
+        return (
+            f"  %{out} = tensor.collapse_shape %{name} [{rows}, [{value_t.rank - 1}]]"
+            f" : {value_t} into {to}\n"
+        )
+
+    if init_t.rank == 2:
+        back = f"  %q4out = tensor.cast %q4r : {r_t} to {init_t}\n"
+    else:
+        dims = [init_t.get_dim_size(d) for d in range(init_t.rank)]
+        rows = list(range(init_t.rank - 1))
+        back = (
+            f"  %q4out = tensor.expand_shape %q4r [{rows}, [{init_t.rank - 1}]]"
+            f" output_shape {dims} : {r_t} into {init_t}\n"
+        )
+    loops = "(d0, d1, d2, d3)"  # rows, outputs, group, element in group
+    maps = [
+        f"affine_map<{loops} -> (d0, d2, d3)>",
+        f"affine_map<{loops} -> (d2, d3, d1)>",
+        f"affine_map<{loops} -> (d2, d1)>",
+        f"affine_map<{loops} -> (d2, d1)>",
+        f"affine_map<{loops} -> (d1)>",
+        f"affine_map<{loops} -> (d1)>",
+        f"affine_map<{loops} -> (d0, d1)>",
+    ]
+    part_types = [str(v.type) for v in parts]
+    block = ", ".join(f"%p{i}: {p.element}" for i, p in enumerate(layout.parts))
+    body = "\n".join(f"      {line}" for line in layout.decode)
+    text = f"""
+func.func private @q4(%x: {x_t}, {", ".join(f"%a{i}: {t}" for i, t in enumerate(part_types))},
+                      %init: {init_t}) -> {init_t} {{
+{flat("x", x_t, x2_t, "x2")}  %xe = tensor.expand_shape %x2 [[0], [1, 2]]
+      output_shape [{m}, {groups}, {group}] : {x2_t} into {xe_t}
+{flat("init", init_t, r_t, "i2")}  %q4r = linalg.generic {{indexing_maps = [{", ".join(maps)}],
+      iterator_types = ["parallel", "parallel", "reduction", "reduction"]}}
+      ins(%xe, {", ".join(f"%a{i}" for i in range(len(parts)))} : {xe_t}, {", ".join(part_types)})
+      outs(%i2 : {r_t}) {{
+    ^bb0(%xin: {el}, {block}, %acc: f32):
+{body}
+      %xf = arith.extf %xin : {el} to f32
+      %prod = arith.mulf %xf, %r : f32
+      %sum = arith.addf %acc, %prod : f32
+      linalg.yield %sum : f32
+  }} -> {r_t}
+{back}  return %q4out : {init_t}
+}}"""
+    template = _parse_template(context, text)
+    block_, ops = _template_body(template)
+    placed = ops[:-1]
+    for op in placed:
+        op.move_before(consumer)
+    _remap(placed, [*zip(block_.arguments, [x, *parts, init], strict=True)])
+    contraction = next(op for op in placed if op.name == "linalg.generic")
+    contraction.attributes[Q4_MATMUL_ATTRIBUTE] = ir.StringAttr.get(what, context)
+    fused = consumer.results[0]
+    i1 = ir.IntegerType.get_signless(1, context)
+    with ir.InsertionPoint(consumer), ir.Location.unknown(context):
+        flag = ir.Operation.create(
+            "arith.constant", results=[i1], attributes={"value": ir.IntegerAttr.get(i1, 0)}
+        )
+        select = ir.Operation.create(
+            "arith.select",
+            results=[fused.type],
+            operands=[flag.results[0], placed[-1].results[0], fused],
+            attributes={KERNEL_FORM_ATTRIBUTE: ir.StringAttr.get(what, context)},
+        )
+    select.move_after(consumer)
+    fused.replace_all_uses_with(select.results[0])
+    select.operands[2] = fused
+    return True
+
+
+def kernel_forms(module: ir.Operation) -> list[ir.Operation]:
+    """The kernel forms' contractions (Q4_MATMUL_ATTRIBUTE), in IR order."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.generic" and Q4_MATMUL_ATTRIBUTE in op.attributes:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+def choose_kernel_forms(module: ir.Operation, kernel: bool) -> list[str]:
+    """Keep one form of every q4 contraction that has two: the kernel form if `kernel` (the
+    kernels step, which then puts the kernel in its place), else the fused one; erase the
+    other. Returns "scope::key" of each kept kernel form, in IR order."""
+    from myelin.codecs._loadtime import _erase_unused
+
+    selects: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "arith.select" and KERNEL_FORM_ATTRIBUTE in op.attributes:
+            selects.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    kept_kernel, blocks = [], []
+    for select in selects:
+        if kernel:
+            kept_kernel.append(ir.StringAttr(select.attributes[KERNEL_FORM_ATTRIBUTE]).value)
+        kept = select.operands[1] if kernel else select.operands[2]
+        flag = select.operands[0].owner
+        select.results[0].replace_all_uses_with(kept)
+        block = select.parent.regions[0].blocks[0] if select.parent is not None else None
+        if block is not None and all(b != block for b in blocks):
+            blocks.append(block)
+        select.erase()
+        flag_op = flag.operation if hasattr(flag, "operation") else flag
+        if not list(flag_op.results[0].uses):
+            flag_op.erase()
+    for block in blocks:
+        _erase_unused(block)
+    return kept_kernel

@@ -1,0 +1,242 @@
+"""q4 weights on Hopper: a skinny-M (M <= 16) q4 x f16/bf16 matmul kernel with the 4-bit
+unpacking fused, for the encoded matmuls of a decode step.
+
+Without it, a CUDA variant decodes q4 into floats inside each contraction's dispatch (IREE
+codegen, the contracted axis cut into chunks of 256 and summed: myelin.codecs._ir), which on a
+decode step reads the 4-bit weight through many small dispatches and spends its time decoding.
+This kernel reads the stored parts in place (format 7: codes [K, N] two per byte along N, group
+factors [K / g, N], output factors [N]) once per call:
+
+- per program, a block of BN outputs and a share KS of the contracted axis (split-K, so that a
+  4096-output projection still streams through every SM);
+- per group of 32 contracted elements: the codes unpacked by mask and shift to f16 (exact: 0..15)
+  and the group's partial products `P[m, n] = sum_e x[m, e] * q[e, n]` by `tl.dot` (f32
+  accumulation), then the group's factors once per output: `acc_s += P * scale8`, `acc_o +=
+  xs[m] * offset8` with `xs` the group's activation sum (codecs.md, "q4's grouped matvec");
+- at the end `part[s, m, n] = acc_s * row_scale[n] + acc_o * row_offset[n]` in f32.
+
+IREE sums the shares, adds the consumer's init and narrows to the consumer's result type in one
+codegen dispatch after the kernel (myelin.codecs._q4_gpu builds that IR).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iree.compiler import ir
+
+from myelin.kernels._triton import CompiledKernel, compile_triton
+
+GROUP = 32  # the kernel's q4 group size (the codec's default)
+MAX_M = 16  # rows per program: decode steps (one token per sequence, at most 16 sequences)
+# Programs wanted per call: two per SM of an H200 (132 SMs), so that the weight streams through
+# every SM; the contracted axis is split until the grid has that many.
+_WANTED_PROGRAMS = 264
+_MIN_SHARE = 128  # contracted elements per program at least (4 groups)
+_TYPES = {"f16": "fp16", "bf16": "bf16"}
+
+
+@dataclass(frozen=True)
+class Q4Config:
+    """One q4 matmul kernel: out[M, N] from x[M, K] and a q4:g32 [K, N] weight."""
+
+    dtype: str  # the activation's: "f16" | "bf16"
+    n: int
+    k: int
+    block_n: int
+    split: int  # programs along K; each takes k / split
+    block_m: int = MAX_M
+    num_warps: int = 4
+    num_stages: int = 4
+
+    @property
+    def name(self) -> str:
+        return (
+            f"plex_q4_matmul_{self.dtype}_n{self.n}_k{self.k}_"
+            f"{self.block_m}x{self.block_n}_s{self.split}_w{self.num_warps}s{self.num_stages}"
+        )
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.n // self.block_n, self.split
+
+
+def covers(dtype: str, m: int | None, n: int, k: int, group: int) -> str | None:
+    """Why the kernel does not cover this matmul, or None when it does."""
+    if dtype not in _TYPES:
+        return f"activation {dtype}: the q4 kernel takes f16 or bf16"
+    if m is None or m > MAX_M:
+        return f"M = {m}: the q4 kernel takes a static M of at most {MAX_M} (decode steps)"
+    if group != GROUP:
+        return f"group {group}: the q4 kernel takes q4:g{GROUP}"
+    if n % 64:
+        return f"N = {n}: the q4 kernel needs N % 64 == 0"
+    if k % (GROUP * 4):
+        return f"K = {k}: the q4 kernel needs K % {GROUP * 4} == 0"
+    return None
+
+
+def choose(dtype: str, n: int, k: int) -> Q4Config:
+    """128 outputs per program where N allows (64 bytes of codes per contracted row), the
+    contracted axis split in powers of two until the grid reaches _WANTED_PROGRAMS."""
+    block_n = 128 if n % 128 == 0 else 64
+    blocks, split = n // block_n, 1
+    while (
+        blocks * split < _WANTED_PROGRAMS
+        and (k // GROUP) % (2 * split) == 0
+        and k // (2 * split) >= _MIN_SHARE
+    ):
+        split *= 2
+    return Q4Config(dtype=dtype, n=n, k=k, block_n=block_n, split=split)
+
+
+def _q4_fn():
+    from myelin.kernels._q4_triton import plex_q4_matmul
+
+    return plex_q4_matmul
+
+
+def compile_q4(config: Q4Config, arch: str = "sm_90a") -> CompiledKernel:
+    """Triton -> PTX -> cubin for `arch`, with no GPU present (myelin.kernels._triton)."""
+    signature = {
+        "x_ptr": f"*{_TYPES[config.dtype]}", "q_ptr": "*u8", "s_ptr": "*u8", "o_ptr": "*i8",
+        "rs_ptr": "*fp32", "ro_ptr": "*fp32", "part_ptr": "*fp32", "M": "i32",
+        "N": "constexpr", "K": "constexpr", "KS": "constexpr", "G": "constexpr",
+        "BM": "constexpr", "BN": "constexpr",
+    }  # fmt: skip
+    constexprs = {
+        "N": config.n, "K": config.k, "KS": config.k // config.split, "G": GROUP,
+        "BM": config.block_m, "BN": config.block_n,
+    }  # fmt: skip
+    # IREE's bindings are 16-byte aligned at least; every row the kernel steps by is a multiple
+    # of 16 elements or bytes (N % 64 == 0, K % 128 == 0: `covers`).
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
+    return compile_triton(
+        _q4_fn, signature, constexprs, attrs,
+        num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Q4Site:
+    """One q4 contraction of the graph (a kernel form) and the kernel it went to."""
+
+    function: str
+    parameter: str  # "scope::key"
+    shape: tuple[int, int, int]  # (M, N, K)
+    dtype: str
+    kernel: str | None
+    reason: str
+
+    def to_json(self) -> dict:
+        m, n, k = self.shape
+        return {
+            "function": self.function,
+            "location": self.parameter,
+            "op": "q4_matmul",
+            "m": m,
+            "n": n,
+            "k": k,
+            "dtype": self.dtype,
+            "out_dtype": "f32",
+            "kernel": self.kernel,
+            "reason": self.reason,
+        }
+
+
+def _wrapper_text(name: str, kernel: CompiledKernel, config: Q4Config, types: list[str]) -> str:
+    """The kernel's wrapper: the codes viewed as bytes, the kernel writing its K shares
+    [split, M, N] in f32, and IREE's sum of the shares into the consumer's init."""
+    from myelin.kernels._rewrite import _hex
+
+    x_t, q_t, s_t, o_t, rs_t, ro_t, init_t = types
+    m = ir.RankedTensorType(ir.Type.parse(init_t)).get_dim_size(0)
+    n, k, split = config.n, config.k, config.split
+    bytes_t = f"tensor<{k}x{n // 2}xi8>"
+    part_t = f"tensor<{split}x{m}x{n}xf32>"
+    data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
+    binding = "#hal.pipeline.binding<storage_buffer"
+    blocks, _ = config.grid
+    return f"""
+util.func private @{name}(%x: {x_t}, %q: {q_t}, %s: {s_t}, %o: {o_t}, %rs: {rs_t},
+                          %ro: {ro_t}, %init: {init_t}) -> {init_t} {{
+  %qb = flow.tensor.bitcast %q : {q_t} -> {bytes_t}
+  %m_i32 = arith.constant {m} : i32
+  %wx = arith.constant {blocks} : index
+  %wy = arith.constant {split} : index
+  %p = hal.dispatch.extern "{kernel.name}"[%wx, %wy](%m_i32, %x, %qb, %s, %o, %rs, %ro)
+      : (i32, {x_t}, {bytes_t}, {s_t}, {o_t}, {rs_t}, {ro_t}) -> {part_t}
+    count(%device: !hal.device, %gx: index, %gy: index) -> (index, index, index) {{
+      %one = arith.constant 1 : index
+      hal.return %gx, %gy, %one : index, index, index
+    }}
+    layout(#hal.pipeline.layout<constants = 1, bindings = [
+      {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}, ReadOnly>,
+      {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
+    objects({{
+      #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
+        #hal.executable.object<{{path = "{kernel.name}.cubin", data = {data}}}>
+      ]
+    }})
+    <{{workgroup_size = [{kernel.threads} : index, 1 : index, 1 : index],
+       workgroup_local_memory = {kernel.shared_bytes} : index}}>
+  %sum = linalg.generic {{indexing_maps = [affine_map<(d0, d1, d2) -> (d2, d0, d1)>,
+                                          affine_map<(d0, d1, d2) -> (d0, d1)>],
+      iterator_types = ["parallel", "parallel", "reduction"]}}
+      ins(%p : {part_t}) outs(%init : {init_t}) {{
+    ^bb0(%a: f32, %acc: f32):
+      %t = arith.addf %acc, %a : f32
+      linalg.yield %t : f32
+  }} -> {init_t}
+  util.return %sum : {init_t}
+}}
+"""
+
+
+def rewrite_q4(module: ir.Operation, arch: str) -> tuple[list[Q4Site], dict[str, CompiledKernel]]:
+    """Keep the kernel form of every q4 contraction (myelin.codecs._q4_gpu) and replace each by
+    a call of its kernel's wrapper; returns the sites and the kernels compiled."""
+    from myelin.codecs._q4_gpu import Q4_MATMUL_ATTRIBUTE, choose_kernel_forms, kernel_forms
+    from myelin.kernels._rewrite import _function_name
+
+    choose_kernel_forms(module, True)
+    body = module.regions[0].blocks[0]
+    sites: list[Q4Site] = []
+    kernels: dict[str, CompiledKernel] = {}
+    wrappers: dict[tuple[str, ...], str] = {}
+    for op in kernel_forms(module):
+        expand = op.operands[0].owner
+        expand = getattr(expand, "operation", expand)
+        x = expand.operands[0]  # the activation as [M, K]
+        operands = [x, *op.operands[1:7]]
+        types = [str(v.type) for v in operands]
+        x_t = ir.RankedTensorType(x.type)
+        m, k = x_t.get_dim_size(0), x_t.get_dim_size(1)
+        n = ir.RankedTensorType(op.results[0].type).get_dim_size(1)
+        dtype = str(x_t.element_type)
+        parameter = ir.StringAttr(op.attributes[Q4_MATMUL_ATTRIBUTE]).value
+        config = choose(dtype, n, k)
+        if config.name not in kernels:
+            kernels[config.name] = compile_q4(config, arch)
+        key = (config.name, *types)
+        name = wrappers.get(key)
+        if name is None:
+            name = wrappers[key] = f"__plex_q4_kernel_{len(wrappers)}_{config.name}"
+            helper = ir.Module.parse(_wrapper_text(name, kernels[config.name], config, types))
+            for fn in list(helper.body.operations):
+                body.append(fn.detach_from_parent())
+        with ir.InsertionPoint(op), op.location:
+            call = ir.Operation.create(
+                "util.call",
+                results=[op.results[0].type],
+                operands=operands,
+                attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+            )
+        op.results[0].replace_all_uses_with(call.results[0])
+        sites.append(
+            Q4Site(_function_name(call), parameter, (m, n, k), dtype, config.name, "matched q4")
+        )
+        op.erase()
+        if not list(expand.results[0].uses):
+            expand.erase()
+    return sites, kernels
