@@ -1,7 +1,8 @@
 """Where one MiniLM call's wall time goes: MyeLiN's call path by stage, and each thread's time.
 
-    python benchmarks/minilm_call_split.py [--app blas|untiled] [--batch 1] [--calls 30]
-                                           [--threads N] [--spin-us S] [--iree-flag F ...]
+    python benchmarks/minilm_call_split.py [--app blas|untiled] [--driver local-task|local-sync]
+                                           [--batch 1] [--calls 30] [--threads N]
+                                           [--spin-us S] [--iree-flag F ...]
 
 Builds examples/minilm (`--app blas`: its matmuls, attentions and GELUs on the BLAS backend, as
 benchmarks/minilm_cpu.py does; `--app untiled`: IREE codegen only, no data tiling), then times:
@@ -50,6 +51,9 @@ def thread_times() -> dict[str, tuple[str, int, int, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--app", choices=("blas", "untiled"), default="blas")
+    parser.add_argument(
+        "--driver", choices=("local-task", "local-sync"), default="local-task", help="--app blas"
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--calls", type=int, default=30)
@@ -71,7 +75,10 @@ def main() -> None:
     example = minilm_cpu.load_example()
     with tempfile.TemporaryDirectory(prefix="minilm-split-") as tmp:
         folder = Path(tmp)
-        app = (minilm_cpu.blas_app if args.app == "blas" else minilm_cpu.untiled_app)(folder)
+        if args.app == "blas":
+            app = minilm_cpu.blas_app(folder, args.driver)
+        else:
+            app = minilm_cpu.untiled_app(folder)
         build(app, folder / "model.mln")
         model = myelin.Instance().load(folder / "model.mln")
         if args.app == "blas" and args.threads:
@@ -121,7 +128,8 @@ def main() -> None:
 
     n = args.calls
     print(
-        f"# {args.app} batch {args.batch} seq {args.seq}, threads {args.threads or 'default'}, "
+        f"# {args.app} ({args.driver}) batch {args.batch} seq {args.seq}, "
+        f"threads {args.threads or 'default'}, "
         f"flags {flags or 'none'}, spin_us {args.spin_us}, load {os.getloadavg()[0]:.1f}"
     )
     print(
