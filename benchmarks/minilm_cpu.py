@@ -1,12 +1,13 @@
 """all-MiniLM-L6-v2 on the CPU: PLeX (.mln through MyeLiN) vs torch eager vs ONNX Runtime.
 
-PLeX runs four times: the example as shipped (examples/minilm: batch and sequence dynamic,
+PLeX runs five times: the example as shipped (examples/minilm: batch and sequence dynamic,
 `data_tiling = true`), the same without data tiling (PLeX's zero-copy default), the same with
 its matmuls, attentions and GELUs placed on the BLAS backend (examples/backends/blas, OpenBLAS
-sgemm; needs `pip install -e '.[blas]'`), and the model exported with static shapes (one
-entrypoint per batch size, data tiling on), which isolates what dynamic shapes cost in IREE's
-CPU code generation. `--no-codegen` leaves out the two IREE codegen builds (they take most of a
-run's time at batch 32, at a quarter of torch's speed on an AVX2 host).
+sgemm; needs `pip install -e '.[blas]'`), that on the local-sync driver (every dispatch inline
+on the calling thread: one thread whatever `--threads` says), and the model exported with
+static shapes (one entrypoint per batch size, data tiling on), which isolates what dynamic
+shapes cost in IREE's CPU code generation. `--no-codegen` leaves out the two IREE codegen builds
+(they take most of a run's time at batch 32, at a quarter of torch's speed on an AVX2 host).
 
     python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
                                     [--threads N] [--no-static] [--no-blas] [--no-codegen]
@@ -115,16 +116,17 @@ def untiled_app(folder: Path) -> Path:
     return app
 
 
-def blas_app(folder: Path) -> Path:
+def blas_app(folder: Path, driver: str = "local-task") -> Path:
     """The example with its matmuls, attentions and GELUs placed on the BLAS backend
     (examples/backends/blas: OpenBLAS sgemm through an executable plugin, the attention's
-    softmax and the GELU in the backend's C); the rest stays IREE codegen on the CPU."""
-    app = folder / "blas_app.toml"
+    softmax and the GELU in the backend's C); the rest stays IREE codegen on the CPU. `driver`
+    local-sync runs both devices inline on the calling thread (one thread, no worker hand-offs)."""
+    app = folder / f"blas_app_{driver}.toml"
     backend = REPO / "examples" / "backends" / "blas"
     app.write_text(
         f'[app]\nname = "minilm_blas"\npackages = ["{MINILM}", "{backend}"]\n'
-        '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ncpu = "host"\n'
-        '[devices.blas]\nbackend = "blas"\n'
+        f'[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "{driver}"\ncpu = "host"\n'
+        f'[devices.blas]\nbackend = "blas"\ndriver = "{driver}"\n'
         '[placement]\n"encoder:matmul" = "blas"\n"encoder:attention" = "blas"\n'
         '"encoder:gelu" = "blas"\n'
     )
@@ -210,7 +212,10 @@ def main() -> None:
     example = load_example()
     with tempfile.TemporaryDirectory(prefix="minilm-bench-") as tmp:
         # first: a backend's plugin must be registered before the first local-task device
-        blas = None if args.no_blas else plex_session(blas_app(Path(tmp)), Path(tmp) / "blas.mln")
+        blas = blas_sync = None
+        if not args.no_blas:
+            blas = plex_session(blas_app(Path(tmp)), Path(tmp) / "blas.mln")
+            blas_sync = plex_session(blas_app(Path(tmp), "local-sync"), Path(tmp) / "blas_sync.mln")
         if blas is not None and args.threads:
             from myelin.runtime.backends import set_backend_threads
 
@@ -224,7 +229,7 @@ def main() -> None:
             static = plex_session(
                 static_package(Path(tmp), args.batches, args.seq), Path(tmp) / "static.mln"
             )
-        keep = [s for s in (blas, dynamic, untiled, static) if s is not None]
+        keep = [s for s in (blas, blas_sync, dynamic, untiled, static) if s is not None]
         common = {
             "torch eager": torch_runner(example),
             "ONNX Runtime": onnx_runner(example, Path(tmp), args.threads),
@@ -234,6 +239,10 @@ def main() -> None:
             common["PLeX, dynamic, no data tiling"] = untiled[1].resolve("forward")
         if blas is not None:
             common["PLeX, BLAS backend (matmul, attention, gelu)"] = blas[1].resolve("forward")
+        if blas_sync is not None:
+            common["PLeX, BLAS backend, local-sync (inline, one thread)"] = blas_sync[1].resolve(
+                "forward"
+            )
         threads = args.threads or "default"
         print(
             f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, load "

@@ -589,3 +589,57 @@ print(json.dumps({"y": float(np.abs(y - x @ w.T).max()), "z": float(np.abs(z - x
 def test_wide_matmuls_split_over_columns_match_numpy(tmp_path):
     errors = _build_and_run(tmp_path, WIDE_MODEL, APP.format(blas=BLAS), WIDE_RUN)
     assert errors["y"] < 1e-4 and errors["z"] < 1e-4, errors
+
+
+def _sync_app(tmp: Path) -> Path:
+    """The test app with both devices on local-sync: every dispatch inline on the caller."""
+    app = _app(tmp)
+    app.write_text(
+        app.read_text()
+        .replace('target = "llvm-cpu"\n', 'target = "llvm-cpu"\ndriver = "local-sync"\n')
+        .replace('backend = "blas"\n', 'backend = "blas"\ndriver = "local-sync"\n')
+    )
+    return app
+
+
+def test_a_backend_device_on_local_sync_matches_numpy(tmp_path):
+    out = tmp_path / "mm.mln"
+    build(_sync_app(tmp_path), out)
+    script = RUN.replace(
+        '"devices": model.device_names',
+        '"devices": model.device_names, "drivers": [d.driver for d in model.variant_record.devices]',
+    )
+    result = _run(script, str(out))
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout.splitlines()[-1])
+    assert errors["z"] < 1e-5 and errors["o"] < 1e-5, errors
+    assert errors["drivers"] == ["local-sync", "local-sync"]
+
+
+def test_a_backend_on_local_sync_loaded_after_a_local_sync_device_is_refused(tmp_path):
+    out = tmp_path / "mm.mln"
+    build(_sync_app(tmp_path), out)
+    script = """
+    import sys, myelin
+    myelin.Instance().device_registry.device("local-task")  # another driver: no matter
+    myelin.Instance().device_registry.device("local-sync")  # the backend device's driver
+    try:
+        myelin.Instance().load(sys.argv[1])
+    except myelin.DeviceUnavailable as e:
+        print(e)
+    """
+    result = _run(script, str(out))
+    assert "must be loaded before this process creates its first local-sync device" in (
+        result.stdout
+    ), result.stderr
+
+
+def test_a_backend_device_off_the_llvm_cpu_target_is_a_manifest_error(tmp_path):
+    app = _app(tmp_path)
+    app.write_text(
+        app.read_text().replace('backend = "blas"\n', 'backend = "blas"\ntarget = "vmvx"\n')
+    )
+    with pytest.raises(
+        ManifestError, match=r"set driver to local-task \(the default\) or local-sync"
+    ):
+        load_app(app)

@@ -2,11 +2,12 @@
 
 IREE's local executable loaders take executable plugins from the `--executable_plugin` flag,
 read when a driver is created; the Python runtime creates one driver per name per process. So
-a backend's plugin is registered before the process's first local-task driver, and a model with
-a backend loaded after one was created is refused with that reason (load it first, or in its
-own process). Nothing touches the disk: each library and the plugin are copied from their
-`backend` sections into anonymous memfds and loaded from `/proc/self/fd/N` (the vendor
-libraries first, with RTLD_GLOBAL, so the plugin's links to them resolve by soname).
+a backend's plugin is registered before the process creates the driver of its device
+(local-task, or local-sync), and a model with a backend loaded after that driver was created is
+refused with that reason (load it first, or in its own process).
+Nothing touches the disk: each library and the plugin are copied from their `backend` sections
+into anonymous memfds and loaded from `/proc/self/fd/N` (the vendor libraries first, with
+RTLD_GLOBAL, so the plugin's links to them resolve by soname).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ctypes
 import hashlib
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from myelin.backends import ABI_VERSION
@@ -26,7 +28,6 @@ _LOCK = threading.Lock()
 _LOADED: dict[str, LoadedBackend] = {}
 # drivers created in this process (by myelin.runtime.devices) before a plugin was registered
 _DRIVERS_CREATED: set[str] = set()
-BACKEND_DRIVER = "local-task"
 
 
 @dataclass
@@ -36,6 +37,8 @@ class LoadedBackend:
     plugin_fd: int
     handle: ctypes.CDLL
     library_fds: tuple[int, ...]
+    # drivers that existed when the plugin was registered: it never reaches them
+    missed_drivers: frozenset[str] = frozenset()
 
 
 def note_driver_created(driver: str) -> None:
@@ -66,9 +69,14 @@ DEFAULT_BACKEND_THREADS = 1
 
 
 def load_backend(
-    reader: MlnReader, record: BackendRecord, *, threads: int = DEFAULT_BACKEND_THREADS
+    reader: MlnReader,
+    record: BackendRecord,
+    drivers: Iterable[str] = ("local-task",),
+    *,
+    threads: int = DEFAULT_BACKEND_THREADS,
 ) -> LoadedBackend:
-    """Load one backend's libraries and plugin from the artifact and register the plugin."""
+    """Load one backend's libraries and plugin from the artifact and register the plugin, which
+    reaches the `drivers` of the backend's devices only if none of them exists yet."""
     path = reader.path
     if record.abi != ABI_VERSION:
         raise DeviceUnavailable(
@@ -85,12 +93,15 @@ def load_backend(
     plugin = reader.section_view(record.plugin)
     digest = hashlib.sha256(plugin).hexdigest()
     with _LOCK:
-        if digest in _LOADED:
-            return _LOADED[digest]
-        if BACKEND_DRIVER in _DRIVERS_CREATED:
+        loaded = _LOADED.get(digest)
+        missed = loaded.missed_drivers if loaded is not None else _DRIVERS_CREATED
+        created = sorted(missed.intersection(drivers))
+        if loaded is not None and not created:
+            return loaded
+        if created:
             raise DeviceUnavailable(
                 f"{path.name}: backend '{record.name}' must be loaded before this process "
-                f"creates its first {BACKEND_DRIVER} device (IREE reads executable plugins when "
+                f"creates its first {created[0]} device (IREE reads executable plugins when "
                 "it creates the driver); load this model first, or in a process of its own"
             )
         library_fds = []
@@ -121,7 +132,9 @@ def load_backend(
         import iree.runtime as rt
 
         rt.flags.parse_flags(f"--executable_plugin=/proc/self/fd/{fd}")
-        loaded = LoadedBackend(record.name, record.ops, fd, handle, tuple(library_fds))
+        loaded = LoadedBackend(
+            record.name, record.ops, fd, handle, tuple(library_fds), frozenset(_DRIVERS_CREATED)
+        )
         _LOADED[digest] = loaded
         return loaded
 

@@ -211,17 +211,16 @@ class Model:
 
     def _load_backends(self) -> list:
         """The external backends of every variant's devices (myelin.runtime.backends)."""
-        records = {
-            d.backend.name: d.backend
-            for v in self.artifact_manifest.variants
-            for d in v.devices
-            if d.backend is not None
-        }
+        records: dict[str, tuple[Any, set[str]]] = {}
+        for v in self.artifact_manifest.variants:
+            for d in v.devices:
+                if d.backend is not None:  # the drivers its plugin must reach
+                    records.setdefault(d.backend.name, (d.backend, set()))[1].add(d.driver)
         if not records:
             return []
         from myelin.runtime.backends import load_backend
 
-        return [load_backend(self._reader, r) for r in records.values()]
+        return [load_backend(self._reader, r, drivers) for r, drivers in records.values()]
 
     @property
     def variant_name(self) -> str:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from myelin.platforms import TARGET_OPTIONS
+from myelin.platforms import HOST_DRIVERS, TARGET_OPTIONS
 from plex.errors import ManifestError
 from plex.manifest._document import TomlDocument, unknown
 from plex.manifest._locate import KeyPath
@@ -323,17 +323,19 @@ def _backend_devices(
     doc: TomlDocument, app: AppFile, packages: _Packages, devices: dict[str, DeviceSpec]
 ) -> dict[str, DeviceSpec]:
     """Devices with `backend`: the backend resolved (`package:name`, or a name that one listed
-    package exports). Such a device is a host-memory local-task device (myelin.backends)."""
+    package exports). Such a device is a host-memory device of a host driver (myelin.backends):
+    local-task (IREE's worker pool, the default) or local-sync (inline on the calling thread)."""
     out = dict(devices)
     for name, table in app.devices.items():
         if table.backend is None:
             continue
         at = ("devices", name, "backend")
-        if table.target != "llvm-cpu" or (table.driver or "local-task") != "local-task":
+        if table.target != "llvm-cpu" or (table.driver or "local-task") not in HOST_DRIVERS:
             raise doc.error(
                 at,
-                "a backend device runs on the local-task driver with target llvm-cpu",
-                "remove target and driver",
+                "a backend device runs on a host driver (local-task or local-sync) with target "
+                "llvm-cpu",
+                "remove target, and set driver to local-task (the default) or local-sync",
             )
         if ":" in table.backend:
             backend = packages.resolve(doc, at, table.backend, "backends")
