@@ -18,6 +18,7 @@ Artifacts (CUDA code is sm_80 PTX, JIT-compiled by the driver on the H200; CPU c
   pipeline.mln   examples/pipeline/app.toml: `two_gpus` (the decoder's halves on cuda[0] and
                  cuda[1]), `one_gpu`, `cpu`
   dlpack.mln     benchmarks/gpu/dlpack: device results in MyeLiN's memory (`cuda`, `cpu`)
+  q4kernel.mln   benchmarks/gpu/q4kernel: q4 weights through the q4 Hopper kernel (needs Triton)
   artifacts.json what was built, with sizes and the IREE version
 """
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from plex.builder import build
     from plex.builder.versions import versions
 
-    out: Path = args.out
+    out: Path = args.out.resolve()  # paths are printed relative to the repository
     out.mkdir(parents=True, exist_ok=True)
     (out / ".gitignore").write_text("*\n")
     apps = out / "apps"
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "placement": REPO / "examples" / "placement" / "app.toml",
         "pipeline": REPO / "examples" / "pipeline" / "app.toml",
         "dlpack": REPO / "benchmarks" / "gpu" / "dlpack" / "app.toml",
+        "q4kernel": REPO / "benchmarks" / "gpu" / "q4kernel" / "app.toml",
         "decoder": write_app(
             apps / "decoder",
             "decoder",
