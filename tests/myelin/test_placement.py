@@ -74,9 +74,7 @@ def dispatch_devices(stream_ir: str) -> dict[str, set[tuple[str, str]]]:
     return out
 
 
-def phases(
-    imported: ImportedGraph, placement: list[PlacementRule], stop_at: str
-) -> dict[str, str]:
+def phases(imported: ImportedGraph, placement: list[PlacementRule], stop_at: str) -> dict[str, str]:
     texts: dict[str, str] = {}
     compile_module(
         imported.module_bytecode,

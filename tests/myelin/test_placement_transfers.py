@@ -114,12 +114,15 @@ def test_the_copy_is_allocated_by_the_target_device_only(task_and_sync):
         for b, a in zip(before, after, strict=True):
             assert a["host_bytes_allocated"] == b["host_bytes_allocated"]
         assert moved._device is cpu1 and embedded._host_array is None
-        assert instance.device_registry.transfers[("local-task", "local-sync", "queue-copy")].bytes == (
-            nbytes
-        )
+        assert instance.device_registry.transfers[
+            ("local-task", "local-sync", "queue-copy")
+        ].bytes == (nbytes)
         np.testing.assert_array_equal(moved.to_host(), embedding_rows(IDS))
         # The moved array feeds cpu1's graph without another copy.
         hidden = s.call("blocks", moved)
         np.testing.assert_allclose(hidden, reference(IDS)[0], rtol=1e-5, atol=1e-5)
-        assert instance.device_registry.transfers[("local-task", "local-sync", "queue-copy")].count == 1
+        assert (
+            instance.device_registry.transfers[("local-task", "local-sync", "queue-copy")].count
+            == 1
+        )
         del embedded, moved

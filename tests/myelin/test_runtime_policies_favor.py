@@ -38,9 +38,7 @@ def stream_ir(tmp_path_factory) -> dict[str, tuple[dict, str]]:
     )
     flags = variant_flags([TargetDevice("cpu")])
     return {
-        f: stream_footprints(
-            imported.module_bytecode, phase=imported.phase, flags=flags, favor=f
-        )
+        f: stream_footprints(imported.module_bytecode, phase=imported.phase, flags=flags, favor=f)
         for f in FAVORS
     }
 

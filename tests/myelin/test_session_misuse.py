@@ -44,7 +44,9 @@ def test_call_after_model_close_says_the_session_is_closed(model):
 
 def test_unknown_output_kind_is_refused(model):
     with model.session() as session:
-        with pytest.raises(ValueError, match="output must be one of 'numpy', 'device', 'dlpack', got 'gpu'"):
+        with pytest.raises(
+            ValueError, match="output must be one of 'numpy', 'device', 'dlpack', got 'gpu'"
+        ):
             session.call("forward", X, output="gpu")
         assert session.call("forward", X, output="numpy").shape == (2, 8)  # still usable
 

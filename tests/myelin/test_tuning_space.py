@@ -20,16 +20,25 @@ AVX512 = CpuTarget(native_vector_bytes=64)
 def test_cpu_constraints_name_what_iree_would_compile_badly():
     good = CpuTiles(dm=96, dn=128, vm=6, vn=16, vk=4, peel=True)  # 12 + 2 + 1 ymm registers
     assert good.violations(DYNAMIC_M, AVX2) == []
-    assert any("peeling" in w for w in CpuTiles(128, 128, 8, 16, 4, False).violations(DYNAMIC_M, AVX2))
-    assert any("SIMD width" in w for w in CpuTiles(128, 96, 8, 12, 4, True).violations(DYNAMIC_M, AVX2))
+    assert any(
+        "peeling" in w for w in CpuTiles(128, 128, 8, 16, 4, False).violations(DYNAMIC_M, AVX2)
+    )
+    assert any(
+        "SIMD width" in w for w in CpuTiles(128, 96, 8, 12, 4, True).violations(DYNAMIC_M, AVX2)
+    )
     # 16x32 on AVX-512 needs 16*2 + 2 + 1 zmm registers: it spills (seen in the hot loop's asm)
-    assert any("spill" in w for w in CpuTiles(128, 128, 16, 32, 4, True).violations(DYNAMIC_M, AVX512))
+    assert any(
+        "spill" in w for w in CpuTiles(128, 128, 16, 32, 4, True).violations(DYNAMIC_M, AVX512)
+    )
     assert CpuTiles(128, 128, 8, 32, 4, True).violations(DYNAMIC_M, AVX512) == []
 
 
 def test_cpu_config_and_spec_format():
     info = CpuTiles(64, 32, 4, 16, 2, True).compilation_info(DYNAMIC_M)
-    assert "distribution = [64, 32, 0], vector_common_parallel = [4, 16, 0], vector_reduction = [0, 0, 2]" in info
+    assert (
+        "distribution = [64, 32, 0], vector_common_parallel = [4, 16, 0], vector_reduction = [0, 0, 2]"
+        in info
+    )
     assert "{enable_loop_peeling}" in info
     spec = render_spec([SpecEntry("mm", DYNAMIC_M, info)])
     assert spec.count("transform.foreach_match") == 1  # two would fail IREE's verifier

@@ -85,12 +85,22 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             what="p:m",
         ),
         EncodeJob(
-            Output("import:p:m"), Output("weights:p:w"), "w", policy, 5, "p:m",
+            Output("import:p:m"),
+            Output("weights:p:w"),
+            "w",
+            policy,
+            5,
+            "p:m",
             layouts=(("*.weight", "nk"),),
         ),
         KernelsJob(
-            Output("encode:p:m"), "triton", "sm_90a", "triton 3.9.0", "p:m",
-            tuned=InputFile(spec), tuned_ref="p:gpu",
+            Output("encode:p:m"),
+            "triton",
+            "sm_90a",
+            "triton 3.9.0",
+            "p:m",
+            tuned=InputFile(spec),
+            tuned_ref="p:gpu",
         ),
         CompileJob(
             source=Output("encode:p:m"),
@@ -134,7 +144,11 @@ def _sample_jobs(tmp: Path) -> list[Job]:
                     "default",
                     (
                         DeviceLink(
-                            "cpu", "llvm-cpu", "local-task", {"cpu": "host"}, {"m": 1},
+                            "cpu",
+                            "llvm-cpu",
+                            "local-task",
+                            {"cpu": "host"},
+                            {"m": 1},
                             backend=Output("backend:p:blas"),
                         ),
                     ),
@@ -196,7 +210,8 @@ def _perturbations(value: object, tmp: Path) -> list[object]:
 
 def test_every_job_type_has_a_sample(tmp_path):
     job_types = {
-        cls for cls in vars(jobs).values()
+        cls
+        for cls in vars(jobs).values()
         if isinstance(cls, type) and issubclass(cls, Job) and cls is not Job
     }
     assert {type(j) for j in _sample_jobs(tmp_path)} == job_types
@@ -216,7 +231,9 @@ def test_every_field_of_every_job_changes_its_key(tmp_path):
 
 def test_fields_outside_the_key_are_only_destinations(tmp_path):
     for job in _sample_jobs(tmp_path):
-        outside = {f.name for f in dataclasses.fields(job)} - {f.name for f in keyed_fields(type(job))}
+        outside = {f.name for f in dataclasses.fields(job)} - {
+            f.name for f in keyed_fields(type(job))
+        }
         assert outside <= {"output", "target"}, type(job).__name__
         for name in outside:  # where an uncached node writes: it changes no node's output
             moved = dataclasses.replace(job, **{name: tmp_path / "elsewhere"})
@@ -345,7 +362,9 @@ def test_torch_changes_rebuild_the_import_and_compute_the_new_model(tmp_path):
     np.testing.assert_allclose(_run(fourth.output, X, "project"), want, rtol=1e-5)
 
     # Dynamic dims: the batch becomes dynamic, so another batch size runs.
-    _set_graph(app, 'source = "model.py:b"\nentrypoints = ["project"]\ndynamic = { x = { 0 = "n" } }')
+    _set_graph(
+        app, 'source = "model.py:b"\nentrypoints = ["project"]\ndynamic = { x = { 0 = "n" } }'
+    )
     fifth = build(app, tmp_path / "e.mln", cache_dir=cache)
     assert _rebuilt(fifth)["import:pkg:affine"] == "input 'dynamic' changed"
     x5 = np.ones((5, 8), np.float32)
@@ -395,7 +414,10 @@ def test_mlir_changes_rebuild_exactly_the_nodes_that_read_them(tmp_path, monkeyp
 
     # A target option and the scheduling favor: only compile (and link) rebuild.
     for edited, why in (
-        (text.replace('cpu = "host"', 'cpu = "generic"'), "inputs 'devices', 'requirements' changed"),
+        (
+            text.replace('cpu = "host"', 'cpu = "generic"'),
+            "inputs 'devices', 'requirements' changed",
+        ),
         (text + '\n[scheduling]\nfavor = "max-concurrency"\n', "input 'favor' changed"),
     ):
         app.write_text(edited)

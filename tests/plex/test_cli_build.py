@@ -75,9 +75,9 @@ def test_ctrl_c_says_at_once_what_the_build_waits_for(tmp_path):
     answered = time.monotonic() - sent
     rest = process.stderr.read()
     assert process.wait(timeout=120) == 130
-    assert stopping.startswith(
-        f"plex: stopping the build; stopping 1 running step(s): {node} ("
-    ), stopping
+    assert stopping.startswith(f"plex: stopping the build; stopping 1 running step(s): {node} ("), (
+        stopping
+    )
     assert stopping.rstrip().endswith("s in); nothing unfinished is kept")
     assert answered < 1.0  # at once, not when the step ends
     assert rest.rstrip().endswith("plex: interrupted")

@@ -505,6 +505,7 @@ def test_duplicate_package_names_name_both_folders(tmp_path, monkeypatch):
 
 # -- not implemented yet: accepted, validated, and refused when used ------------------------------
 
+
 def test_app_selects_a_tuning_spec_per_target(tmp_path):
     package = MLP_TOML + '\n[tuning.cpu]\npath = "mlp.mlir"\ntarget = "llvm-cpu"\n'
     app_toml = make_app(tmp_path, APP_TOML + '\n[myelin]\ntuning = "mlp:cpu"\n', package)

@@ -51,14 +51,18 @@ def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reuse
     assert [s.ref for s in load_app(app).tuning] == [f"{name}:cpu"]
     build(app, tmp_path / "tuned.mln", cache_dir=cache)
     build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
-    np.testing.assert_allclose(forward(tmp_path / "tuned.mln"), forward(tmp_path / "plain.mln"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        forward(tmp_path / "tuned.mln"), forward(tmp_path / "plain.mln"), rtol=1e-5, atol=1e-6
+    )
 
     # A second run finds the tuned dispatch in tuning.json and searches it no more. It ranks
     # both of the MLP's matmuls: which one the first run found hottest is timing, so the
     # second run must cover both to be sure to meet it again.
     lines: list[str] = []
     again_kwargs = {**kwargs, "max_dispatches": 2}
-    again = tune(copy_example("mlp", tmp_path / "mlp2"), "cpu", out, log=lines.append, **again_kwargs)
+    again = tune(
+        copy_example("mlp", tmp_path / "mlp2"), "cpu", out, log=lines.append, **again_kwargs
+    )
     [tuned] = [d for d in again.dispatches if d.key in database["entries"]]
     assert tuned.reused
     assert len(tuned.trials) == len(entry["trials"])
@@ -123,7 +127,9 @@ def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, m
         tuned = np.asarray(s.call("forward", X[:1]))
     build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
     with myelin.Instance().load(tmp_path / "plain.mln") as m, m.session() as s:
-        np.testing.assert_allclose(tuned, np.asarray(s.call("forward", X[:1])), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            tuned, np.asarray(s.call("forward", X[:1])), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_the_blas_backend_is_one_more_candidate(tmp_path):
@@ -136,11 +142,15 @@ def test_the_blas_backend_is_one_more_candidate(tmp_path):
     app = copy_example("mlp", tmp_path / "mlp")
     out = tmp_path / "tuned"
     kwargs = dict(trials=1, batch=1, max_dispatches=1, rounds=2, dims=["*=32"])
-    result = tune(app, "cpu", out, log=lambda line: None, cache_dir=tmp_path / "cache", backend=blas, **kwargs)
+    result = tune(
+        app, "cpu", out, log=lambda line: None, cache_dir=tmp_path / "cache", backend=blas, **kwargs
+    )
     assert result.backend.backend == "blas:blas"
     assert result.backend.status == "ok" and result.backend.relative > 0  # outputs equal
     summary = (out / "summary.md").read_text()
     assert "backend blas:blas, every matmul, attention, gelu on it:" in summary
     database = json.loads((out / "tuning.json").read_text())
-    assert [e["status"] for e in database["entries"].values() if e.get("kind") == "backend"] == ["ok"]
+    assert [e["status"] for e in database["entries"].values() if e.get("kind") == "backend"] == [
+        "ok"
+    ]
     assert "blas" not in (out / "plex.toml").read_text()  # placement is the app's decision

@@ -34,7 +34,9 @@ def test_a_hung_candidate_is_killed_with_its_children():
 
 
 def test_a_finished_candidate_returns_its_exit_status_and_output():
-    returncode, output = _run_bounded([sys.executable, "-c", "print('built'); raise SystemExit(3)"], dict(os.environ), 30)
+    returncode, output = _run_bounded(
+        [sys.executable, "-c", "print('built'); raise SystemExit(3)"], dict(os.environ), 30
+    )
     assert (returncode, output.strip()) == (3, "built")
 
 

@@ -31,7 +31,9 @@ TUNED = (
     "translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>, "
     "{enable_loop_peeling}>>"
 )
-TUNED_IN_IR = "distribution = [24, 32, 0], vector_common_parallel = [4, 16, 0], vector_reduction = [0, 0, 2]"
+TUNED_IN_IR = (
+    "distribution = [24, 32, 0], vector_common_parallel = [4, 16, 0], vector_reduction = [0, 0, 2]"
+)
 
 
 def spec_text(k: int) -> str:
@@ -69,9 +71,12 @@ def test_spec_changes_the_compiled_configuration_and_is_recorded(tmp_path):
     app = tuned_app(tmp_path / "tuned")
     cache = tmp_path / "cache"
     for which, path in (("plain", plain_app), ("tuned", app)):
-        build(path, tmp_path / which / "ir", compile_to="executable-configurations", cache_dir=cache)
+        build(
+            path, tmp_path / which / "ir", compile_to="executable-configurations", cache_dir=cache
+        )
     configured = {
-        which: next((tmp_path / which / "ir").rglob("*.mlir")).read_text() for which in ("plain", "tuned")
+        which: next((tmp_path / which / "ir").rglob("*.mlir")).read_text()
+        for which in ("plain", "tuned")
     }
     assert TUNED_IN_IR in configured["tuned"]
     assert TUNED_IN_IR not in configured["plain"]
@@ -88,7 +93,9 @@ def test_spec_changes_the_compiled_configuration_and_is_recorded(tmp_path):
     spec = manifest.provenance.extras["tuning_specs"]["mlp:cpu"]
     assert spec["target"] == "llvm-cpu" and len(spec["sha256"]) == 64
     # Another config, the same arithmetic.
-    np.testing.assert_allclose(forward(tmp_path / "tuned.mln"), forward(tmp_path / "plain.mln"), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        forward(tmp_path / "tuned.mln"), forward(tmp_path / "plain.mln"), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_spec_that_matches_nothing_warns_naming_it(tmp_path):
@@ -115,7 +122,9 @@ def test_two_specs_for_one_target_are_refused(tmp_path):
     app = tuned_app(tmp_path / "app")
     with (tmp_path / "app" / "plex.toml").open("a") as f:
         f.write('\n[tuning.other]\npath = "cpu_spec.mlir"\ntarget = "llvm-cpu"\n')
-    app.write_text(app.read_text().replace('tuning = "mlp:cpu"', 'tuning = ["mlp:cpu", "mlp:other"]'))
+    app.write_text(
+        app.read_text().replace('tuning = "mlp:cpu"', 'tuning = ["mlp:cpu", "mlp:other"]')
+    )
     with pytest.raises(ManifestError, match="two tuning specs for target 'llvm-cpu'"):
         load_app(app)
 
@@ -123,6 +132,8 @@ def test_two_specs_for_one_target_are_refused(tmp_path):
 def test_compile_record_names_the_spec_by_content(tmp_path):
     app = tuned_app(tmp_path / "app")
     result = build(app, tmp_path / "a.mln", cache_dir=tmp_path / "cache")
-    meta = json.loads((result.results["compile:mlp:mlp:default"].out_dir / "compile.json").read_text())
+    meta = json.loads(
+        (result.results["compile:mlp:mlp:default"].out_dir / "compile.json").read_text()
+    )
     assert meta["tuning"]["matched_ops"] == 1
     assert any(f.startswith("--iree-codegen-tuning-spec-path=") for f in meta["flags"])

@@ -22,9 +22,7 @@ HEADER_SIZE = 64
 MAX_MANIFEST_SIZE = 64 * 1024 * 1024
 # "backend": an external backend's executable plugin or a vendor library it links
 # (myelin.backends); a runtime that predates them refuses the artifact on the unknown kind.
-SECTION_ALIGNMENT = MappingProxyType(
-    {"module": 64, "parameter": 4096, "blob": 64, "backend": 4096}
-)
+SECTION_ALIGNMENT = MappingProxyType({"module": 64, "parameter": 4096, "blob": 64, "backend": 4096})
 MIN_ALIGNMENT = 64  # also the alignment of the manifest and of section kinds from a newer minor
 CHUNK_SIZE = 4 * 1024 * 1024  # unit of streaming and hashing
 FLAG_SIGNED = 0x1  # a signature trailer follows the manifest (format 1.1)

@@ -372,8 +372,10 @@ class DeviceRecord:
         requires = o.optional("requires", lambda v, w: DeviceRequirements.parse(_Object(v, w)))
         backend = o.optional("backend", lambda v, w: BackendRecord.parse(_Object(v, w)))
         kernels = o.optional(
-            "kernels", lambda v, w: tuple(_json_copy(_dict(x, f"{w}[{i}]")) for i, x in
-                                          enumerate(_list(v, w)))
+            "kernels",
+            lambda v, w: tuple(
+                _json_copy(_dict(x, f"{w}[{i}]")) for i, x in enumerate(_list(v, w))
+            ),
         )
         return cls(
             o.string("name"),
@@ -579,8 +581,7 @@ def _valid_range(value: Any, where: str, dtype: str) -> tuple[int, int]:
     if not smallest <= lo < hi <= largest + 1:
         raise ManifestInvalid(
             where,
-            f"must satisfy {smallest} <= lo < hi <= {largest + 1} for {dtype}, "
-            f"got {_show(value)}",
+            f"must satisfy {smallest} <= lo < hi <= {largest + 1} for {dtype}, got {_show(value)}",
         )
     return lo, hi
 

@@ -158,8 +158,10 @@ def _parameter_sources(
             layouts = {(r["scope"], r["key"]): r for r in encode_meta.get("weight_layouts", [])}
             folder = outputs.dir(encoded_id) / EXPORTED_DIR
             exported.update(
-                {(e["scope"], e["key"]): (encoded_id, folder / e["file"])
-                 for e in encode_meta["exported"]}
+                {
+                    (e["scope"], e["key"]): (encoded_id, folder / e["file"])
+                    for e in encode_meta["exported"]
+                }
             )
         weights = _weights_tensors(graph.weights, outputs)
         scopes: list[str] = []
@@ -257,6 +259,7 @@ def _kernel_sites(device: DeviceLink, metas: dict[str, dict]) -> dict:
             for site in meta.get("kernel_sites", [])
         ]
     }
+
 
 def _named_dims(
     function: str,
@@ -526,4 +529,3 @@ def _codec_fields(codec: dict | None) -> dict:
     else:
         fields.update(dtype=part["dtype"], shape=part["shape"], of=record["key"])
     return fields
-

@@ -108,7 +108,7 @@ def kernels_library(variant: VariantSpec) -> str | None:
     if len(variant.devices) > 1:
         raise BuildError(
             f"variant '{variant.name}': device '{wanted[0].name}' asks for kernels = "
-            f"\"{wanted[0].kernels}\", which only a variant of one device can use yet; give it a "
+            f'"{wanted[0].kernels}", which only a variant of one device can use yet; give it a '
             "variant of its own or remove kernels"
         )
     return wanted[0].kernels
@@ -305,8 +305,12 @@ def backend_ops(
     (device, backend, op, min_flops) in file order: the compile rewrites those ops into calls."""
     devices = {d.name: d for d in variant.devices}
     return tuple(
-        (rule.device, devices[rule.device].backend.name, rule.op,  # type: ignore[union-attr]
-         devices[rule.device].backend.min_flops)  # type: ignore[union-attr]
+        (
+            rule.device,
+            devices[rule.device].backend.name,
+            rule.op,  # type: ignore[union-attr]
+            devices[rule.device].backend.min_flops,
+        )  # type: ignore[union-attr]
         for rule in app.placement
         if rule.op is not None
         and rule.device in devices
@@ -394,9 +398,11 @@ def plan_build(app: AppSpec, request: BuildRequest) -> Plan:
         nodes.append(Node(LINK_NODE, _link_job(app), label="link the artifact manifest"))
         compose = ComposeJob(
             link=Output(LINK_NODE),
-            sections=tuple(Output(n.id) for n in nodes if n.kind in ("weights", "import",
-                                                                      "encode", "compile",
-                                                                      "backend")),
+            sections=tuple(
+                Output(n.id)
+                for n in nodes
+                if n.kind in ("weights", "import", "encode", "compile", "backend")
+            ),
             strict=request.strict,
             output=request.output,
         )
@@ -619,8 +625,9 @@ def _link_job(app: AppSpec) -> LinkJob:
         graphs=tuple(graphs),
         modules=modules,
         variants=variants,
-        packages={p.name: {"version": p.version, "fingerprint": p.fingerprint}
-                  for p in app.packages},
+        packages={
+            p.name: {"version": p.version, "fingerprint": p.fingerprint} for p in app.packages
+        },
         favor=app.favor,
         versions=dict(versions()),
         compile_records=tuple(o for m in modules for o in m.compiled),

@@ -24,7 +24,6 @@ COMPILE_META = "compile.json"
 PHASES_DIR = "phases"
 
 
-
 def source_digest(path: Path) -> str:
     """The digest a phase file and the provenance record of a graph source."""
     return file_digest(path)

@@ -587,9 +587,7 @@ def _index_ranges(
         why = "resumed from a phase file: indices were not analysed"
         return {fn: {"ranges": [], "unchecked": [why]} for fn in functions}
     try:
-        found = index_ranges(
-            (imported_dir / IMPORTED_MODULE).read_bytes(), functions, what=what
-        )
+        found = index_ranges((imported_dir / IMPORTED_MODULE).read_bytes(), functions, what=what)
     except CompileError as e:
         raise BuildError(f"index analysis of graph {what} failed: {e}") from e
     records = {}

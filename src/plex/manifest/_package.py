@@ -124,9 +124,7 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
     graphs = {
         gname: _graph(doc, folder, name, gname, g, weights) for gname, g in model.graph.items()
     }
-    backends = {
-        bname: _backend(doc, folder, name, bname, b) for bname, b in model.backend.items()
-    }
+    backends = {bname: _backend(doc, folder, name, bname, b) for bname, b in model.backend.items()}
 
     files = [manifest]
     files += [g.source for g in graphs.values() if g.source is not None]
@@ -167,9 +165,7 @@ def _backend(
     _check_name(doc, at, name, NAME)
     if bool(b.sources) == (b.library is not None):
         raise doc.error(at, "give either `sources` (C files) or `library` (a prebuilt plugin)")
-    sources = tuple(
-        _existing(doc, (*at, "sources", i), folder, s) for i, s in enumerate(b.sources)
-    )
+    sources = tuple(_existing(doc, (*at, "sources", i), folder, s) for i, s in enumerate(b.sources))
     library = _existing(doc, (*at, "library"), folder, b.library) if b.library else None
     vendor = folder
     if b.vendor_module is not None:
