@@ -101,20 +101,29 @@ def choose_forms(module: ir.Operation, load_time: bool) -> list[str]:
     (a data-tiled llvm-cpu variant: myelin.codecs.decodes_at_load), else the fused one; erase
     the other. Returns "scope::key" of each parameter that decodes at load (one entry per
     use), in IR order."""
+    return choose_marked_forms(module, LOAD_TIME_ATTRIBUTE, load_time)
+
+
+def choose_marked_forms(module: ir.Operation, attribute: str, keep_marked: bool) -> list[str]:
+    """Resolve every `arith.select` marked with `attribute` (the codec's way of carrying two
+    forms of one contraction until a later step chooses): keep its first operand (the marked
+    form) if `keep_marked`, else its second (the fused decode), and erase the select, its
+    flag and whatever only the other form used. Returns the marks' values ("scope::key") of
+    the kept marked forms, in IR order (none when `keep_marked` is false)."""
     selects: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "arith.select" and LOAD_TIME_ATTRIBUTE in op.attributes:
+        if op.name == "arith.select" and attribute in op.attributes:
             selects.append(op)
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
-    decoded_at_load = []
+    kept_marked = []
     blocks = []
     for select in selects:
-        if load_time:
-            decoded_at_load.append(ir.StringAttr(select.attributes[LOAD_TIME_ATTRIBUTE]).value)
-        kept = select.operands[1] if load_time else select.operands[2]
+        if keep_marked:
+            kept_marked.append(ir.StringAttr(select.attributes[attribute]).value)
+        kept = select.operands[1] if keep_marked else select.operands[2]
         flag = select.operands[0].owner
         select.results[0].replace_all_uses_with(kept)
         block = select.parent.regions[0].blocks[0] if select.parent is not None else None
@@ -126,7 +135,7 @@ def choose_forms(module: ir.Operation, load_time: bool) -> list[str]:
             flag_op.erase()
     for block in blocks:
         _erase_unused(block)
-    return decoded_at_load
+    return kept_marked
 
 
 def _erase_unused(block: ir.Block) -> None:

@@ -192,30 +192,6 @@ def choose_kernel_forms(module: ir.Operation, kernel: bool) -> list[str]:
     """Keep one form of every q4 contraction that has two: the kernel form if `kernel` (the
     kernels step, which then puts the kernel in its place), else the fused one; erase the
     other. Returns "scope::key" of each kept kernel form, in IR order."""
-    from myelin.codecs._loadtime import _erase_unused
+    from myelin.codecs._loadtime import choose_marked_forms
 
-    selects: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "arith.select" and KERNEL_FORM_ATTRIBUTE in op.attributes:
-            selects.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    kept_kernel, blocks = [], []
-    for select in selects:
-        if kernel:
-            kept_kernel.append(ir.StringAttr(select.attributes[KERNEL_FORM_ATTRIBUTE]).value)
-        kept = select.operands[1] if kernel else select.operands[2]
-        flag = select.operands[0].owner
-        select.results[0].replace_all_uses_with(kept)
-        block = select.parent.regions[0].blocks[0] if select.parent is not None else None
-        if block is not None and all(b != block for b in blocks):
-            blocks.append(block)
-        select.erase()
-        flag_op = flag.operation if hasattr(flag, "operation") else flag
-        if not list(flag_op.results[0].uses):
-            flag_op.erase()
-    for block in blocks:
-        _erase_unused(block)
-    return kept_kernel
+    return choose_marked_forms(module, KERNEL_FORM_ATTRIBUTE, kernel)
