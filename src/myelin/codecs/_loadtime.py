@@ -79,6 +79,16 @@ def emit_load_time_form(
         old, new = op.results[0], clone.results[0]
     clone = consumer.clone(ip=ir.InsertionPoint(consumer))
     clone.operands[chain.operand] = new
+    join_forms(consumer, clone.results[0], LOAD_TIME_ATTRIBUTE, what, context)
+
+
+def join_forms(
+    consumer: ir.Operation, marked: ir.Value, attribute: str, what: str, context: ir.Context
+) -> None:
+    """Carry two forms of `consumer`'s result until a later step chooses
+    (`choose_marked_forms`): every use of the fused result now reads an `arith.select` of a
+    false flag between `marked` (the other form's result) and the fused one, marked with
+    `attribute` = `what`."""
     fused = consumer.results[0]
     i1 = ir.IntegerType.get_signless(1, context)
     with ir.InsertionPoint(consumer), ir.Location.unknown(context):
@@ -88,8 +98,8 @@ def emit_load_time_form(
         select = ir.Operation.create(
             "arith.select",
             results=[fused.type],
-            operands=[flag.results[0], clone.results[0], fused],
-            attributes={LOAD_TIME_ATTRIBUTE: ir.StringAttr.get(what, context)},
+            operands=[flag.results[0], marked, fused],
+            attributes={attribute: ir.StringAttr.get(what, context)},
         )
     select.move_after(consumer)
     fused.replace_all_uses_with(select.results[0])

@@ -157,21 +157,9 @@ func.func private @q4(%x: {x_t}, {", ".join(f"%a{i}: {t}" for i, t in enumerate(
     _remap(placed, [*zip(block_.arguments, [x, *parts, init], strict=True)])
     contraction = next(op for op in placed if op.name == "linalg.generic")
     contraction.attributes[Q4_MATMUL_ATTRIBUTE] = ir.StringAttr.get(what, context)
-    fused = consumer.results[0]
-    i1 = ir.IntegerType.get_signless(1, context)
-    with ir.InsertionPoint(consumer), ir.Location.unknown(context):
-        flag = ir.Operation.create(
-            "arith.constant", results=[i1], attributes={"value": ir.IntegerAttr.get(i1, 0)}
-        )
-        select = ir.Operation.create(
-            "arith.select",
-            results=[fused.type],
-            operands=[flag.results[0], placed[-1].results[0], fused],
-            attributes={KERNEL_FORM_ATTRIBUTE: ir.StringAttr.get(what, context)},
-        )
-    select.move_after(consumer)
-    fused.replace_all_uses_with(select.results[0])
-    select.operands[2] = fused
+    from myelin.codecs._loadtime import join_forms
+
+    join_forms(consumer, placed[-1].results[0], KERNEL_FORM_ATTRIBUTE, what, context)
     return True
 
 
