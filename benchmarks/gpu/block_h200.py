@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "block"))
 import model as block
 
 import myelin
+from myelin.runtime.devices import DEFAULT_CUDA_ALLOCATOR
 from myelin.runtime.tensors import import_cuda_tensor
 
 
@@ -64,7 +65,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--flags", default="")
-    p.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
+    p.add_argument(
+        "--allocator",
+        default=DEFAULT_CUDA_ALLOCATOR,
+        help="Instance(cuda_allocator=...); default: the runtime's",
+    )
     p.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) of *_spin rows")
     args = p.parse_args()
     if args.flags:

@@ -25,6 +25,7 @@ import numpy as np
 
 import myelin
 from myelin.runtime._iree_private import InvokeContext
+from myelin.runtime.devices import DEFAULT_CUDA_ALLOCATOR
 
 
 def inputs_for(fn, torch_mode: str, block_inputs):
@@ -66,7 +67,11 @@ def main() -> None:
     p.add_argument("--profile-first", action="store_true")
     p.add_argument("--block", action="store_true", help="--fn is the block's (model.py inputs)")
     p.add_argument("--n", type=int, default=300)
-    p.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
+    p.add_argument(
+        "--allocator",
+        default=DEFAULT_CUDA_ALLOCATOR,
+        help="Instance(cuda_allocator=...); default: the runtime's",
+    )
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed calls (stderr)")
     args = p.parse_args()
     block_inputs = None
