@@ -190,6 +190,25 @@ def test_transient_memory_is_sized_per_input_shape_kept_and_grown(model):
         assert memory.buffer(1) is memory.buffer(memory.nbytes)  # and stays, call after call
 
 
+def test_the_held_transient_buffer_counts_against_the_memory_budget(model):
+    """Between twin calls the session keeps its transient buffer: under a memory budget its
+    bytes stay counted until the session closes, and a call does not count them twice."""
+    budgeted = myelin.Instance().load(model.path, memory_budget="1MiB")
+    budget = budgeted.budget
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    with budgeted.session() as s:
+        memory = s.resolve("chain")._transients
+        for m in (3, 3, 40, 40):  # a shape's first call runs `chain` itself, the next its twin
+            x = rng.standard_normal((m, 16)).astype(np.float32)
+            y = s.call("chain", x, w, output="dlpack")
+            np.testing.assert_allclose(np.asarray(y.to_host()), x @ w @ w, rtol=1e-5, atol=1e-5)
+            assert budget.in_flight == memory.nbytes  # no call runs: only the held buffer
+        assert y.storage_pointer is not None and memory.nbytes >= 40 * 16 * 4
+    assert budget.in_flight == 0  # given back with the session
+    budgeted.close()
+
+
 def test_twins_are_no_entrypoints_and_only_tensor_results_get_one(model):
     assert not any(STORAGE_TWIN_SUFFIX in name for name in model.entrypoints)
     with model.session() as s:

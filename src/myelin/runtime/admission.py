@@ -156,7 +156,7 @@ class AdmissionBudget:
             self._in_flight += total
             if self._in_flight > self.peak_in_flight:
                 self.peak_in_flight = self._in_flight
-        return Reservation(self, total)
+        return Reservation(self, total, need.transient)
 
     def _release(self, reservation: Reservation) -> None:
         with self._cond:
@@ -167,18 +167,34 @@ class AdmissionBudget:
             if self._waiting:
                 self._cond.notify_all()
 
+    def _give_back(self, reservation: Reservation, nbytes: int) -> None:
+        with self._cond:
+            if reservation.released or nbytes <= 0:
+                return
+            reservation.need -= nbytes
+            self._in_flight -= nbytes
+            if self._waiting:
+                self._cond.notify_all()
+
 
 class Reservation:
     """Bytes one call holds. `held_by_device` marks a call abandoned by cancel whose device
     work still runs: whoever waits for that work releases it."""
 
-    __slots__ = ("budget", "held_by_device", "need", "released")
+    __slots__ = ("budget", "held_by_device", "need", "released", "transient")
 
-    def __init__(self, budget: AdmissionBudget, need: int) -> None:
+    def __init__(self, budget: AdmissionBudget, need: int, transient: int = 0) -> None:
         self.budget = budget
         self.need = need
+        self.transient = transient  # the part of `need` that is the call's transient memory
         self.held_by_device = False
         self.released = False
 
     def release(self) -> None:
         self.budget._release(self)
+
+    def give_back_transient(self) -> None:
+        """The call's transients live in a buffer its session holds (and counts) between
+        calls (myelin.runtime.transients): the call itself no longer needs those bytes."""
+        nbytes, self.transient = self.transient, 0
+        self.budget._give_back(self, nbytes)

@@ -45,7 +45,7 @@ from myelin.runtime._iree_private import (
     element_type_of,
     is_device_array,
 )
-from myelin.runtime.admission import Reservation
+from myelin.runtime.admission import CallNeed, Reservation
 from myelin.runtime.result_storage import KDL_CPU, KDL_CUDA, Storage, dlpack_capsule
 from myelin.runtime.tensors import (
     FIRST_CALL_OF_SHAPE,
@@ -205,10 +205,30 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+            held = [
+                (*r._transients.let_go(), r._transients.device)
+                for r in self._resolved.values()
+                if r._transients is not None
+            ]
             self._resolved.clear()
             self._context = None
             self._modules = []
+        for buffer, reservation, device in held:
+            if reservation is not None:
+                self._release_after_last_call(device, reservation, buffer)
         self.model._forget(self)
+
+    def _release_after_last_call(
+        self, device: rt.HalDevice, reservation: Reservation, buffer: Any
+    ) -> None:
+        """Give back a held buffer's bytes once the last call this session submitted to the
+        device is done with it (a cancelled call's work may still run)."""
+        timeline = self._timelines.get(id(device))
+        if timeline is None or timeline[0].query() >= timeline[1]:
+            reservation.release()
+        else:
+            last = rt.HalFence.create_at(timeline[0], timeline[1])
+            _release_when_done(last, reservation, (buffer,))
 
     def _fences(self, device: rt.HalDevice) -> tuple[rt.HalFence, rt.HalFence]:
         timeline = self._timelines.get(id(device))
@@ -583,10 +603,13 @@ class ResolvedCall:
         args = with_output_arguments(self.name, tuple(ready), views, self._twin_pairs)
         transients = None
         if self._transients is not None:
+            hold = self._transient_hold(stop)
+            if reservation is not None:  # the session's buffer, counted on its own, takes them
+                reservation.give_back_transient()
             need = self._transients.size(
-                self._shape_key(values), lambda f, buffer: self._query(f, args, buffer)
+                self._shape_key(values), lambda f, buffer: self._query(f, args, buffer), hold
             )
-            transients = self._transients.buffer(need)
+            transients = self._transients.buffer(need, hold)
         outs = self._dispatch(args, device, "device", stop, reservation, self._twin, transients)
         for out, (memory, _) in zip(outs, storage, strict=True):
             if memory is not None:  # None: the caller's own (out=)
@@ -596,6 +619,17 @@ class ResolvedCall:
             if shapes != self.storage_shapes(values):  # smaller than learned: remember
                 self._remember(self._shape_key(values), shapes)
         return outs
+
+    def _transient_hold(self, stop: _Stop) -> Any:
+        """How the session's transient buffer reserves its bytes under the model's memory
+        budget (None: no budget). It waits for memory like a call, within the call's deadline."""
+        budget = self._session.model.budget
+        if budget is None:
+            return None
+        what = f"{self.name}: the session's transient buffer"
+        return lambda nbytes: budget.reserve(
+            CallNeed(0, nbytes, 0), what, stop=stop.check, deadline=stop.deadline
+        )
 
     def _query(self, function: Any, arguments: tuple[Any, ...], buffer: Any) -> int:
         """Run the twin's transient-size function on the twin's arguments: it reads only

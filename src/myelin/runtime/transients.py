@@ -12,13 +12,20 @@ function: once per input-shape key, remembered.
 One buffer per entrypoint and session: calls of one session are serialized, and async calls are
 ordered on the session's timeline, so a call never runs while the previous one still uses it.
 A buffer that must grow is replaced; the old one lives until the calls that hold it let go.
+
+Under a memory budget the buffer is counted for as long as the session holds it, not only while
+a call runs: its bytes are reserved before it is allocated (a buffer that cannot fit is refused
+like a call that cannot), and given back when it is replaced or the session closes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import iree.runtime as rt
+
+from myelin.runtime.admission import Reservation
 
 # Reflection keys IREE 3.13 sets on a function with external transients.
 SIZE_FUNCTION = "iree.abi.transients.size"
@@ -44,8 +51,9 @@ class TransientMemory:
         self._size_function = module.lookup_function(reflection[SIZE_FUNCTION])
         constant = reflection.get(SIZE_CONSTANT)
         self._constant = int(constant) if constant is not None else None
-        self._device = device
+        self.device = device
         self._buffer: Any = None
+        self._held: Reservation | None = None  # its bytes under a memory budget
         self._known: dict[tuple[Any, ...], int] = {}
 
     @property
@@ -53,7 +61,12 @@ class TransientMemory:
         """The size of the buffer the session holds now (0 before the first call)."""
         return self._buffer.byte_length() if self._buffer is not None else 0
 
-    def size(self, key: tuple[Any, ...], query: Any) -> int:
+    def size(
+        self,
+        key: tuple[Any, ...],
+        query: Any,
+        hold: Callable[[int], Reservation] | None = None,
+    ) -> int:
         """The bytes a call with input-shape `key` needs. `query(function, buffer)` runs the
         size function on the call's own arguments (with `buffer` in the transients' place)
         and returns its value; it runs only for a key not seen yet."""
@@ -61,16 +74,33 @@ class TransientMemory:
             return self._constant
         known = self._known.get(key)
         if known is None:
-            known = int(query(self._size_function, self.buffer(0)))
+            known = int(query(self._size_function, self.buffer(0, hold)))
             if len(self._known) >= _KNOWN_SIZES:
                 self._known.pop(next(iter(self._known)))
             self._known[key] = known
         return known
 
-    def buffer(self, nbytes: int) -> Any:
-        """A buffer of at least `nbytes`: the one held, or a larger one that replaces it."""
+    def buffer(self, nbytes: int, hold: Callable[[int], Reservation] | None = None) -> Any:
+        """A buffer of at least `nbytes`: the one held, or a larger one that replaces it.
+        `hold(n)` reserves the n bytes of a new buffer against a memory budget (it raises
+        when they cannot fit); the replaced buffer's reservation is given back."""
         if self._buffer is None or self._buffer.byte_length() < nbytes:
-            self._buffer = self._device.allocator.allocate_buffer(
-                _MEMORY, _USAGE, max(nbytes, _MIN_BYTES)
-            )
+            size = max(nbytes, _MIN_BYTES)
+            held = hold(size) if hold is not None else None
+            try:
+                buffer = self.device.allocator.allocate_buffer(_MEMORY, _USAGE, size)
+            except BaseException:
+                if held is not None:
+                    held.release()
+                raise
+            if self._held is not None:
+                self._held.release()
+            self._buffer, self._held = buffer, held
         return self._buffer
+
+    def let_go(self) -> tuple[Any, Reservation | None]:
+        """Forget the buffer (the session closes): it and its reservation, for the caller to
+        release once the device's last call that may use it is done."""
+        buffer, held = self._buffer, self._held
+        self._buffer = self._held = None
+        return buffer, held
