@@ -13,7 +13,9 @@ keeps the results on the device:
 - "MyeLiN before" (with --before): the same call through the session module of another source
   tree (`OLD/src/myelin/runtime/session.py` and its `waiting.py`, loaded beside this tree's, the
   rest of MyeLiN shared), so the two runtimes meet the same machine state call by call.
-Prints p10/p50/p90 microseconds per path and round, and each path's p50 minus raw's.
+Prints p10/p50/p90 microseconds per path and round, and each path's p50 minus raw's. With
+`--stages`, also where MyeLiN's call spends its time: each stage's method timed by a wrapper
+(p50 per call; a wrapper adds about a microsecond to the stage it wraps and to those around it).
 """
 
 from __future__ import annotations
@@ -95,11 +97,65 @@ def paths_for(model, name: str, arrays, before) -> dict:
     return paths
 
 
+# MyeLiN's call, stage by stage: (class, method) in the order a "device" call meets them.
+STAGES = (
+    ("ResolvedCall", "__call__"),
+    ("ResolvedCall", "_fast_arguments"),
+    ("ResolvedCall", "_call_plain"),
+    ("Session", "_fences"),
+    ("ResolvedCall", "_invoke"),
+    ("FenceWait", "wait"),
+    ("ResolvedCall", "_device_results"),
+)
+
+
+def stage_times(call, calls: int) -> dict[str, float]:
+    """p50 microseconds of each stage of `call` (a MyeLiN "device" call), by wrapping the
+    stages' methods for the duration."""
+    from myelin.runtime import session as module
+    from myelin.runtime import waiting
+
+    classes = {"ResolvedCall": module.ResolvedCall, "Session": module.Session}
+    classes["FenceWait"] = waiting.FenceWait
+    samples: dict[str, list[int]] = {}
+    saved = []
+    for cls_name, name in STAGES:
+        cls = classes[cls_name]
+        original = getattr(cls, name)
+        saved.append((cls, name, original))
+        times = samples.setdefault(f"{cls_name}.{name}", [])
+
+        def timed(*a, _original=original, _times=times, **k):
+            t = time.perf_counter_ns()
+            try:
+                return _original(*a, **k)
+            finally:
+                _times.append(time.perf_counter_ns() - t)
+
+        setattr(cls, name, timed)
+    try:
+        for _ in range(300):
+            call()
+        for v in samples.values():
+            v.clear()
+        for _ in range(calls):
+            call()
+    finally:
+        for cls, name, original in saved:
+            setattr(cls, name, original)
+    out = {}
+    for k, v in samples.items():
+        v.sort()
+        out[k] = v[len(v) // 2] / 1e3 if v else None
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--before", type=Path, help="another tree's src/ (the runtime before)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--stages", action="store_true", help="also time MyeLiN's call by stage")
     args = p.parse_args()
     before = load_before(args.before) if args.before else None
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +172,13 @@ def main() -> None:
         xs = [rt.asdevicearray(dev, np.full(64, i, np.float32)) for i in range(14)]
         cases["14 inputs, 3 results"] = paths_for(many, "many", xs, before)
         for case, paths in cases.items():
+            if args.stages:
+                stages = stage_times(paths["MyeLiN"], args.calls)
+                print(
+                    f"{case}  stages (p50 us): "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in stages.items() if v is not None),
+                    flush=True,
+                )
             for r in range(args.rounds):
                 for f in paths.values():
                     for _ in range(300):
