@@ -166,13 +166,17 @@ def kernels_by_name(calls: list, repeats: int = 5) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def interleaved_walls(calls: dict, rounds: int, per_round: int) -> dict[str, list[float]]:
+def interleaved_walls(
+    calls: dict, rounds: int, per_round: int
+) -> tuple[dict[str, list[float]], list[dict | None]]:
     """Per row, the median wall of `per_round` calls in each of `rounds` rounds; the rows take
     turns within a round (order rotated per round), so drift hits them alike. A row named
     "... no sync" is the call alone (a PLeX call returns when its results are written); every
-    other row ends each call with torch.cuda.synchronize(), as torch's must."""
+    other row ends each call with torch.cuda.synchronize(), as torch's must. Also the GPU's
+    clock and power after each round (`gpu_state`)."""
     names = list(calls)
     walls: dict[str, list[float]] = {n: [] for n in names}
+    states: list[dict | None] = []  # the GPU's clock and power after each round
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
@@ -187,7 +191,17 @@ def interleaved_walls(calls: dict, rounds: int, per_round: int) -> dict[str, lis
                     torch.cuda.synchronize()
                 times.append((time.perf_counter() - t) * 1e3)
             walls[name].append(statistics.median(times))
-    return walls
+        states.append(gpu_state())
+    return walls, states
+
+
+def gpu_state() -> dict | None:
+    """The SM clock (MHz) and power draw (W) now, when torch can read them (pynvml): whether a
+    round ran at the power limit. None where it cannot."""
+    try:
+        return {"sm_mhz": torch.cuda.clock_rate(), "watts": torch.cuda.power_draw() / 1e3}
+    except Exception:  # no pynvml / NVML on this machine: not recorded
+        return None
 
 
 def summarize(walls: dict[str, list[float]], base: str) -> dict[str, dict]:
@@ -256,7 +270,7 @@ def matmul_configs_rows(
                 calls[label + ", no sync"] = call
                 kernel_of[label + ", no sync"] = c["name"]
     del ref, t_y
-    walls = interleaved_walls(calls, rounds=rounds, per_round=10)
+    walls, states = interleaved_walls(calls, rounds=rounds, per_round=10)
     rows = summarize(walls, "torch a @ b")
     # one CUPTI session, every config's kernel and cuBLAS's taking turns
     distinct = {"torch a @ b": calls["torch a @ b"]}
@@ -274,6 +288,7 @@ def matmul_configs_rows(
         "kernels_ms": by_name,
         "cublas_kernel_ms": cublas,
         "rounds": rounds,
+        "gpu_after_each_round": states,
     }
 
 
@@ -313,7 +328,7 @@ def gemv_interleaved(tuned: str, untuned: str | None, allocator: str, spin_us: f
                     errors[build] = rel_error(y, ref)
                 if build == "tuned":
                     calls[label + ", no sync"] = call
-        walls = interleaved_walls(calls, rounds=7, per_round=20)
+        walls, states = interleaved_walls(calls, rounds=7, per_round=20)
         rows = summarize(walls, "torch")
         by_name = kernels_by_name(
             [calls[k] for k in calls if "no sync" not in k and "spin" not in k]
@@ -330,7 +345,12 @@ def gemv_interleaved(tuned: str, untuned: str | None, allocator: str, spin_us: f
                 row["kernel"] = kname[0] if kname else None
             if row["kernel_ms"] is not None:
                 row["overhead_us"] = (row["wall_ms"] - row["kernel_ms"]) * 1e3
-        out[name] = {"rows": rows, "errors": errors, "kernels_ms": by_name}
+        out[name] = {
+            "rows": rows,
+            "errors": errors,
+            "kernels_ms": by_name,
+            "gpu_after_each_round": states,
+        }
         print(name, json.dumps({k: round(v["wall_ms"], 4) for k, v in rows.items()}), flush=True)
     return out
 
