@@ -127,6 +127,9 @@ def main() -> None:
         # the hybrid fence wait.
         fn_spin = s_spin.resolve(name)
 
+        def plex_spin(fn=fn_spin, acts=acts_dev, resident=resident):
+            return fn(*acts, *resident, output="device")
+
         def plex_twin(fn=fn, acts=acts_dev, resident=resident):
             return fn(*acts, *resident, output="dlpack")
 
@@ -180,6 +183,7 @@ def main() -> None:
             "plex": [],
             "plex_resident": [],
             "plex_nosync": [],
+            "plex_spin_nosync": [],
             "plex_twin": [],
             "plex_twin_nosync": [],
             "plex_twin_spin_nosync": [],
@@ -187,7 +191,16 @@ def main() -> None:
             "plex_out_spin_nosync": [],
             "torch": [],
         }
-        warm = (plex, plex_resident, plex_twin, plex_twin_spin, plex_out, plex_out_spin, eager)
+        warm = (
+            plex,
+            plex_resident,
+            plex_spin,
+            plex_twin,
+            plex_twin_spin,
+            plex_out,
+            plex_out_spin,
+            eager,
+        )
         for f in warm:  # warm-up
             for _ in range(3):
                 f()
@@ -199,6 +212,7 @@ def main() -> None:
                 ("plex", plex, True),
                 ("plex_resident", plex_resident, True),
                 ("plex_nosync", plex_resident, False),
+                ("plex_spin_nosync", plex_spin, False),
                 ("plex_twin", plex_twin, True),
                 ("plex_twin_nosync", plex_twin, False),
                 ("plex_twin_spin_nosync", plex_twin_spin, False),
@@ -220,6 +234,7 @@ def main() -> None:
             "plex": plex,
             "plex_resident": plex_resident,
             "plex_nosync": plex_resident,
+            "plex_spin_nosync": plex_spin,
             "plex_twin": plex_twin,
             "plex_twin_nosync": plex_twin,
             "plex_twin_spin_nosync": plex_twin_spin,

@@ -144,6 +144,230 @@ def gemv_rows(mln: str, allocator: str, spin_us: float, dev) -> dict:
     return out
 
 
+def kernels_by_name(calls: list, repeats: int = 5) -> dict[str, float]:
+    """GPU time per call of each kernel name (ms), from one CUPTI session in which `calls` take
+    turns `repeats` times: the rows' kernels then meet the same clocks and temperature (an H200
+    at 750 TFLOP/s runs at its power limit, so a kernel timed alone after a cool pause is
+    faster than the same kernel after a hot one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            for call in calls:
+                call()
+                torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times.setdefault(e.name, []).append(e.time_range.elapsed_us() / 1e3)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def interleaved_walls(
+    calls: dict, rounds: int, per_round: int
+) -> tuple[dict[str, list[float]], list[dict | None]]:
+    """Per row, the median wall of `per_round` calls in each of `rounds` rounds; the rows take
+    turns within a round (order rotated per round), so drift hits them alike. A row named
+    "... no sync" is the call alone (a PLeX call returns when its results are written); every
+    other row ends each call with torch.cuda.synchronize(), as torch's must. Also the GPU's
+    clock and power after each round (`gpu_state`)."""
+    names = list(calls)
+    walls: dict[str, list[float]] = {n: [] for n in names}
+    states: list[dict | None] = []  # the GPU's clock and power after each round
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            fn, sync = calls[name], not name.endswith("no sync")
+            fn()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(per_round):
+                t = time.perf_counter()
+                fn()
+                if sync:
+                    torch.cuda.synchronize()
+                times.append((time.perf_counter() - t) * 1e3)
+            walls[name].append(statistics.median(times))
+        states.append(gpu_state())
+    return walls, states
+
+
+def gpu_state() -> dict | None:
+    """The SM clock (MHz) and power draw (W) now, when torch can read them (pynvml): whether a
+    round ran at the power limit. None where it cannot."""
+    try:
+        return {"sm_mhz": torch.cuda.clock_rate(), "watts": torch.cuda.power_draw() / 1e3}
+    except Exception:  # no pynvml / NVML on this machine: not recorded
+        return None
+
+
+def summarize(walls: dict[str, list[float]], base: str) -> dict[str, dict]:
+    """Median over rounds, the min-max of the round medians, and the ratio to `base` per round
+    (torch wall / row wall: above 1 is faster than torch)."""
+    out = {}
+    for name, w in walls.items():
+        ratios = [b / x for b, x in zip(walls[base], w, strict=True)]
+        out[name] = {
+            "wall_ms": statistics.median(w),
+            "wall_ms_min": min(w),
+            "wall_ms_max": max(w),
+            "vs_torch": statistics.median(ratios),
+            "vs_torch_min": min(ratios),
+            "vs_torch_max": max(ratios),
+            "rounds": w,
+        }
+    return out
+
+
+def matmul_configs_rows(
+    listing: str, allocator: str, spin_us: list[float], rounds: int, m: int = N
+) -> dict:
+    """matmul 8192^3: torch vs PLeX's "device" path (imported device arrays, results in IREE's
+    memory) on every kernel config build of `matmul_configs.py` (one .mln each), with the
+    library config's build also under `session(spin_us=)` and without the synchronize; walls
+    interleaved over rounds, kernel times by name from one interleaved CUPTI session."""
+    import os
+
+    folder = os.path.dirname(listing)
+    with open(listing) as fh:
+        configs = json.load(fh)
+    dev = torch.device("cuda")
+    a = (torch.randn(m, N, device=dev) * 0.05).half()
+    b = (torch.randn(N, N, device=dev) * 0.05).half()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = a.float() @ b.float()
+    t_y = a @ b
+    instance = myelin.Instance(cuda_allocator=allocator)
+    calls: dict = {"torch a @ b": lambda: torch.matmul(a, b)}
+    errors = {"torch": rel_error(t_y, ref)}
+    kernel_of: dict[str, str] = {}
+    keep = []
+    for c in configs:
+        model = instance.load(os.path.join(folder, c["mln"]))
+        sessions = {0.0: model.session()}
+        if c["library"]:
+            sessions.update({us: model.session(spin_us=us) for us in spin_us})
+        for us, s in sessions.items():
+            fn = s.resolve("matmul")
+            a_dev = import_cuda_tensor(a, fn._device, fn.signature.inputs[0], "matmul")
+            b_dev = import_cuda_tensor(b, fn._device, fn.signature.inputs[1], "matmul")
+            keep.append((model, s, a_dev, b_dev))
+            label = f"plex {c['name'].removeprefix('plex_matmul_ab_f16_f16_')}"
+            label += " device" + (f" spin {us:g}" if us else "")
+            if us == 0.0:
+                fn(a_dev, b_dev, output="dlpack")  # dynamic M: the first call learns the shape
+                y = torch.from_dlpack(fn(a_dev, b_dev, output="dlpack"))
+                errors[c["name"]] = rel_error(y, ref)
+                errors[c["name"] + " max |plex - torch|"] = float((y - t_y).abs().max())
+                del y
+            call = lambda fn=fn, x=a_dev, w=b_dev: fn(x, w, output="device")  # noqa: E731
+            calls[label] = call
+            kernel_of[label] = c["name"]
+            if c["library"] and us in (0.0, max(spin_us, default=0.0)):
+                calls[label + ", no sync"] = call
+                kernel_of[label + ", no sync"] = c["name"]
+    del ref, t_y
+    walls, states = interleaved_walls(calls, rounds=rounds, per_round=10)
+    rows = summarize(walls, "torch a @ b")
+    # one CUPTI session, every config's kernel and cuBLAS's taking turns
+    distinct = {"torch a @ b": calls["torch a @ b"]}
+    for label, name in kernel_of.items():
+        distinct.setdefault(name, calls[label])
+    by_name = kernels_by_name(list(distinct.values()))
+    cublas = sum(v for k, v in by_name.items() if not k.startswith("plex_"))
+    for label, row in rows.items():
+        kernel = by_name.get(kernel_of[label]) if label in kernel_of else cublas
+        row["kernel_ms"] = kernel  # None: the kernel did not show in the profile
+        row["overhead_us"] = None if kernel is None else (row["wall_ms"] - kernel) * 1e3
+    return {
+        "rows": rows,
+        "errors": errors,
+        "kernels_ms": by_name,
+        "cublas_kernel_ms": cublas,
+        "rounds": rounds,
+        "gpu_after_each_round": states,
+    }
+
+
+def gemv_interleaved(tuned: str, untuned: str | None, allocator: str, spin_us: float) -> dict:
+    """Issue 17's GEMVs (1x8192 by 28672x8192, weight stored N x K or K x N, resident) with
+    the tuned kernel configs (`benchmarks/gpu/tunekern_tuned`) and the library's
+    (`benchmarks/gpu/tunekern`): torch vs PLeX's "device" path, interleaved rounds, kernels
+    by name from one CUPTI session per layout."""
+    dev = torch.device("cuda")
+    instance = myelin.Instance(cuda_allocator=allocator)
+    builds = {"tuned": tuned} | ({"library": untuned} if untuned else {})
+    models = {k: instance.load(v) for k, v in builds.items()}
+    x = (torch.randn(1, 8192, device=dev) * 0.1).half()
+    w = (torch.randn(28672, 8192, device=dev) * 0.1).half()
+    w_kn = w.T.contiguous()
+    ref = x.float() @ w.float().T
+    out: dict = {}
+    keep = []
+    for name, weight, torch_fn in (
+        ("gemv_nk", w, lambda: torch.nn.functional.linear(x, w)),
+        ("gemv_kn", w_kn, lambda: x @ w_kn),
+    ):
+        calls: dict = {"torch": torch_fn}
+        errors = {"torch": rel_error(torch_fn(), ref)}
+        for build, model in models.items():
+            for us in (0.0, spin_us) if build == "tuned" else (0.0,):
+                s = model.session(spin_us=us)
+                fn = s.resolve(name)
+                xd = import_cuda_tensor(x, fn._device, fn.signature.inputs[0], name)
+                wd = import_cuda_tensor(weight, fn._device, fn.signature.inputs[1], name)
+                keep.append((s, xd, wd))
+                call = lambda fn=fn, xd=xd, wd=wd: fn(xd, wd, output="device")  # noqa: E731
+                label = f"plex {build} device" + (f" spin {us:g}" if us else "")
+                calls[label] = call
+                if us == 0.0:
+                    y = torch.from_dlpack(fn(xd, wd, output="dlpack"))
+                    errors[build] = rel_error(y, ref)
+                if build == "tuned":
+                    calls[label + ", no sync"] = call
+        walls, states = interleaved_walls(calls, rounds=7, per_round=20)
+        rows = summarize(walls, "torch")
+        by_name = kernels_by_name(
+            [calls[k] for k in calls if "no sync" not in k and "spin" not in k]
+        )
+        torch_kernel = sum(v for k, v in by_name.items() if not k.startswith("plex_"))
+        plex = sorted(k for k in by_name if k.startswith("plex_"))
+        for label, row in rows.items():
+            if label == "torch":
+                row["kernel_ms"] = torch_kernel
+            else:
+                build = label.split()[1]
+                kname = [k for k in plex if k in kernel_names(builds[build], name)]
+                row["kernel_ms"] = by_name[kname[0]] if kname else None
+                row["kernel"] = kname[0] if kname else None
+            if row["kernel_ms"] is not None:
+                row["overhead_us"] = (row["wall_ms"] - row["kernel_ms"]) * 1e3
+        out[name] = {
+            "rows": rows,
+            "errors": errors,
+            "kernels_ms": by_name,
+            "gpu_after_each_round": states,
+        }
+        print(name, json.dumps({k: round(v["wall_ms"], 4) for k, v in rows.items()}), flush=True)
+    return out
+
+
+def kernel_names(path: str, function: str) -> set[str]:
+    """The kernels the build put at `function`'s matmuls (the .mln's kernels report)."""
+    from myelin.mln import MlnReader
+
+    names = set()
+    for variant in MlnReader(path).manifest["variants"]:
+        for device in variant["devices"]:
+            for site in device.get("kernels", []):
+                if site.get("function") == function and site.get("kernel"):
+                    names.add(site["kernel"])
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mln", help="kernels.mln (without it, only the --gemv rows)")
@@ -153,6 +377,11 @@ def main() -> None:
     parser.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
     parser.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) rows")
     parser.add_argument("--gemv", help="tunekern.mln (benchmarks/gpu/tunekern): the GEMV rows")
+    parser.add_argument(
+        "--configs", help="mm_configs.json of matmul_configs.py: the interleaved matmul rows"
+    )
+    parser.add_argument("--gemv-tuned", help="tunekern_tuned.mln: the interleaved GEMV rows")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds of the interleaved rows")
     args = parser.parse_args()
     if args.flags:  # before the first driver is created
         import iree.runtime as rt
@@ -160,6 +389,32 @@ def main() -> None:
         rt.flags.parse_flags(*args.flags.split())
     torch.manual_seed(0)
     dev = torch.device("cuda")
+    if args.configs or args.gemv_tuned:  # the interleaved rows, in a process of their own
+        results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        if args.configs:
+            spins = [args.spin_us / 2, args.spin_us]
+            results["matmul_8192"] = matmul_configs_rows(
+                args.configs, args.allocator, spins, args.rounds
+            )
+            rows = results["matmul_8192"]["rows"]
+            for k, v in rows.items():
+                print(
+                    f"{k:52s} wall {v['wall_ms']:.4f} [{v['wall_ms_min']:.4f}-"
+                    f"{v['wall_ms_max']:.4f}] kernel {v['kernel_ms']} over "
+                    f"{v['overhead_us']} us  vs torch {v['vs_torch']:.3f} "
+                    f"[{v['vs_torch_min']:.3f}-{v['vs_torch_max']:.3f}]",
+                    flush=True,
+                )
+            print(json.dumps(results["matmul_8192"]["errors"]), flush=True)
+            with open(args.json, "w") as fh:  # written early: the GEMV rows may not finish
+                json.dump(results, fh, indent=1)
+        if args.gemv_tuned:
+            results["gemv"] = gemv_interleaved(
+                args.gemv_tuned, args.gemv, args.allocator, args.spin_us
+            )
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+        return
     if args.mln is None:  # the GEMV rows alone, in a process of their own
         gemv = gemv_rows(args.gemv, args.allocator, args.spin_us, dev)
         with open(args.json, "w") as fh:

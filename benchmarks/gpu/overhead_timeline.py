@@ -22,7 +22,9 @@ the traced call is longer than the untraced one: the split says where, the wall 
 Inputs are torch CUDA tensors imported once (resident, as a serving loop keeps weights), so a
 call imports nothing. `--path raw` is what a user of iree.runtime writes (pack, invoke with the
 async-external ABI's fences, wait); `--path myelin` is `ResolvedCall(..., output="device")`.
-`--wait poll` makes the raw path poll its signal fence instead of blocking on it; `--vmfb`
+`--wait poll` makes the raw path poll its signal fence instead of blocking on it, `--spin-us N`
+the MyeLiN path wait as `model.session(spin_us=N)` does (block, then poll around the expected
+end: myelin.runtime.waiting); `--vmfb`
 makes it run another compile of the same module (e.g. one made by `iree-compile` with a flag
 PLeX's in-process compiler does not register).
 Prints one JSON line per entrypoint.
@@ -158,6 +160,7 @@ def main() -> None:
     p.add_argument("--block", action="store_true", help="inputs from block/model.py")
     p.add_argument("--path", choices=("raw", "myelin"), required=True)
     p.add_argument("--wait", choices=("block", "poll"), default="block")
+    p.add_argument("--spin-us", type=float, default=0.0, help="myelin path: session(spin_us=)")
     p.add_argument("--allocator", default="caching")
     p.add_argument("--flags", default="", help="IREE runtime flags, parsed before the driver")
     p.add_argument("--n", type=int, default=100)
@@ -169,7 +172,7 @@ def main() -> None:
         rt.flags.parse_flags(*args.flags.split())
     torch.zeros(1, device="cuda")
     model = myelin.Instance(cuda_allocator=args.allocator).load(args.mln)
-    s = model.session()
+    s = model.session(spin_us=args.spin_us) if args.spin_us else model.session()
     from torch.profiler import ProfilerActivity, profile
 
     for name in args.fns.split(","):
@@ -203,6 +206,7 @@ def main() -> None:
             "fn": name,
             "path": args.path,
             "wait": args.wait,
+            "spin_us": args.spin_us,
             "allocator": args.allocator,
             "flags": args.flags,
             "vmfb": args.vmfb,

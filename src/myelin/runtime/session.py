@@ -76,6 +76,11 @@ OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 CHECK_INTERVAL_S = 0.02
 
 _HOST_VISIBLE = int(rt.MemoryType.HOST_VISIBLE)
+# Looked up once: per-call attribute lookups add up on a call that costs tens of microseconds.
+_BUFFER_VIEW = rt.HalBufferView
+_DEVICE_ARRAY = rt.DeviceArray
+_VARIANT_LIST = rt.VmVariantList
+_CREATE_FENCE = rt.HalFence.create_at
 
 # Drivers whose results MyeLiN can put in memory of its own (DLPack device type of that memory).
 _STORAGE_DRIVERS = {"cuda": KDL_CUDA, "local-task": KDL_CPU, "local-sync": KDL_CPU}
@@ -236,7 +241,7 @@ class Session:
             timeline = self._timelines[id(device)] = [device.create_semaphore(0), 0]
         semaphore, value = timeline
         timeline[1] = value + 1
-        return rt.HalFence.create_at(semaphore, value), rt.HalFence.create_at(semaphore, value + 1)
+        return _CREATE_FENCE(semaphore, value), _CREATE_FENCE(semaphore, value + 1)
 
     def _drop_timeline(self, device: rt.HalDevice) -> None:
         """After a failed submission (its signal value will never come, or the semaphore has
@@ -336,6 +341,17 @@ class ResolvedCall:
         # never change. Only a weak reference: the memory holds no buffer alive, and it tells a
         # live array from a new one that reuses a dead one's id.
         self._passed: dict[tuple[int, int], tuple[weakref.ref, Any]] = {}
+        # The fast check's per-input work, zipped once.
+        self._input_checks = tuple(
+            zip(range(len(self._expected)), self._expected, self._expected_hal, strict=True)
+        )
+        # The plain lane (`_call_plain`): a call with nothing to do per call beyond the checks
+        # and IREE's own work (no index ranges to check, no memory budget, weights resident:
+        # the model fixes its budget and residency at load), so the call skips the rest.
+        self._single_tensor = self._result_count == 1 and self._out_dtypes[0] is not None
+        self._plain = (
+            not self._index_checks and model.budget is None and model.residency.policy == "resident"
+        )
 
     def _fast_arguments(self, values: tuple[Any, ...]) -> list[Any] | None:
         """The fast check: numpy arrays, or device arrays already on this entrypoint's device,
@@ -347,15 +363,13 @@ class ResolvedCall:
         shapes: list[Any] = []
         ready: list[Any] = []
         passed = self._passed
-        for i, (value, expected, hal) in enumerate(
-            zip(values, self._expected, self._expected_hal, strict=True)
-        ):
+        for (i, expected, hal), value in zip(self._input_checks, values, strict=True):
             if expected is None:
                 shapes.append(None)
                 ready.append(value)
                 continue
             kind = type(value)
-            if kind is DeviceTensor or kind is rt.DeviceArray:
+            if kind is DeviceTensor or kind is _DEVICE_ARRAY:
                 seen = passed.get((i, id(value)))
                 if seen is not None and seen[0]() is value:  # this very array passed before
                     ready.append(buffer_view_of(value))
@@ -367,7 +381,7 @@ class ResolvedCall:
                     return None
                 shape = value.shape
                 ready.append(value)
-            elif kind is DeviceTensor or kind is rt.DeviceArray:
+            elif kind is DeviceTensor or kind is _DEVICE_ARRAY:
                 # A device array's check reads its buffer view: dtype and shape through
                 # DeviceArray cost microseconds each, which a 14-input call pays 14 times.
                 if device_of(value) is not self._device:
@@ -402,6 +416,12 @@ class ResolvedCall:
         timeout: float | None = None,
         out: Any = None,
     ) -> Any:
+        if out is None and self._plain and (output == "device" or output == "numpy"):
+            ready = self._fast_arguments(inputs)
+            if ready is not None:
+                done = self._call_plain(ready, output, _Stop(self._session, self.name, timeout))
+                if done is not None:
+                    return done[0] if len(done) == 1 else tuple(done)
         session = self._session
         outs_given = ()
         # out= on an entrypoint whose source takes no result storage: through its storage
@@ -502,6 +522,38 @@ class ResolvedCall:
             ]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _call_plain(self, ready: list[Any], output: OutputKind, stop: _Stop) -> list[Any] | None:
+        """The call for arguments that passed the fast check, on an entrypoint with nothing
+        more to do per call (`self._plain`; no `out=`, results in IREE's memory): the session
+        lock, the cancel check, the invocation, the results. None when the session is busy:
+        the full path then waits its turn (with its timeout and cancel checks).
+
+        Why a lane of its own: on a GPU a one-kernel call's time above the kernel is IREE's
+        submission and completion plus this Python, which a serving loop pays every call; the
+        async "device" call (every CUDA build's) is written out here in one frame."""
+        session = self._session
+        lock = session._lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            if session._closed:
+                raise session._closed_error(self.name)
+            device = self._device
+            if not self._async or output != "device":
+                return self._dispatch(ready, device, output, stop, None)
+            stop.where = "before it was dispatched"
+            stop.check()
+            args = self._packer.pack(InvokeContext(device), ready, {})
+            results = _VARIANT_LIST(self._result_count)
+            self._invoke_async(args, results, stop, None, self._function)
+            if len(results) != self._result_count:
+                return [self._convert(results, i, device, output) for i in range(len(results))]
+            return self._device_results(results, device)
+        except Cancelled as e:  # as in __call__: drop the abandoned call's frames
+            raise e.with_traceback(None) from None
+        finally:
+            lock.release()
+
     def _dispatch(
         self,
         arguments: list[Any],
@@ -520,7 +572,7 @@ class ResolvedCall:
         args = self._packer.pack(InvokeContext(device), arguments, {})
         if transients is not None:
             args.push_ref(transients)
-        results = rt.VmVariantList(self._result_count)
+        results = _VARIANT_LIST(self._result_count)
         function = function if function is not None else self._function
         if self._async:
             self._invoke_async(args, results, stop, reservation, function)
@@ -528,7 +580,37 @@ class ResolvedCall:
             self._invoke(args, results, function)
             stop.where = "while it ran (a synchronous entrypoint stops once it returns)"
             stop.check()
+        if output == "device" and len(results) == self._result_count:
+            return self._device_results(results, device)
         return [self._convert(results, i, device, output) for i in range(len(results))]
+
+    def _device_results(self, results: rt.VmVariantList, device: rt.HalDevice) -> list[Any]:
+        """The results as they stay on the device (what `_convert` makes for "device"), in
+        one pass: a 1-result call pays this on every call."""
+        get = results.get_as_object
+        cuda = self._cuda is not None
+        if self._single_tensor:
+            return [
+                DeviceTensor(
+                    device,
+                    get(0, _BUFFER_VIEW),
+                    cuda=cuda,
+                    implicit_host_transfer=True,
+                    override_dtype=self._out_dtypes[0],
+                )
+            ]
+        return [
+            results.get_variant(i)
+            if dtype is None
+            else DeviceTensor(
+                device,
+                get(i, _BUFFER_VIEW),
+                cuda=cuda,
+                implicit_host_transfer=True,
+                override_dtype=dtype,
+            )
+            for i, dtype in enumerate(self._out_dtypes)
+        ]
 
     def _invoke(self, args: rt.VmVariantList, results: rt.VmVariantList, function: Any) -> None:
         try:
@@ -703,7 +785,7 @@ class ResolvedCall:
         dtype = self._out_dtypes[i] if i < len(self._out_dtypes) else None
         if dtype is None:
             return results.get_variant(i)
-        view = results.get_as_object(i, rt.HalBufferView)
+        view = results.get_as_object(i, _BUFFER_VIEW)
         if output != "numpy":  # stays on the device (DLPack export: DeviceTensor.__dlpack__)
             return DeviceTensor(
                 device,

@@ -27,18 +27,21 @@ class FenceWait:
     def wait(self, fence: Any, slice_s: Callable[[], float], check: Callable[[], None]) -> None:
         """Return once `fence` is signalled; `check()` between blocking slices (it raises to
         stop); `slice_s()` the longest a blocking wait may take now."""
-        start = time.perf_counter()
-        if self.spin_s > 0:
-            lead = (self.expected_s or 0.0) - self.spin_s  # block this long first
-            while lead > 0 and time.perf_counter() - start < lead:
-                left = lead - (time.perf_counter() - start)
-                if fence.wait(timeout=int(min(left, slice_s()) * 1e9)):
-                    return self._done(start)
+        if self.spin_s <= 0:  # block only: nothing to time
+            while not fence.wait(timeout=int(slice_s() * 1e9)):
                 check()
-            until = time.perf_counter() + 2 * self.spin_s
-            while time.perf_counter() < until:
-                if fence.wait(timeout=0):
-                    return self._done(start)
+            return
+        start = time.perf_counter()
+        lead = (self.expected_s or 0.0) - self.spin_s  # block this long first
+        while lead > 0 and time.perf_counter() - start < lead:
+            left = lead - (time.perf_counter() - start)
+            if fence.wait(timeout=int(min(left, slice_s()) * 1e9)):
+                return self._done(start)
+            check()
+        until = time.perf_counter() + 2 * self.spin_s
+        while time.perf_counter() < until:
+            if fence.wait(timeout=0):
+                return self._done(start)
         while not fence.wait(timeout=int(slice_s() * 1e9)):
             check()
         self._done(start)

@@ -1,0 +1,83 @@
+"""Matmul 8192^3 kernel configs as PLeX builds, one `.mln` per config (built here, timed there).
+
+    python benchmarks/gpu/matmul_configs.py -o ART        # ART/mm_<config>.mln, ART/mm_configs.json
+
+Each build is benchmarks/gpu/kernels (the H200 benchmark's graph: `matmul` with dynamic M) on
+the Triton kernel library with one `kernel-config` entry for the shape `matmul f16->f16 M=?
+N=8192 K=8192`, written as a tuning package (the tuning database's own form,
+myelin.kernels._space.kernel_entry), so every candidate runs through exactly the path a tuned
+build takes. The library's own config is the first. `kernels_h200.py --configs ART/mm_configs.json`
+times them interleaved with torch in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+from myelin.kernels import choose_matmul_config
+from myelin.kernels._space import kernel_entry, violations
+from myelin.kernels._triton import MatmulConfig
+
+HERE = Path(__file__).resolve().parent
+SHAPE = {"op": "matmul", "dtype": "f16", "out_dtype": "f16", "m": None, "n": 8192, "k": 8192}
+# Next to the library's config (128x256x64, 8 warps, 3 stages, groups of 8): the knobs an
+# earlier H200 sweep left open at this shape (stages 3-4 tied; group size never varied there).
+CANDIDATES = (
+    {"num_stages": 4},
+    {"group_m": 16},
+    {"group_m": 16, "num_stages": 4},
+    {"group_m": 4},
+)
+
+
+def build_one(config: MatmulConfig, out: Path, work: Path) -> None:
+    from plex.builder import build
+    from plex.tune._database import SCHEMA
+
+    tuning = work / config.name
+    tuning.mkdir(parents=True)
+    entry = kernel_entry(
+        SHAPE["op"], SHAPE["dtype"], SHAPE["out_dtype"], SHAPE["m"], SHAPE["n"], SHAPE["k"],
+        config, arch="sm_90a", triton="3.9.0", iree="3.13.0",
+    )  # fmt: skip
+    (tuning / "tuning.json").write_text(json.dumps({"schema": SCHEMA, "entries": {"c": entry}}))
+    (tuning / "plex.toml").write_text(
+        '[package]\nname = "mm_config"\n\n[tuning.hopper]\ntarget = "cuda"\n'
+        'kernels = "tuning.json"\n'
+    )
+    app = tuning / "app.toml"
+    app.write_text(
+        f'[app]\nname = "mm-config"\npackages = ["{HERE / "kernels"}", "{tuning}"]\n\n'
+        '[devices.hopper]\ntarget = "cuda"\nkernels = "triton"\n\n'
+        '[[variant]]\nname = "hopper"\ndevices = ["hopper"]\n\n'
+        '[myelin]\ntuning = "mm_config:hopper"\n'
+    )
+    build(app, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    library = choose_matmul_config("f16", "f16", False, None, 8192, 8192)
+    configs = [library] + [dataclasses.replace(library, **c) for c in CANDIDATES]
+    listing = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in configs:
+            why = violations(config, None, 8192, 8192)
+            if why:
+                raise SystemExit(f"{config.name}: {why[0]}")
+            out = args.out / f"mm_{config.name}.mln"
+            build_one(config, out, Path(tmp))
+            listing.append({"name": config.name, "mln": out.name, "library": config == library})
+            print(f"built {out}")
+    (args.out / "mm_configs.json").write_text(json.dumps(listing, indent=1))
+
+
+if __name__ == "__main__":
+    main()
