@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 import myelin
+from myelin.runtime.devices import DEFAULT_CUDA_ALLOCATOR
 from myelin.runtime.tensors import import_cuda_tensor
 
 N = 8192
@@ -374,7 +375,11 @@ def main() -> None:
     parser.add_argument("--json", default="kernels_h200.json")
     parser.add_argument("--flags", default="", help="IREE runtime flags (--device_allocator=...)")
     parser.add_argument("--short", action="store_true", help="the overhead rows only")
-    parser.add_argument("--allocator", default="pool", help="Instance(cuda_allocator=...)")
+    parser.add_argument(
+        "--allocator",
+        default=DEFAULT_CUDA_ALLOCATOR,
+        help="Instance(cuda_allocator=...); default: the runtime's",
+    )
     parser.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) rows")
     parser.add_argument("--gemv", help="tunekern.mln (benchmarks/gpu/tunekern): the GEMV rows")
     parser.add_argument(
