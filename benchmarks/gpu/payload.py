@@ -183,6 +183,32 @@ def rebuild(
     ]
 
 
+def graft(parameters: Path, module: Path, out: Path) -> None:
+    """Skeleton `out`: the compiled module (and manifest) of skeleton `module` with the
+    parameter records and digests of skeleton `parameters`. For a build whose compiled module
+    changed but whose parameters did not (a kernel, not the encoders): its stored parameters
+    are then those of `parameters`' build, which `rebuild` checks byte for byte. Refuses
+    skeletons whose parameters differ in any record (key, codec, shape, layout, place)."""
+    old = json.loads((parameters / MANIFEST).read_text())
+    new = json.loads((module / MANIFEST).read_text())
+    if old["parameters"] != new["parameters"]:
+        raise ValueError(f"{parameters} and {module} store different parameters: no graft")
+    digests = {s["name"]: s for s in old["sections"] if s["name"].startswith(PARAMETER_PREFIX)}
+    ours = [s["name"] for s in new["sections"] if s["name"].startswith(PARAMETER_PREFIX)]
+    if sorted(ours) != sorted(digests):
+        raise ValueError(f"{parameters} and {module} have different parameter sections")
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for s in new["sections"]:
+        if s["name"] in digests:
+            sections.append({**s, "sha256": digests[s["name"]]["sha256"]})
+        else:
+            sections.append(s)
+            data = (module / _section_file(s["name"])).read_bytes()
+            (out / _section_file(s["name"])).write_bytes(data)
+    (out / MANIFEST).write_text(json.dumps({**new, "sections": sections}, indent=1, sort_keys=True))
+
+
 def load_function(spec: str) -> Callable:
     """`path/to/file.py:function`, imported with the file's folder on sys.path."""
     path, _, name = spec.rpartition(":")
@@ -208,8 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--placeholder", action="store_true", help="zero parameters (traces and timings only)"
     )
+    g = sub.add_parser("graft", help="one skeleton's module on another's parameter digests")
+    g.add_argument("parameters", type=Path, help="skeleton whose parameter digests to keep")
+    g.add_argument("module", type=Path, help="skeleton whose compiled module to take")
+    g.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.command == "graft":
+        graft(args.parameters, args.module, args.out)
+        print(f"{args.out}: the module of {args.module}, the parameters of {args.parameters}")
+        return 0
     if args.command == "strip":
         manifest = strip(args.mln, args.skeleton)
         size = sum(f.stat().st_size for f in args.skeleton.iterdir())

@@ -1,12 +1,13 @@
 """The q4 kernel's configs on the H200, for the skinny-M decode matmuls (M = 1 and 8) of the
-Llama-7B-shaped decoder: the library's kernel (myelin.kernels._q4, one dot per 32-element
-group on the exact codes) at its chosen config and other splits, against a variant that decodes
-a block of BK contracted rows to f16 (code * scale + offset) and takes one dot per block, over
-BN, BK, split-K, warps and stages. Triton JIT on the GPU machine (sizes as runtime arguments, so
-one compile serves every shape), inputs made by torch; each kernel's time by
-`triton.testing.do_bench` (median, L2 flushed between calls, as a decode step reads its weights
-once), plus the time of the sum of the split-K shares (torch) where split > 1; every result
-against an f32 reference on the decoded weights.
+Llama-7B-shaped decoder. Variants: "group", the library's kernel (myelin.kernels._q4: one dot
+per 32-element group on the exact codes); "block", a block of BK contracted rows decoded to f16
+(code * scale + offset), one dot per block; "swap", out^T = W^T x^T (the weight's outputs on
+the dot's wide side, even and odd columns as two dots, no interleave, one dot per group on the
+exact codes). Over BN, BK, split-K, warps and stages. Triton JIT on the GPU machine (sizes as
+runtime arguments, so one compile serves every shape), inputs made by torch; each kernel's time
+by `triton.testing.do_bench` (median, L2 flushed between calls, as a decode step reads its
+weights once), plus the time of the sum of the split-K shares (torch) where split > 1; every
+result against an f32 reference on the decoded weights.
 
     python3 benchmarks/gpu/q4_configs_h200.py --json OUT.json
 """
@@ -108,7 +109,54 @@ def kernels():
         part = part_ptr + (pid_s * M + offs_m[:, None]) * N + offs_n[None, :]
         tl.store(part, out, mask=rows[:, None])
 
-    return {"block": q4_block, "group": q4_group}
+    @triton.jit
+    def q4_swap(
+        x_ptr, q_ptr, s_ptr, o_ptr, rs_ptr, ro_ptr, part_ptr, M, N, K, KS,
+        G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    ):  # fmt: skip
+        # out^T = W^T x^T: the weight's outputs on the dot's M side (64+ rows: Hopper's wgmma),
+        # the few activation rows on its N side; the even and the odd output columns (the low
+        # and the high nibbles) as two dots, no interleave; BK // G groups per iteration, each
+        # its own dot on the exact codes, its factors applied to the f32 partial products.
+        pid_n = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        H: tl.constexpr = BN // 2
+        offs_j = pid_n * H + tl.arange(0, H)
+        offs_m = tl.arange(0, BM)
+        rows = offs_m < M
+        offs_e = tl.arange(0, G)
+        acc_e = tl.zeros((H, BM), dtype=tl.float32)
+        acc_h = tl.zeros((H, BM), dtype=tl.float32)
+        off_e = tl.zeros((H, BM), dtype=tl.float32)
+        off_h = tl.zeros((H, BM), dtype=tl.float32)
+        for kk in range(0, KS, BK):
+            for t in tl.static_range(BK // G):
+                k0 = pid_s * KS + kk + t * G
+                xt = tl.load(
+                    x_ptr + offs_m[None, :] * K + (k0 + offs_e)[:, None],
+                    mask=rows[None, :], other=0.0,
+                )  # fmt: skip
+                b = tl.load(q_ptr + (k0 + offs_e)[None, :] * (N // 2) + offs_j[:, None])
+                lo = (b & 15).to(xt.dtype)
+                hi = (b >> 4).to(xt.dtype)
+                g = (k0 // G) * N + 2 * offs_j
+                s_e = tl.load(s_ptr + g).to(tl.float32)
+                s_h = tl.load(s_ptr + g + 1).to(tl.float32)
+                o_e = tl.load(o_ptr + g).to(tl.float32)
+                o_h = tl.load(o_ptr + g + 1).to(tl.float32)
+                xs = tl.sum(xt.to(tl.float32), 0)
+                acc_e += tl.dot(lo, xt) * s_e[:, None]
+                acc_h += tl.dot(hi, xt) * s_h[:, None]
+                off_e += o_e[:, None] * xs[None, :]
+                off_h += o_h[:, None] * xs[None, :]
+        c = 2 * offs_j
+        out_e = acc_e * tl.load(rs_ptr + c)[:, None] + off_e * tl.load(ro_ptr + c)[:, None]
+        out_h = acc_h * tl.load(rs_ptr + c + 1)[:, None] + off_h * tl.load(ro_ptr + c + 1)[:, None]
+        part = part_ptr + (pid_s * M + offs_m[None, :]) * N + c[:, None]
+        tl.store(part, out_e, mask=rows[None, :])
+        tl.store(part + 1, out_h, mask=rows[None, :])
+
+    return {"block": q4_block, "group": q4_group, "swap": q4_swap}
 
 
 def inputs(n: int, k: int, dev: str = "cuda"):
@@ -131,11 +179,11 @@ def main() -> int:
     from triton.testing import do_bench
 
     fns = kernels()
-    configs = [("group", bn, G, w, st, None) for bn in (64, 128) for w in (4,) for st in (4,)]
+    configs = [("group", bn, G, 4, 4, None) for bn in (64, 128)]
+    configs += [("block", 256, 64, 4, 3, None)]
     configs += [
-        ("block", bn, bk, w, st, None)
-        for bn, bk, (w, st) in itertools.product((64, 128, 256), (64, 128, 256), WARPS_STAGES)
-        if bn * bk <= 128 * 256
+        ("swap", bn, bk, w, st, None)
+        for bn, bk, (w, st) in itertools.product((128, 256), (32, 64, 128), WARPS_STAGES)
     ]
     sums: dict = {}
     out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "cases": []}
