@@ -17,6 +17,11 @@ the same numpy encoders), places every part at its recorded offset, writes the f
 own writer (`myelin.mln.MlnWriter`) in the recorded section order, and checks that every
 section's digest equals the recorded one: the rebuilt file is the built file (exit 1 otherwise).
 The compiled module and the weights' names, shapes and encodings are what PLeX built.
+
+`rebuild --placeholder` writes zero parameters instead (seconds: for traces and timings, whose
+kernels read the same bytes whatever they hold). `graft OLD NEW OUT` puts skeleton NEW's compiled
+module onto OLD's parameter records and digests, for a build whose module changed but whose
+parameters did not (the q4 encode need not run again here: benchmarks/gpu/README.md).
 """
 
 from __future__ import annotations

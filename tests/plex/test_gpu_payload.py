@@ -105,3 +105,32 @@ def test_a_placeholder_rebuild_keeps_the_module_and_zeroes_the_parameters(built,
                 assert got == bytes(len(got))
             else:
                 assert got == bytes(original.section_view(s["name"]))
+
+
+def test_graft_takes_the_module_and_keeps_the_parameter_digests(built, tmp_path):
+    import json
+
+    _, mln = built
+    old, new = tmp_path / "old", tmp_path / "new"
+    payload.strip(mln, old)
+    payload.strip(mln, new)
+    module = next(f for f in new.iterdir() if f.name != payload.MANIFEST)
+    module.write_bytes(module.read_bytes() + b"\0")  # "a new compile" of the same graph
+    manifest = json.loads((new / payload.MANIFEST).read_text())
+    for s in manifest["sections"]:
+        if s["name"].startswith(payload.PARAMETER_PREFIX):
+            s["sha256"] = "0" * 64  # a stand-in encoder's parameters
+        else:
+            s["length"] += 1
+    (new / payload.MANIFEST).write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    payload.graft(old, new, out)
+    grafted = json.loads((out / payload.MANIFEST).read_text())
+    params = [s for s in grafted["sections"] if s["name"].startswith(payload.PARAMETER_PREFIX)]
+    olds = json.loads((old / payload.MANIFEST).read_text())["sections"]
+    assert params == [s for s in olds if s["name"].startswith(payload.PARAMETER_PREFIX)]
+    assert (out / module.name).read_bytes() == module.read_bytes()
+    manifest["parameters"][0]["length"] += 2  # other parameters: refused
+    (new / payload.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="different parameters"):
+        payload.graft(old, new, tmp_path / "refused")
