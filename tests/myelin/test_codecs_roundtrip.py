@@ -124,6 +124,21 @@ def test_q4_matmul_weight_is_stored_k_major():
     np.testing.assert_array_equal(back, direct)
 
 
+@pytest.mark.parametrize("axes, order", [((1,), (1, 0)), ((0,), (0, 1))])
+def test_q4_rows_encoded_apart_give_the_encode_bytes(axes, order):
+    """Each output row is fitted on its own, so a parallel encode that cuts the rows anywhere
+    (benchmarks/gpu/payload.py) and assembles them stores the bytes `encode` stores."""
+    from myelin.codecs import q4
+
+    w = W if axes == (1,) else W.T.copy()
+    layout = choose_layout("q4", w.shape, "float32", axes, order)
+    whole = encode(w, layout)
+    cuts = [q4.encode_rows(q4.grouped_rows(w, layout, s, s + 37)) for s in range(0, 96, 37)]
+    for a, b in zip(whole, q4.assemble(cuts, layout), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
 def test_q4_format4_parameters_still_read():
     """Format 4 stored every weight [output, group, block]: that is the format-7 layout with
     the output axis first, byte for byte, so its parts decode through `format4_layout`."""

@@ -67,8 +67,9 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
     return folder, out
 
 
-def test_a_stripped_mln_rebuilt_from_its_seed_is_the_built_file(built, tmp_path):
+def test_a_stripped_mln_rebuilt_from_its_seed_is_the_built_file(built, tmp_path, monkeypatch):
     folder, mln = built
+    monkeypatch.setattr(payload, "ROWS_PER_TASK", 24)  # several q4 tasks per matrix, one short
     skeleton = tmp_path / "skeleton"
     manifest = payload.strip(mln, skeleton)
     codecs = {p.get("codec") for p in manifest["parameters"]}
@@ -87,3 +88,49 @@ def test_other_weights_are_caught_by_the_digests(built, tmp_path):
     other = payload.load_function(f"{folder / 'model.py'}:other_weights")
     differ = payload.rebuild(skeleton, tmp_path / "other.mln", other)
     assert differ and all(name.startswith(payload.PARAMETER_PREFIX) for name in differ)
+
+
+def test_a_placeholder_rebuild_keeps_the_module_and_zeroes_the_parameters(built, tmp_path):
+    from myelin.mln import MlnReader
+
+    _, mln = built
+    skeleton = tmp_path / "skeleton"
+    manifest = payload.strip(mln, skeleton)
+    out = tmp_path / "placeholder.mln"
+    assert payload.rebuild(skeleton, out, None) == []  # every module section as built
+    with MlnReader(out) as reader, MlnReader(mln) as original:
+        for s in manifest["sections"]:
+            got = bytes(reader.section_view(s["name"]))
+            if s["name"].startswith(payload.PARAMETER_PREFIX):
+                assert got == bytes(len(got))
+            else:
+                assert got == bytes(original.section_view(s["name"]))
+
+
+def test_graft_takes_the_module_and_keeps_the_parameter_digests(built, tmp_path):
+    import json
+
+    _, mln = built
+    old, new = tmp_path / "old", tmp_path / "new"
+    payload.strip(mln, old)
+    payload.strip(mln, new)
+    module = next(f for f in new.iterdir() if f.name != payload.MANIFEST)
+    module.write_bytes(module.read_bytes() + b"\0")  # "a new compile" of the same graph
+    manifest = json.loads((new / payload.MANIFEST).read_text())
+    for s in manifest["sections"]:
+        if s["name"].startswith(payload.PARAMETER_PREFIX):
+            s["sha256"] = "0" * 64  # a stand-in encoder's parameters
+        else:
+            s["length"] += 1
+    (new / payload.MANIFEST).write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    payload.graft(old, new, out)
+    grafted = json.loads((out / payload.MANIFEST).read_text())
+    params = [s for s in grafted["sections"] if s["name"].startswith(payload.PARAMETER_PREFIX)]
+    olds = json.loads((old / payload.MANIFEST).read_text())["sections"]
+    assert params == [s for s in olds if s["name"].startswith(payload.PARAMETER_PREFIX)]
+    assert (out / module.name).read_bytes() == module.read_bytes()
+    manifest["parameters"][0]["length"] += 2  # other parameters: refused
+    (new / payload.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="different parameters"):
+        payload.graft(old, new, tmp_path / "refused")

@@ -138,16 +138,6 @@ def layout(
     )
 
 
-def _grouped(array: np.ndarray, layout: Layout) -> np.ndarray:
-    """The weight as [output, group, block] float32: the shape the encoder fits in."""
-    w = np.asarray(array, dtype=np.float32)
-    if layout.reduce_axes[0] == 0:
-        w = w.T
-    n, k = w.shape
-    group = layout.options["group"]
-    return np.ascontiguousarray(w).reshape(n, k // group, group)
-
-
 def _stored(output_major: np.ndarray, layout: Layout) -> np.ndarray:
     """A [output, ...] array (codes [n, k], or per group [n, k / g]) in its stored axis order."""
     logical = output_major.T if layout.reduce_axes[0] == 0 else output_major
@@ -272,34 +262,35 @@ def _quantized_factors(
     return scale8, offset8, row_scale, row_offset
 
 
-def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
-    g = _grouped(array, layout)
-    n = g.shape[0]
-    scale8 = np.empty(g.shape[:2], np.uint8)
-    offset8 = np.empty(g.shape[:2], np.int8)
-    row_scale = np.empty(n, np.float32)
-    row_offset = np.empty(n, np.float32)
-    codes = np.empty(g.shape, np.uint8)
+def grouped_rows(array: np.ndarray, layout: Layout, start: int, stop: int) -> np.ndarray:
+    """Output rows [start, stop) of the weight as [output, group, block] float32 (the shape the
+    encoder fits in), without a transposed copy of the whole weight: what one worker of a
+    parallel encode fits (benchmarks/gpu/payload.py)."""
+    w = np.asarray(array)
+    rows = w[:, start:stop].T if layout.reduce_axes[0] == 0 else w[start:stop]
+    group = layout.options["group"]
+    return np.ascontiguousarray(rows, dtype=np.float32).reshape(rows.shape[0], -1, group)
 
-    def encode_rows(start: int) -> None:
-        rows = slice(start, start + _ROWS_PER_CHUNK)
-        x = g[rows]
-        scale, offset = _fit(x)
-        s8, o8, rs, ro = _quantized_factors(scale[:, :, 0], offset[:, :, 0])
-        scale8[rows], offset8[rows], row_scale[rows], row_offset[rows] = s8, o8, rs, ro
-        # Round against the factors the graph will really use.
-        step = (s8.astype(np.float32) * rs[:, None])[:, :, None]
-        base = (o8.astype(np.float32) * ro[:, None])[:, :, None]
-        codes[rows] = np.clip(np.rint((x - base) / step), 0, LEVELS).astype(np.uint8)
 
-    starts = range(0, n, _ROWS_PER_CHUNK)
-    if len(starts) == 1 or _WORKERS == 1:
-        for start in starts:
-            encode_rows(start)
-    else:
-        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="q4-encode") as pool:
-            list(pool.map(encode_rows, starts))  # list(): re-raises a worker's exception
-    n, groups, group = g.shape
+def encode_rows(x: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(codes, uint8 scales, int8 offsets, row scale, row offset factors) of the output rows
+    x [rows, groups, group]: every row is fitted on its own, so any cut into rows gives the
+    same bytes."""
+    scale, offset = _fit(x)
+    s8, o8, rs, ro = _quantized_factors(scale[:, :, 0], offset[:, :, 0])
+    # Round against the factors the graph will really use.
+    step = (s8.astype(np.float32) * rs[:, None])[:, :, None]
+    base = (o8.astype(np.float32) * ro[:, None])[:, :, None]
+    codes = np.clip(np.rint((x - base) / step), 0, LEVELS).astype(np.uint8)
+    return codes, s8, o8, rs, ro
+
+
+def assemble(rows: list[tuple[np.ndarray, ...]], layout: Layout) -> list[np.ndarray]:
+    """The stored parts from `encode_rows` results of consecutive row ranges, in order."""
+    codes, scale8, offset8, row_scale, row_offset = (
+        np.concatenate(part) if len(rows) > 1 else part[0] for part in zip(*rows, strict=True)
+    )
+    n, groups, group = codes.shape
     return [
         pack(_stored(codes.reshape(n, groups * group), layout)),
         _stored(scale8, layout),
@@ -307,6 +298,21 @@ def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
         row_scale,
         row_offset,
     ]
+
+
+def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    n = array.shape[1 - layout.reduce_axes[0]]
+    starts = range(0, n, _ROWS_PER_CHUNK)
+
+    def encode_chunk(start: int) -> tuple[np.ndarray, ...]:
+        return encode_rows(grouped_rows(array, layout, start, start + _ROWS_PER_CHUNK))
+
+    if len(starts) == 1 or _WORKERS == 1:
+        rows = [encode_chunk(start) for start in starts]
+    else:
+        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="q4-encode") as pool:
+            rows = list(pool.map(encode_chunk, starts))  # list(): re-raises a worker's exception
+    return assemble(rows, layout)
 
 
 def decode(parts: list[np.ndarray], layout: Layout) -> np.ndarray:

@@ -9,10 +9,15 @@ factors [K / g, N], output factors [N]) once per call:
 
 - per program, a block of BN outputs and a share KS of the contracted axis (split-K, so that a
   4096-output projection still streams through every SM);
+- computed transposed, out^T = W^T x^T: the outputs on the dot's wide side (BN / 2 per nibble:
+  the tensor cores' 64-row side on Hopper), the M <= 16 activation rows on its narrow side; the
+  low nibbles (even outputs) and the high ones (odd outputs) are two dots, so the codes are
+  never interleaved in registers (the first version joined and reshaped them into [G, BN] and
+  took x @ W: 0.7-1.4x slower on the decoder7b shapes, benchmarks/gpu/q4_configs_h200.py);
 - per group of 32 contracted elements: the codes unpacked by mask and shift to f16 (exact: 0..15)
-  and the group's partial products `P[m, n] = sum_e x[m, e] * q[e, n]` by `tl.dot` (f32
+  and the group's partial products `P[n, m] = sum_e q[e, n] * x[m, e]` by `tl.dot` (f32
   accumulation), then the group's factors once per output: `acc_s += P * scale8`, `acc_o +=
-  xs[m] * offset8` with `xs` the group's activation sum (codecs.md, "q4's grouped matvec");
+  offset8 * xs[m]` with `xs` the group's activation sum (codecs.md, "q4's grouped matvec");
 - at the end `part[s, m, n] = acc_s * row_scale[n] + acc_o * row_offset[n]` in f32.
 
 IREE sums the shares, adds the consumer's init and narrows to the consumer's result type in one
@@ -29,9 +34,11 @@ from myelin.kernels._triton import CompiledKernel, compile_triton
 
 GROUP = 32  # the kernel's q4 group size (the codec's default)
 MAX_M = 16  # rows per program: decode steps (one token per sequence, at most 16 sequences)
-# Programs wanted per call: two per SM of an H200 (132 SMs), so that the weight streams through
-# every SM; the contracted axis is split until the grid has that many.
-_WANTED_PROGRAMS = 264
+# The split-K rule, from the H200 sweep (docs/kernels.md): at least about two programs per SM of
+# an H200 (132 SMs), each with at most 16 groups of the contracted axis (a longer share runs
+# alone at the end), and at least 4.
+_WANTED_PROGRAMS = 256
+_MAX_SHARE_GROUPS = 16
 _MIN_SHARE = 128  # contracted elements per program at least (4 groups)
 _TYPES = {"f16": "fp16", "bf16": "bf16"}
 
@@ -77,16 +84,17 @@ def covers(dtype: str, m: int | None, n: int, k: int, group: int) -> str | None:
 
 
 def choose(dtype: str, n: int, k: int) -> Q4Config:
-    """128 outputs per program where N allows (64 bytes of codes per contracted row), the
-    contracted axis split in powers of two until the grid reaches _WANTED_PROGRAMS."""
-    block_n = 128 if n % 128 == 0 else 64
-    blocks, split = n // block_n, 1
-    while (
-        blocks * split < _WANTED_PROGRAMS
-        and (k // GROUP) % (2 * split) == 0
-        and k // (2 * split) >= _MIN_SHARE
-    ):
-        split *= 2
+    """256 outputs per program where N allows (128 bytes of codes per contracted row); the
+    contracted axis split by the smallest divisor of its group count that gives
+    _WANTED_PROGRAMS programs with at most _MAX_SHARE_GROUPS groups each (any divisor: 11008
+    = 43 * 256 splits 43 ways), else the largest split that keeps _MIN_SHARE elements each."""
+    block_n = next(b for b in (256, 128, 64) if n % b == 0)
+    blocks, groups = n // block_n, k // GROUP
+    splits = [d for d in range(1, groups + 1) if groups % d == 0 and k // d >= _MIN_SHARE]
+    split = next(
+        (d for d in splits if blocks * d >= _WANTED_PROGRAMS and groups // d <= _MAX_SHARE_GROUPS),
+        splits[-1],
+    )
     return Q4Config(dtype=dtype, n=n, k=k, block_n=block_n, split=split)
 
 

@@ -16,33 +16,40 @@ def plex_q4_matmul(
     # x [M, K] (f16/bf16); q [K, N / 2] bytes (the 4-bit codes, even column in the low nibble);
     # s [K / G, N] u8 and o [K / G, N] i8 (the group factors); rs, ro [N] f32 (the outputs');
     # part [K / KS, M, N] f32: this program's share of the contraction, summed by the caller.
+    # Computed transposed, out^T = W^T x^T: the BN / 2 outputs of each nibble on the dot's wide
+    # side, the few activation rows on its narrow side; the low nibbles (even outputs) and the
+    # high ones (odd outputs) as two dots, so the codes are never interleaved.
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
+    H: tl.constexpr = BN // 2
+    offs_j = pid_n * H + tl.arange(0, H)  # byte columns: outputs 2j and 2j + 1
     offs_m = tl.arange(0, BM)
     rows = offs_m < M
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_h = pid_n * (BN // 2) + tl.arange(0, BN // 2)
     offs_e = tl.arange(0, G)
-    acc_s = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_o = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_lo = tl.zeros((H, BM), dtype=tl.float32)
+    acc_hi = tl.zeros((H, BM), dtype=tl.float32)
+    off_lo = tl.zeros((H, BM), dtype=tl.float32)
+    off_hi = tl.zeros((H, BM), dtype=tl.float32)
     for kk in range(0, KS, G):
         k0 = pid_s * KS + kk
-        x = tl.load(
-            x_ptr + offs_m[:, None] * K + (k0 + offs_e)[None, :], mask=rows[:, None], other=0.0
-        )
-        b = tl.load(q_ptr + (k0 + offs_e)[:, None] * (N // 2) + offs_h[None, :])
-        lo = (b & 15).to(x.dtype)
-        hi = (b >> 4).to(x.dtype)
-        w = tl.reshape(tl.join(lo, hi), (G, BN))  # column 2j + t: nibble t of byte j
-        p = tl.dot(x, w)  # the group's partial dot products, exact codes, f32 accumulation
-        g = k0 // G
-        s = tl.load(s_ptr + g * N + offs_n).to(tl.float32)
-        o = tl.load(o_ptr + g * N + offs_n).to(tl.float32)
-        xs = tl.sum(x.to(tl.float32), 1)
-        acc_s += p * s[None, :]
-        acc_o += xs[:, None] * o[None, :]
-    rs = tl.load(rs_ptr + offs_n)
-    ro = tl.load(ro_ptr + offs_n)
-    out = acc_s * rs[None, :] + acc_o * ro[None, :]
-    part = part_ptr + (pid_s * M + offs_m[:, None]) * N + offs_n[None, :]
-    tl.store(part, out, mask=rows[:, None])
+        xt = tl.load(
+            x_ptr + offs_m[None, :] * K + (k0 + offs_e)[:, None], mask=rows[None, :], other=0.0
+        )  # [G, BM]
+        b = tl.load(q_ptr + (k0 + offs_e)[None, :] * (N // 2) + offs_j[:, None])  # [H, G]
+        g = (k0 // G) * N + 2 * offs_j
+        s_lo = tl.load(s_ptr + g).to(tl.float32)
+        s_hi = tl.load(s_ptr + g + 1).to(tl.float32)
+        o_lo = tl.load(o_ptr + g).to(tl.float32)
+        o_hi = tl.load(o_ptr + g + 1).to(tl.float32)
+        xs = tl.sum(xt.to(tl.float32), 0)  # the group's activation sums
+        # the group's partial dot products on the exact codes (0..15), f32 accumulation
+        acc_lo += tl.dot((b & 15).to(xt.dtype), xt) * s_lo[:, None]
+        acc_hi += tl.dot((b >> 4).to(xt.dtype), xt) * s_hi[:, None]
+        off_lo += o_lo[:, None] * xs[None, :]
+        off_hi += o_hi[:, None] * xs[None, :]
+    c = 2 * offs_j
+    out_lo = acc_lo * tl.load(rs_ptr + c)[:, None] + off_lo * tl.load(ro_ptr + c)[:, None]
+    out_hi = acc_hi * tl.load(rs_ptr + c + 1)[:, None] + off_hi * tl.load(ro_ptr + c + 1)[:, None]
+    part = part_ptr + (pid_s * M + offs_m[None, :]) * N + c[:, None]
+    tl.store(part, out_lo, mask=rows[None, :])
+    tl.store(part + 1, out_hi, mask=rows[None, :])
