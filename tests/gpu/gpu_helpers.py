@@ -26,10 +26,14 @@ def cuda_unavailable() -> str | None:
     return None
 
 
-def artifact(folder: Path, name: str) -> Path:
+PREPARE = "python benchmarks/gpu/prepare.py"
+
+
+def artifact(folder: Path, name: str, build: str = PREPARE) -> Path:
+    """`folder/name`, or a skip naming the command that builds it (`build`)."""
     path = folder / name
     if not path.is_file():
-        pytest.skip(f"{path} is missing: build it with `python benchmarks/gpu/prepare.py`")
+        pytest.skip(f"{path} is missing: build it with `{build}`")
     return path
 
 

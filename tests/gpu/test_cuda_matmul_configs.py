@@ -18,6 +18,8 @@ from gpu_helpers import artifact
 
 pytestmark = pytest.mark.gpu
 TOLERANCE = 1e-3
+CONFIGS_BUILD = "python benchmarks/gpu/matmul_configs.py -o ART"
+GEMV_BUILD = "plex build benchmarks/gpu/tunekern_tuned/app.toml -o ART/tunekern_tuned.mln"
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:
@@ -26,7 +28,7 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def _configs(artifacts) -> list[dict]:
-    listing = artifact(artifacts, "mm_configs.json")
+    listing = artifact(artifacts, "mm_configs.json", CONFIGS_BUILD)
     return json.loads(listing.read_text())
 
 
@@ -39,7 +41,7 @@ def test_matmul_configs_match_fp32(artifacts):
     want = a.astype(np.float32) @ b.astype(np.float32)
     instance = myelin.Instance()
     for c in _configs(artifacts):
-        model = instance.load(artifact(artifacts, c["mln"]))
+        model = instance.load(artifact(artifacts, c["mln"], CONFIGS_BUILD))
         assert model.variant_name == "hopper", c["name"]
         with model.session() as s:
             error = _relative(s.call("matmul", a, b), want)
@@ -55,7 +57,7 @@ def test_tuned_gemv_matches_fp32(artifacts, name):
     w = (rng.standard_normal((28672, 8192)) * 0.1).astype(np.float16)
     weight = w if name == "gemv_nk" else np.ascontiguousarray(w.T)
     want = x.astype(np.float32) @ w.astype(np.float32).T
-    model = myelin.Instance().load(artifact(artifacts, "tunekern_tuned.mln"))
+    model = myelin.Instance().load(artifact(artifacts, "tunekern_tuned.mln", GEMV_BUILD))
     with model.session() as s:
         error = _relative(s.call(name, x, weight), want)
     assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
