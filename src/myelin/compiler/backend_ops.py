@@ -62,7 +62,7 @@ BackendOpRule = tuple[str, str, str, int]
 # BLAS device took 49 submissions, 38 queue allocations and 37 deallocations a call (118
 # dispatches), and a one-worker capture had the worker idle 4.9 ms of a 58.9 ms call between
 # them; on one queue: one submission, idle 0.05 ms, 50.4 ms, the same results to the bit
-# (docs/benchmarks.md, "MiniLM at batch 1 on the BLAS backend, op by op"). Both devices are
+# (docs/benchmarks.md, "The BLAS backend at batch 1, op by op"). Both devices are
 # local devices of one driver, so the vendor calls ran on the same worker pool either way, and
 # within the one submission Stream still runs independent dispatches concurrently.
 

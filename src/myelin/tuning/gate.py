@@ -21,9 +21,9 @@ function linked into the same executable: on MiniLM with data tiling, the mmt4d 
 int8 build started 32 bytes into a line (three lines a pass, fp32's and q4's two), because the
 int8 build's load-time decode functions come first, and its calls took ~6% more CPU time at
 batch 32 than fp32's running the same kernel on the same packed weights; forcing fp32's loop
-to the same place made fp32 as slow (docs/benchmarks.md, "Weight codecs: MiniLM, the 6% of
-int8"). So the first compile of a process that targets llvm-cpu (or applies a library) sets
-the option, and the process keeps it.
+to the same place made fp32 as slow (docs/benchmarks.md, "The codecs' 6%: where the linker
+puts a kernel"). So the first compile of a process that targets llvm-cpu (or applies a
+library) sets the option, and the process keeps it.
 """
 
 from __future__ import annotations
