@@ -181,29 +181,6 @@ def test_which_ops_went_to_the_backend_is_recorded(tmp_path):
     assert "unified_memory = true" in text  # Stream passes the buffers, no copies
 
 
-def test_backend_calls_run_on_the_cpu_devices_queue():
-    """One queue for the whole call: each backend dispatch carries the CPU device's affinity
-    (Stream then submits the call once instead of once per run of ops on either device), and
-    the records still name the backend device the manifest placed the op on."""
-    import re
-
-    from iree.compiler import ir
-
-    from myelin.compiler.backend_ops import place_backend_ops
-
-    with ir.Context():
-        module = ir.Module.parse(MODEL)
-        calls = place_backend_ops(
-            module.operation, [("blas", "blas", "matmul", 0)], ["cpu", "blas"]
-        )
-        text = str(module)
-    dispatches = [line for line in text.splitlines() if "flow.dispatch @plex_backend_" in line]
-    assert len(dispatches) == 2
-    assert all(re.search(r"stream.affinity = #hal.device.affinity<@cpu>", d) for d in dispatches)
-    assert "affinity<@blas>" not in text
-    assert [c.device for c in calls if c.device is not None] == ["blas", "blas"]
-
-
 def test_missing_backend_library_is_a_clear_error(tmp_path):
     toml = (
         (BLAS / "plex.toml").read_text().replace("lib/libscipy_openblas.so", "lib/libnot_there.so")

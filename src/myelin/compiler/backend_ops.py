@@ -6,11 +6,8 @@ whose workgroups each call the import `plex_<backend>_matmul` on their slice of 
 batches, else blocks of rows) with the bindings' base pointers, offsets and sizes (IREE's
 executable-plugin calling convention, `llvm.bareptr`). Attention is decomposed first into two
 batch matmuls and a codegen softmax (myelin.compiler.backend_attention). The dispatch
-carries the `stream.affinity` of the variant's first host device, the one IREE's codegen ops
-run on (why: "The queue backend calls run on" below), which IREE honours on `flow.dispatch`
-ops; the plugin resolves the import when that device loads the executable (the plugin is
-registered with the driver before any device exists: myelin.runtime.backends). The build
-records each call under its backend device.
+carries the backend device's `stream.affinity`, which IREE honours on `flow.dispatch` ops; the
+plugin resolves the import when the device loads the executable (myelin.runtime.backends).
 
 What the rewrite looks through, so the vendor call sees the model's own weights: a
 `linalg.transpose` of a 2-D B (the call transposes instead: no transposed copy of the weight),
@@ -55,16 +52,6 @@ MIN_COLUMNS_PER_WORKGROUP = 192
 
 # (device, backend, op, min_flops), in [placement] order
 BackendOpRule = tuple[str, str, str, int]
-
-# The queue backend calls run on: the CPU device's, not the backend device's own. Stream cuts a
-# program into one execution region per run of ops on the same device, each submitted with its
-# own transient allocation. MiniLM at batch 1 with its matmuls, attentions and GELUs on the
-# BLAS device took 49 submissions, 38 queue allocations and 37 deallocations a call (118
-# dispatches), and a one-worker capture had the worker idle 4.9 ms of a 58.9 ms call between
-# them; on one queue: one submission, idle 0.05 ms, 50.4 ms, the same results to the bit
-# (docs/benchmarks.md, "The BLAS backend at batch 1, op by op"). Both devices are
-# local devices of one driver, so the vendor calls ran on the same worker pool either way, and
-# within the one submission Stream still runs independent dispatches concurrently.
 
 _MATMULS = ("linalg.matmul", "linalg.batch_matmul")
 
@@ -384,24 +371,7 @@ def place_backend_ops(
                 op.operation.detach_from_parent()
                 ir.InsertionPoint.at_block_begin(block).insert(op)
         _unified_memory(module, devices)
-        _on_one_queue(module, devices[0])
     return calls
-
-
-def _on_one_queue(module: ir.Operation, queue: str) -> None:
-    """Give every backend call the affinity of device `queue` (the variant's first host
-    device, where IREE's codegen ops run): see "The queue backend calls run on" above. The
-    calls keep their backend's executables, so the build's records are unchanged."""
-    affinity = ir.Attribute.parse(f"#hal.device.affinity<@{queue}>")
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "flow.dispatch" and "entry_points" in op.attributes:
-            entry = str(op.attributes["entry_points"])
-            if entry.startswith("[@plex_backend_"):
-                op.attributes["stream.affinity"] = affinity
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
 
 
 def _place_matmuls(
