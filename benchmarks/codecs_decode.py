@@ -4,7 +4,8 @@ minilm`: batch 1 and 32, plus the anonymous memory each artifact costs after loa
 
     python benchmarks/codecs_decode.py [--model llama|minilm] [--codecs fp32,fp16,int8,q4]
                                        [--rounds 12] [--steps 8] [--cpu host] [--mln-dir DIR]
-                                       [--kv-on-device]
+                                       [--kv-on-device] [--control]
+                                       [--batches 1 32]
 
 Each codec's artifact is built from examples/llama with `[weights.codec] "*" = <codec>` (through
 the normal build cache; `--mln-dir` reuses `<codec>.mln` files there). Every model runs the same
@@ -102,10 +103,22 @@ def minilm_inputs(folder: Path) -> dict[int, tuple[Path, Path]]:
     return paths
 
 
+# The A/A row of `--control`: fp32's artifact loaded a second time, timed as one more codec.
+CONTROL = "fp32 again"
+
+
 def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> None:
     """Forward latency at batch 1 and 32 per codec (each runtime timed in chunks of
-    `--steps` calls, order rotated per round: worker threads spin a while after a call and
-    would slow the next codec), and the anonymous memory of each artifact."""
+    `--steps` calls, in a fresh random order per round: worker threads spin a while after a
+    call and would slow the next codec, and a fixed rotation gives each codec the same
+    predecessor every round), and the anonymous memory of each artifact.
+
+    Next to the wall time, the CPU time of the process per call (all its threads): on this
+    shared machine other processes take cores away during a call, which lengthens its wall
+    time but not the CPU time the call's work needs. With `--control` the fp32 artifact is
+    loaded twice and the second copy is timed as one more codec: its ratio to fp32 is the
+    noise floor of the run (the two run the same program on the same bytes), the yardstick
+    for the codecs' ratios."""
     import myelin
 
     inputs = minilm_inputs(folder)
@@ -119,6 +132,10 @@ def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> Non
         )
         probe = json.loads(out.stdout.strip().splitlines()[-1])
         memory[codec], first_call[codec] = probe["anonymous_kib"] / 1024, probe["first_call_s"]
+    if args.control:
+        codecs = [*codecs, CONTROL]
+        paths = {**paths, CONTROL: paths["fp32"]}
+        memory[CONTROL], first_call[CONTROL] = memory["fp32"], first_call["fp32"]
     models = {c: myelin.Instance().load(paths[c]) for c in codecs}
     sessions = {c: m.session() for c, m in models.items()}
     arrays = {b: (np.load(i), np.load(m)) for b, (i, m) in inputs.items()}
@@ -134,29 +151,40 @@ def minilm(codecs: list[str], paths: dict[str, Path], args, folder: Path) -> Non
         f"load {os.getloadavg()[0]:.1f}"
     )
     print(
-        f"{'codec':<8} {'batch':>5} {'median ms':>10} {'spread ms':>17} {'vs fp32':>8} "
-        f"{'ratio spread':>13} {'anon MiB':>9} {'load+1st s':>10}"
+        f"{'codec':<10} {'batch':>5} {'median ms':>10} {'spread ms':>17} {'vs fp32':>8} "
+        f"{'ratio spread':>13} {'cpu ms':>8} {'cpu vs fp32':>12} {'cpu ratio spread':>17} "
+        f"{'anon MiB':>9} {'load+1st s':>10}"
     )
-    for batch in (1, 32):
+    shuffle = random.Random(0)
+    for batch in args.batches:
         per_round: dict[str, list[float]] = {c: [] for c in codecs}
-        for r in range(args.rounds):
-            order = codecs[r % len(codecs) :] + codecs[: r % len(codecs)]
+        cpu_round: dict[str, list[float]] = {c: [] for c in codecs}
+        for _ in range(args.rounds):
+            order = codecs[:]
+            shuffle.shuffle(order)
             for codec in order:
                 times = []
+                cpu_start = time.process_time()
                 for _ in range(args.steps):
                     start = time.perf_counter()
                     sessions[codec].call("forward", *arrays[batch])
                     times.append(time.perf_counter() - start)
+                cpu_round[codec].append((time.process_time() - cpu_start) / args.steps)
                 per_round[codec].append(statistics.median(times))
         for codec in codecs:
             ms = [t * 1e3 for t in per_round[codec]]
             ratios = [t / f for t, f in zip(per_round[codec], per_round["fp32"], strict=True)]
+            cpu = [t / f for t, f in zip(cpu_round[codec], cpu_round["fp32"], strict=True)]
             print(
-                f"{codec:<8} {batch:>5} {statistics.median(ms):>10.2f} "
+                f"{codec:<10} {batch:>5} {statistics.median(ms):>10.2f} "
                 f"{min(ms):>8.2f}-{max(ms):<8.2f} {statistics.median(ratios):>8.2f} "
-                f"{min(ratios):>6.2f}-{max(ratios):<6.2f} {memory[codec]:>9.1f} "
+                f"{min(ratios):>6.2f}-{max(ratios):<6.2f} "
+                f"{statistics.median(cpu_round[codec]) * 1e3:>8.2f} "
+                f"{statistics.median(cpu):>12.2f} "
+                f"{min(cpu):>8.2f}-{max(cpu):<8.2f} {memory[codec]:>9.1f} "
                 f"{first_call[codec]:>10.2f}"
             )
+        print(f"(batch {batch} done, load {os.getloadavg()[0]:.1f})")
     for s in sessions.values():
         s.close()
 
@@ -169,6 +197,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed calls per codec per round")
     parser.add_argument("--cpu", default="host", help="[devices.cpu] cpu of the builds")
     parser.add_argument("--mln-dir", type=Path, help="use <codec>.mln from here (else build)")
+    parser.add_argument(
+        "--batches", type=int, nargs="+", default=[1, 32], choices=(1, 32), help="minilm"
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="minilm: time fp32's artifact loaded a second time too (the run's noise floor)",
+    )
     parser.add_argument(
         "--kv-on-device",
         action="store_true",

@@ -13,6 +13,17 @@ another executable, which takes the same mutex on the same thread: the compile h
 with no CPU used (seen in CI and here: one worker thread blocked in that mutex, every other
 thread idle). Without the MLIR thread pool there is no nested wait, so no deadlock; the cost is
 a single-threaded compile for tuned builds only.
+
+The same once-per-process command line carries LLVM's code-layout option for llvm-cpu
+(CODE_LAYOUT_FLAGS): IREE 3.13 has no session option for it. Without it, where a hot kernel's
+inner loop falls against the 64-byte lines the CPU fetches from depends on every other
+function linked into the same executable: on MiniLM with data tiling, the mmt4d loop of the
+int8 build started 32 bytes into a line (three lines a pass, fp32's and q4's two), because the
+int8 build's load-time decode functions come first, and its calls took ~6% more CPU time at
+batch 32 than fp32's running the same kernel on the same packed weights; forcing fp32's loop
+to the same place made fp32 as slow (docs/benchmarks.md, "The codecs' 6%: where the linker
+puts a kernel"). So the first compile of a process that targets llvm-cpu (or applies a
+library) sets the option, and the process keeps it.
 """
 
 from __future__ import annotations
@@ -28,11 +39,19 @@ LIBRARY_FLAG = "--iree-codegen-transform-dialect-library"
 # What an `iree-compile` process that applies a spec adds (the in-process equivalent is a
 # session whose context has multithreading off): see the module docstring.
 SINGLE_THREADED_FLAG = "--mlir-disable-threading"
+# LLVM options for the process's global command line: innermost loops start on a 64-byte
+# boundary (LLVM's x86 default: 16), so a kernel's speed no longer depends on where the linker
+# puts it (see above). The option exists in every IREE 3.13 build (its X86 backend is always
+# built) and is read only when generating x86 code.
+CODE_LAYOUT_FLAGS = ("--x86-experimental-pref-innermost-loop-alignment=6",)
+# A compile for llvm-cpu names it among its flags (myelin.compiler.targets).
+_LLVM_CPU_FLAG = "--iree-hal-local-target-device-backends=llvm-cpu"
 
 _condition = threading.Condition()
 _current: str | None = None
 _holders = 0
 _library: str | None = None  # the global library option, once this process set it
+_global_set = False  # whether this process's global command line is set (it can be once)
 
 
 @contextmanager
@@ -63,23 +82,31 @@ def _global_library(flags: Sequence[str]) -> list[str]:
     `ireeCompilerSetupGlobalCL`, once per process): every compile of this process then applies
     that library, on every target. So a process serves one library: a compile that names
     another one, or none after one was set, is refused with the fix, never silently tuned
-    with the wrong spec. (`plex tune` builds each candidate in a process of its own.)"""
-    global _library
+    with the wrong spec. (`plex tune` builds each candidate in a process of its own.)
+
+    The same call sets CODE_LAYOUT_FLAGS, at the process's first compile for llvm-cpu or
+    with a library, whichever comes first; a library asked for after that call (a process
+    that compiled for llvm-cpu first) is refused the same way."""
+    global _library, _global_set
     prefix = f"{LIBRARY_FLAG}="
     value = next((f[len(prefix) :] for f in reversed(flags) if f.startswith(prefix)), "")
     with _condition:
-        if _library is None and value:
+        if not _global_set and (value or _LLVM_CPU_FLAG in flags):
             from iree.compiler.api import _initializeGlobalCL
 
-            _initializeGlobalCL("plex", f"{prefix}{value}")
-            _library = value
-        elif _library is not None and value != _library:
+            _initializeGlobalCL(
+                "plex", *CODE_LAYOUT_FLAGS, *([f"{prefix}{value}"] if value else [])
+            )
+            _global_set = True
+            _library = value or None
+        elif _global_set and value != (_library or ""):
             from myelin.errors import CompileError
 
+            now = f"the tuning spec {_library}" if _library else "no tuning spec"
             raise CompileError(
-                f"this process applies the tuning spec {_library} to every compile (IREE 3.13 "
-                f"takes {LIBRARY_FLAG} only process-wide); compile "
-                f"{'with ' + value if value else 'without it'} in another process (build one "
-                "variant per `plex build`)"
+                f"this process applies {now} to every compile (IREE 3.13 takes "
+                f"{LIBRARY_FLAG} only process-wide, set at its first llvm-cpu or tuned "
+                f"compile); compile {'with ' + value if value else 'without it'} in another "
+                "process (build one variant per `plex build`)"
             )
     return [f for f in flags if not f.startswith(prefix)]
