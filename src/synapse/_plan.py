@@ -36,6 +36,10 @@ class Node:
     # sys.exit is one error naming the node, not the end of the build process. Not part of the
     # key: where a step runs does not change what it writes.
     isolate: bool = False
+    # With `isolate`: the step sets process-wide state that no other step may inherit or meet
+    # (IREE's once-per-process global command line), so it runs in a worker started for it and
+    # retired after it. Not part of the key either.
+    fresh_process: bool = False
     inputs: Mapping[str, str] = field(init=False, compare=False, hash=False, repr=False)
     deps: tuple[str, ...] = field(init=False, compare=False, hash=False, repr=False)
 

@@ -190,7 +190,8 @@ class WorkerPool:
         self.started = 0  # workers started, for tests and measurements
 
     def run(self, node: Any, context: Any) -> None:
-        worker = self._take()
+        fresh = bool(getattr(node, "fresh_process", False))
+        worker = self._start() if fresh else self._take()
         try:
             worker.run(
                 node,
@@ -204,9 +205,9 @@ class WorkerPool:
             worker.kill()  # already dead or killed: not returned to the pool
             raise
         except BaseException:
-            self._give_back(worker)  # the step raised: the worker itself is fine
+            self._give_back(worker, fresh)  # the step raised: the worker itself is fine
             raise
-        self._give_back(worker)
+        self._give_back(worker, fresh)
 
     def _take(self) -> _Worker:
         with self._lock:
@@ -215,10 +216,19 @@ class WorkerPool:
                 if worker.alive():
                     return worker
                 worker.kill()
+        return self._start()
+
+    def _start(self) -> _Worker:
+        with self._lock:
             self.started += 1
         return _Worker()
 
-    def _give_back(self, worker: _Worker) -> None:
+    def _give_back(self, worker: _Worker, retire: bool = False) -> None:
+        """Keep the worker for the next step, or stop it (`retire`: its step set state that
+        no later step may meet)."""
+        if retire:
+            worker.stop()
+            return
         with self._lock:
             self._idle.append(worker)
 

@@ -137,3 +137,28 @@ def test_compile_record_names_the_spec_by_content(tmp_path):
     )
     assert meta["tuning"]["matched_ops"] == 1
     assert any(f.startswith("--iree-codegen-tuning-spec-path=") for f in meta["flags"])
+
+
+def test_a_process_wide_spec_builds_next_to_an_untuned_llvm_cpu_variant(tmp_path):
+    """IREE 3.13 takes vmvx's (and CUDA's) spec flag only on its once-per-process command line,
+    which an llvm-cpu compile also sets (its loop alignment): in one worker either compile
+    would refuse the other. Each such compile gets a worker process of its own, so both
+    variants build, in one worker slot, in either order."""
+    app = copy_example("mlp", tmp_path / "app")
+    (app.parent / "vm_spec.mlir").write_text(spec_text(999))  # applied, matches nothing
+    with (app.parent / "plex.toml").open("a") as f:
+        f.write('\n[tuning.vm]\npath = "vm_spec.mlir"\ntarget = "vmvx"\n')
+    app.write_text(
+        app.read_text()
+        + '\n[devices.vm]\ntarget = "vmvx"\n\n[[variant]]\nname = "cpu"\ndevices = ["cpu"]\n'
+        + '\n[[variant]]\nname = "vm"\ndevices = ["vm"]\n\n[myelin]\ntuning = "mlp:vm"\n'
+    )
+    with pytest.warns(BuildWarning, match=r"tuning spec mlp:vm matched no op"):
+        build(app, tmp_path / "a.mln", cache_dir=tmp_path / "cache", jobs=1)
+    for variant in ("cpu", "vm"):
+        with (
+            myelin.Instance().load(tmp_path / "a.mln", variant=variant) as model,
+            model.session() as session,
+        ):
+            want = forward(tmp_path / "a.mln")
+            np.testing.assert_allclose(session.call("forward", X), want, rtol=1e-5, atol=1e-6)

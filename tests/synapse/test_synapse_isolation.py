@@ -60,6 +60,18 @@ def test_a_step_error_keeps_its_type_and_the_worker_is_reused(tmp_path: Path) ->
     assert str(caught.value.error) == "bad input in r"
 
 
+def test_a_fresh_process_step_runs_in_a_worker_of_its_own(tmp_path: Path) -> None:
+    """A step that sets process-wide state neither takes a used worker nor leaves its own to a
+    later step; the others still share theirs."""
+    cache = Cache(tmp_path / "cache")
+    fresh = Node("f", WorkJob("ok", tag="f"), isolate=True, fresh_process=True)
+    nodes = [_node("a", "ok"), fresh, _node("b", "ok"), _node("c", "ok")]
+    results = Executor(cache, jobs=1).run(Plan(nodes))
+    pid = {n.id: (results[n.id].out_dir / "pid").read_text() for n in nodes}
+    assert pid["a"] == pid["b"] == pid["c"] != pid["f"]
+    assert str(os.getpid()) not in pid.values()
+
+
 def test_logs_and_warnings_come_back_from_the_worker(tmp_path: Path) -> None:
     events = []
     plan = Plan([_node("l", "log"), _node("w", "warn")])

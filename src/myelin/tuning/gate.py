@@ -107,6 +107,7 @@ def _global_library(flags: Sequence[str]) -> list[str]:
                 f"this process applies {now} to every compile (IREE 3.13 takes "
                 f"{LIBRARY_FLAG} only process-wide, set at its first llvm-cpu or tuned "
                 f"compile); compile {'with ' + value if value else 'without it'} in another "
-                "process (build one variant per `plex build`)"
+                "process (`plex build` gives each such compile a worker process of its own; "
+                "in one process, e.g. with PLEX_BUILD_ISOLATE=0, build one variant per build)"
             )
     return [f for f in flags if not f.startswith(prefix)]

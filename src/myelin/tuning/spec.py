@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from myelin.tuning.gate import LIBRARY_FLAG
+
 MARKER = "plex.tuned"
 
 # target -> the flag that applies a spec file there (see the module docstring)
@@ -41,6 +43,12 @@ _ANNOTATE = re.compile(
     re.MULTILINE,
 )
 _MARKED_OP = re.compile(rf"\b{re.escape(MARKER)}\b")
+
+
+def spec_is_process_wide(target: str) -> bool:
+    """Whether `target`'s spec flag is one IREE 3.13 takes only on its once-per-process global
+    command line (myelin.tuning.gate): a compile with such a spec needs a process of its own."""
+    return SPEC_FLAGS.get(target) == LIBRARY_FLAG
 
 
 def spec_flag(target: str, path: Path) -> str:

@@ -26,6 +26,7 @@ from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
 from myelin.compiler.targets import TargetDevice
 from myelin.platforms import KERNELS_CUDA_ARCH
+from myelin.tuning.spec import spec_is_process_wide
 from plex.builder import records
 from plex.builder.jobs import (
     BackendJob,
@@ -506,7 +507,18 @@ def _compile_node(
         **_tuning_fields(app, variant),
     )
     label = f"compile {unit.ref} for {variant.name}"
-    return Node(compile_node_id(unit, variant), job, label=label, heavy=True, isolate=ISOLATE_STEPS)
+    # A spec IREE takes only process-wide (CUDA's library) must neither meet nor leave behind
+    # another compile's global command line: a worker of its own (myelin.tuning.gate).
+    target = job.tuning_target
+    fresh = target is not None and spec_is_process_wide(target)
+    return Node(
+        compile_node_id(unit, variant),
+        job,
+        label=label,
+        heavy=True,
+        isolate=ISOLATE_STEPS,
+        fresh_process=fresh,
+    )
 
 
 def tuning_spec_of(app: AppSpec, variant: VariantSpec) -> TuningSpec | None:
