@@ -348,7 +348,6 @@ class ResolvedCall:
         # The plain lane (`_call_plain`): a call with nothing to do per call beyond the checks
         # and IREE's own work (no index ranges to check, no memory budget, weights resident:
         # the model fixes its budget and residency at load), so the call skips the rest.
-        self._single_tensor = self._result_count == 1 and self._out_dtypes[0] is not None
         self._plain = (
             not self._index_checks and model.budget is None and model.residency.policy == "resident"
         )
@@ -529,8 +528,7 @@ class ResolvedCall:
         the full path then waits its turn (with its timeout and cancel checks).
 
         Why a lane of its own: on a GPU a one-kernel call's time above the kernel is IREE's
-        submission and completion plus this Python, which a serving loop pays every call; the
-        async "device" call (every CUDA build's) is written out here in one frame."""
+        submission and completion plus this Python, which a serving loop pays every call."""
         session = self._session
         lock = session._lock
         if not lock.acquire(blocking=False):
@@ -538,17 +536,7 @@ class ResolvedCall:
         try:
             if session._closed:
                 raise session._closed_error(self.name)
-            device = self._device
-            if not self._async or output != "device":
-                return self._dispatch(ready, device, output, stop, None)
-            stop.where = "before it was dispatched"
-            stop.check()
-            args = self._packer.pack(InvokeContext(device), ready, {})
-            results = _VARIANT_LIST(self._result_count)
-            self._invoke_async(args, results, stop, None, self._function)
-            if len(results) != self._result_count:
-                return [self._convert(results, i, device, output) for i in range(len(results))]
-            return self._device_results(results, device)
+            return self._dispatch(ready, self._device, output, stop, None)
         except Cancelled as e:  # as in __call__: drop the abandoned call's frames
             raise e.with_traceback(None) from None
         finally:
@@ -588,29 +576,22 @@ class ResolvedCall:
         """The results as they stay on the device (what `_convert` makes for "device"), in
         one pass: a 1-result call pays this on every call."""
         get = results.get_as_object
-        cuda = self._cuda is not None
-        if self._single_tensor:
-            return [
-                DeviceTensor(
-                    device,
-                    get(0, _BUFFER_VIEW),
-                    cuda=cuda,
-                    implicit_host_transfer=True,
-                    override_dtype=self._out_dtypes[0],
-                )
-            ]
         return [
             results.get_variant(i)
             if dtype is None
-            else DeviceTensor(
-                device,
-                get(i, _BUFFER_VIEW),
-                cuda=cuda,
-                implicit_host_transfer=True,
-                override_dtype=dtype,
-            )
+            else self._device_tensor(device, get(i, _BUFFER_VIEW), dtype)
             for i, dtype in enumerate(self._out_dtypes)
         ]
+
+    def _device_tensor(self, device: rt.HalDevice, view: Any, dtype: Any) -> DeviceTensor:
+        """A result that stays on the device (DLPack export: DeviceTensor.__dlpack__)."""
+        return DeviceTensor(
+            device,
+            view,
+            cuda=self._cuda is not None,
+            implicit_host_transfer=True,
+            override_dtype=dtype,
+        )
 
     def _invoke(self, args: rt.VmVariantList, results: rt.VmVariantList, function: Any) -> None:
         try:
@@ -786,14 +767,8 @@ class ResolvedCall:
         if dtype is None:
             return results.get_variant(i)
         view = results.get_as_object(i, _BUFFER_VIEW)
-        if output != "numpy":  # stays on the device (DLPack export: DeviceTensor.__dlpack__)
-            return DeviceTensor(
-                device,
-                view,
-                cuda=self._cuda is not None,
-                implicit_host_transfer=True,
-                override_dtype=dtype,
-            )
+        if output != "numpy":
+            return self._device_tensor(device, view, dtype)
         if not view.get_buffer().memory_type() & _HOST_VISIBLE:
             # Device memory (CUDA): IREE's own transfer into a fresh host array.
             array = rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
