@@ -31,6 +31,7 @@ from iree.compiler import ir
 
 from myelin.kernels import _decode_attention
 from myelin.kernels._decode_attention import MAX_QUERY_ROWS, DecodeAttentionConfig
+from myelin.kernels._rewrite import _function_name, _hex, add_functions, call_in_place_of
 from myelin.kernels._triton import CompiledKernel, compile_triton
 
 _TYPES = {"f16": "fp16", "bf16": "bf16"}
@@ -375,13 +376,6 @@ def _concat_parts(value: ir.Value) -> _Concat | None:
     return _Concat(owner, collapse)
 
 
-def _function_name(op: ir.Operation) -> str:
-    parent = op.parent
-    while parent is not None and parent.name not in ("util.func", "func.func"):
-        parent = parent.parent
-    return "?" if parent is None else ir.StringAttr(parent.attributes["sym_name"]).value
-
-
 def find_attention(module: ir.Operation) -> list[AttentionMatch]:
     """Every `iree_linalg_ext.attention`, with the kernel it goes to or why it stays IREE's."""
     found: list[ir.Operation] = []
@@ -472,10 +466,6 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
 _NAME = "__plex_attention_wrapper"
 
 
-def _hex(data: bytes) -> str:
-    return "0x" + data.hex().upper()
-
-
 def wrapper_text(name: str, kernel: CompiledKernel, match: AttentionMatch) -> str:
     """The kernel's wrapper: (Q, K, V) -> O in the layouts the kernel reads and writes; lengths
     and strides as i32 push constants, one workgroup per 128 query rows and batch-head."""
@@ -558,19 +548,10 @@ def rewrite(
         name = wrappers.get(text)
         if name is None:
             name = wrappers[text] = f"__plex_attention_{len(wrappers)}_{m.config.name}"
-            helper = ir.Module.parse(text.replace(f"@{_NAME}(", f"@{name}(", 1))
-            for op in list(helper.body.operations):
-                body.append(op.detach_from_parent())
+            add_functions(body, text.replace(f"@{_NAME}(", f"@{name}(", 1))
         # O's transpose, when the kernel writes token-major, is what the call replaces.
         replaced = m.layouts[3].transpose if m.layouts and m.layouts[3].transpose else m.op
-        with ir.InsertionPoint(replaced), m.op.location:
-            call = ir.Operation.create(
-                "util.call",
-                results=[replaced.results[0].type],
-                operands=operands,
-                attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
-            )
-        replaced.results[0].replace_all_uses_with(call.results[0])
+        call_in_place_of(replaced, name, operands, location=m.op.location)
         if replaced is not m.op:
             replaced.erase()
         m.op.erase()

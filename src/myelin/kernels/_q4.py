@@ -205,7 +205,7 @@ def rewrite_q4(module: ir.Operation, arch: str) -> tuple[list[Q4Site], dict[str,
     """Keep the kernel form of every q4 contraction (myelin.codecs._q4_gpu) and replace each by
     a call of its kernel's wrapper; returns the sites and the kernels compiled."""
     from myelin.codecs._q4_gpu import Q4_MATMUL_ATTRIBUTE, choose_kernel_forms, kernel_forms
-    from myelin.kernels._rewrite import _function_name
+    from myelin.kernels._rewrite import _function_name, add_functions, call_in_place_of
 
     choose_kernel_forms(module, True)
     body = module.regions[0].blocks[0]
@@ -230,17 +230,8 @@ def rewrite_q4(module: ir.Operation, arch: str) -> tuple[list[Q4Site], dict[str,
         name = wrappers.get(key)
         if name is None:
             name = wrappers[key] = f"__plex_q4_kernel_{len(wrappers)}_{config.name}"
-            helper = ir.Module.parse(_wrapper_text(name, kernels[config.name], config, types))
-            for fn in list(helper.body.operations):
-                body.append(fn.detach_from_parent())
-        with ir.InsertionPoint(op), op.location:
-            call = ir.Operation.create(
-                "util.call",
-                results=[op.results[0].type],
-                operands=operands,
-                attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
-            )
-        op.results[0].replace_all_uses_with(call.results[0])
+            add_functions(body, _wrapper_text(name, kernels[config.name], config, types))
+        call = call_in_place_of(op, name, operands)
         sites.append(
             Q4Site(_function_name(call), parameter, (m, n, k), dtype, config.name, "matched q4")
         )

@@ -212,6 +212,35 @@ def _hex(data: bytes) -> str:
     return "0x" + data.hex().upper()
 
 
+def add_functions(body: ir.Block, module_text: str) -> None:
+    """Move the functions of a wrapper module (a kernel's executable and the function that
+    dispatches it) into the module whose top-level block is `body`."""
+    helper = ir.Module.parse(module_text)
+    for op in list(helper.body.operations):
+        body.append(op.detach_from_parent())
+
+
+def call_in_place_of(
+    op: ir.Operation,
+    callee: str,
+    operands: list[ir.Value],
+    *,
+    result_type: ir.Type | None = None,
+    location: ir.Location | None = None,
+) -> ir.Operation:
+    """A `util.call` of `callee`, inserted before `op`, that takes the place of `op`'s result
+    (the caller erases `op` and what only it used)."""
+    with ir.InsertionPoint(op), location if location is not None else op.location:
+        call = ir.Operation.create(
+            "util.call",
+            results=[result_type or op.results[0].type],
+            operands=operands,
+            attributes={"callee": ir.FlatSymbolRefAttr.get(callee)},
+        )
+    op.results[0].replace_all_uses_with(call.results[0])
+    return call
+
+
 def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _Match) -> str:
     """The kernel's wrapper: sizes as i32 push constants, workgroups from (M, N).
 
@@ -278,17 +307,8 @@ def rewrite(
         name = wrappers.get(key)
         if name is None:
             name = wrappers[key] = f"__plex_kernel_{len(wrappers)}_{m.config.name}"
-            helper = ir.Module.parse(_wrapper_text(name, kernels[m.config.name], m.config, m))
-            for op in list(helper.body.operations):
-                body.append(op.detach_from_parent())
-        with ir.InsertionPoint(m.root), m.root.location:
-            call = ir.Operation.create(
-                "util.call",
-                results=[m.result_type],
-                operands=[m.matmul.operands[0], m.b_value],
-                attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
-            )
-        m.root.results[0].replace_all_uses_with(call.results[0])
+            add_functions(body, _wrapper_text(name, kernels[m.config.name], m.config, m))
+        call_in_place_of(m.root, name, [m.matmul.operands[0], m.b_value], result_type=m.result_type)
         fill = m.matmul.operands[2].owner
         m.root.erase()
         if m.root is not m.matmul:
