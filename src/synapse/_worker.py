@@ -190,7 +190,7 @@ class WorkerPool:
         self.started = 0  # workers started, for tests and measurements
 
     def run(self, node: Any, context: Any) -> None:
-        fresh = bool(getattr(node, "fresh_process", False))
+        fresh = node.fresh_process
         worker = self._start() if fresh else self._take()
         try:
             worker.run(

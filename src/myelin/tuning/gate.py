@@ -50,8 +50,9 @@ _LLVM_CPU_FLAG = "--iree-hal-local-target-device-backends=llvm-cpu"
 _condition = threading.Condition()
 _current: str | None = None
 _holders = 0
-_library: str | None = None  # the global library option, once this process set it
-_global_set = False  # whether this process's global command line is set (it can be once)
+# The library option of this process's global command line, once it is set (it can be once;
+# "": set without a library).
+_library: str | None = None
 
 
 @contextmanager
@@ -69,7 +70,7 @@ def process_wide_spec(flags: Sequence[str]) -> Iterator[tuple[list[str], bool]]:
         _holders += 1
     try:
         rest = _global_library(flags)
-        applies_a_spec = bool(value) or _library is not None
+        applies_a_spec = bool(value) or bool(_library)
         yield [*(f for f in rest if not f.startswith(prefix)), f"{prefix}{value}"], applies_a_spec
     finally:
         with _condition:
@@ -87,19 +88,18 @@ def _global_library(flags: Sequence[str]) -> list[str]:
     The same call sets CODE_LAYOUT_FLAGS, at the process's first compile for llvm-cpu or
     with a library, whichever comes first; a library asked for after that call (a process
     that compiled for llvm-cpu first) is refused the same way."""
-    global _library, _global_set
+    global _library
     prefix = f"{LIBRARY_FLAG}="
     value = next((f[len(prefix) :] for f in reversed(flags) if f.startswith(prefix)), "")
     with _condition:
-        if not _global_set and (value or _LLVM_CPU_FLAG in flags):
+        if _library is None and (value or _LLVM_CPU_FLAG in flags):
             from iree.compiler.api import _initializeGlobalCL
 
             _initializeGlobalCL(
                 "plex", *CODE_LAYOUT_FLAGS, *([f"{prefix}{value}"] if value else [])
             )
-            _global_set = True
-            _library = value or None
-        elif _global_set and value != (_library or ""):
+            _library = value
+        elif _library is not None and value != _library:
             from myelin.errors import CompileError
 
             now = f"the tuning spec {_library}" if _library else "no tuning spec"

@@ -304,18 +304,12 @@ def backend_ops(
 ) -> tuple[tuple[str, str, str, int], ...]:
     """The `[placement]` op rules about this module whose backend device is in the variant, as
     (device, backend, op, min_flops) in file order: the compile rewrites those ops into calls."""
-    devices = {d.name: d for d in variant.devices}
+    backends = {d.name: d.backend for d in variant.devices if d.backend is not None}
     return tuple(
-        (
-            rule.device,
-            devices[rule.device].backend.name,
-            rule.op,  # type: ignore[union-attr]
-            devices[rule.device].backend.min_flops,
-        )  # type: ignore[union-attr]
+        (rule.device, backend.name, rule.op, backend.min_flops)
         for rule in app.placement
         if rule.op is not None
-        and rule.device in devices
-        and devices[rule.device].backend is not None
+        and (backend := backends.get(rule.device)) is not None
         and rule.names_module(unit.graph.name, unit.name)
     )
 
