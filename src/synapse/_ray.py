@@ -235,7 +235,8 @@ class _RayRun(_Run):
         args = [self._dep_ref(dep) for dep in deps]
         self.emit("start", node, message=node.label or node.id)
         start, submitted = time.monotonic(), time.time()
-        tar_ref, record_ref = _run_step.options(**task_options(node)).remote(
+        task = _run_fresh_step if node.fresh_process else _run_step
+        tar_ref, record_ref = task.options(**task_options(node)).remote(
             node.job, node.id, key, deps, *args
         )
         with self._refs_lock:
@@ -364,8 +365,7 @@ def _call(fn: Callable[..., T], *args: Any) -> tuple[T, Placement]:
 # -- the task --------------------------------------------------------------------------------
 
 
-@ray.remote(num_returns=2)
-def _run_step(
+def _step_task(
     job: Any, node_id: str, key: str, deps: tuple[str, ...], *dep_tars: bytes
 ) -> tuple[bytes, dict[str, Any]]:
     """Run one job on a worker: unpack its dependencies' outputs, run the step, pack its output.
@@ -410,6 +410,13 @@ def _run_step(
         return packed, {**record, "digest": bytes_digest(packed)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# The task, as Ray runs it: in a worker kept for later tasks, or, for a node whose step sets
+# process-wide state (`Node.fresh_process`), in one that exits after it (Ray takes `max_calls`
+# only where a remote function is declared, not in `.options()`).
+_run_step = ray.remote(num_returns=2)(_step_task)
+_run_fresh_step = ray.remote(num_returns=2, max_calls=1)(_step_task)
 
 
 @dataclass(frozen=True)

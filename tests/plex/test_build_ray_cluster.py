@@ -323,6 +323,49 @@ def test_a_failed_task_names_its_node_and_worker(ray_cluster, tmp_path):
     assert Cache(tmp_path / "cache").ls() == []
 
 
+@dataclass(frozen=True)
+class PidJob(Job):
+    """Writes the pid of the worker process that ran it."""
+
+    kind: ClassVar[str] = "pid"
+    step_module: ClassVar[str] = __name__
+    tag: str
+
+
+@step(PidJob)
+def run_pid(job: PidJob, ctx: NodeContext) -> None:
+    (ctx.out_dir / "pid").write_text(str(os.getpid()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_fresh_process_task_runs_in_a_worker_that_exits_after_it(ray_cluster, tmp_path):
+    """A node whose step sets process-wide state (Node.fresh_process: a compile with IREE's
+    global tuning library) leaves no worker behind for a later task; others keep theirs."""
+    from synapse import RayExecutor
+
+    plan = Plan(
+        [
+            Node("compile:kept", PidJob("kept"), heavy=True),
+            Node("compile:fresh", PidJob("fresh"), heavy=True, fresh_process=True),
+        ]
+    )
+    executor = RayExecutor(Cache(tmp_path / "cache"), shared_cache=None)
+    results = executor.run(plan)
+    pid = {n: int((results[n].out_dir / "pid").read_text()) for n in results}
+    deadline = time.monotonic() + 30
+    while _alive(pid["compile:fresh"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pid["compile:fresh"])
+    assert _alive(pid["compile:kept"])
+
+
 def test_ctrl_c_cancels_running_tasks_instead_of_waiting(ray_cluster, tmp_path):
     from synapse import RayExecutor
 
