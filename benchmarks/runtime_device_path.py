@@ -180,18 +180,8 @@ def main() -> None:
                     flush=True,
                 )
             for r in range(args.rounds):
-                for f in paths.values():
-                    for _ in range(300):
-                        f()
-                samples: dict[str, list[int]] = {k: [] for k in paths}
-                for _ in range(args.calls):
-                    for k, f in paths.items():
-                        t = time.perf_counter_ns()
-                        f()
-                        samples[k].append(time.perf_counter_ns() - t)
                 p50 = {}
-                for k, v in samples.items():
-                    v.sort()
+                for k, v in runtime_fast_check.interleaved_round(paths, args.calls).items():
                     n = len(v)
                     p50[k] = v[n // 2] / 1e3
                     print(

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import iree.runtime as rt
@@ -69,6 +70,21 @@ class Forgetful(dict):
         pass
 
 
+def interleaved_round(paths: dict[str, Callable[[], object]], calls: int) -> dict[str, list[int]]:
+    """One round: every path warmed (300 calls), then timed call by call in turn, so that the
+    machine's drift and noise fall on all of them alike; each path's nanoseconds, sorted."""
+    for f in paths.values():
+        for _ in range(300):
+            f()
+    samples: dict[str, list[int]] = {k: [] for k in paths}
+    for _ in range(calls):
+        for k, f in paths.items():
+            t = time.perf_counter_ns()
+            f()
+            samples[k].append(time.perf_counter_ns() - t)
+    return {k: sorted(v) for k, v in samples.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -96,17 +112,7 @@ def main() -> None:
             "fast check alone, every time": lambda: (use(Forgetful()), fn._fast_arguments(xs)),
         }
         for r in range(args.rounds):
-            for f in paths.values():
-                for _ in range(300):
-                    f()
-            samples: dict[str, list[int]] = {k: [] for k in paths}
-            for _ in range(args.calls):
-                for k, f in paths.items():
-                    t = time.perf_counter_ns()
-                    f()
-                    samples[k].append(time.perf_counter_ns() - t)
-            for k, v in samples.items():
-                v.sort()
+            for k, v in interleaved_round(paths, args.calls).items():
                 n = len(v)
                 print(
                     f"round {r + 1}  {k:30s} p10 {v[n // 10] / 1e3:6.1f}  "
