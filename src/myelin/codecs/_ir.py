@@ -67,18 +67,6 @@ def module_globals(module: ir.Operation) -> dict[str, ir.Operation]:
     return found
 
 
-def _walk(module: ir.Operation, name: str) -> list[ir.Operation]:
-    ops: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == name:
-            ops.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    return ops
-
-
 def symbol_users(module: ir.Operation) -> dict[str, list[ir.Operation]]:
     """global name -> ops that name it in a `global` attribute (loads, stores, addresses)."""
     users: dict[str, list[ir.Operation]] = {}

@@ -35,6 +35,7 @@ from dataclasses import replace
 from iree.compiler import ir
 
 from myelin.codecs import Layout
+from myelin.compiler.placement import find_ops
 
 # On the arith.select joining the two forms: "scope::key" of the parameter.
 LOAD_TIME_ATTRIBUTE = "plex.load_time_decode"
@@ -120,14 +121,7 @@ def choose_marked_forms(module: ir.Operation, attribute: str, keep_marked: bool)
     form) if `keep_marked`, else its second (the fused decode), and erase the select, its
     flag and whatever only the other form used. Returns the marks' values ("scope::key") of
     the kept marked forms, in IR order (none when `keep_marked` is false)."""
-    selects: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "arith.select" and attribute in op.attributes:
-            selects.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
+    selects = find_ops(module, lambda op: op.name == "arith.select" and attribute in op.attributes)
     kept_marked = []
     blocks = []
     for select in selects:

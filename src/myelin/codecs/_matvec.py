@@ -32,6 +32,7 @@ from iree.compiler.dialects import linalg
 
 from myelin.codecs import Layout
 from myelin.codecs import _q4_kernel as q4_kernel
+from myelin.compiler.placement import find_ops
 
 # A discardable attribute on a contraction: the llvm-cpu lowering config PLeX wants for it.
 CPU_TILES_ATTRIBUTE = "plex.cpu_tiles"
@@ -137,14 +138,7 @@ def mark_matvec(op: ir.Operation, n_loop: int, k_loop: int, context: ir.Context)
 def apply_cpu_tiles(module: ir.Operation, cpu: bool) -> int:
     """Turn every CPU_TILES_ATTRIBUTE into IREE's `compilation_info` if the module compiles for
     llvm-cpu only (`cpu`), else drop it; returns how many ops took a config."""
-    marked: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if CPU_TILES_ATTRIBUTE in op.attributes:
-            marked.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
+    marked = find_ops(module, lambda op: CPU_TILES_ATTRIBUTE in op.attributes)
     for op in marked:
         text = ir.StringAttr(op.attributes[CPU_TILES_ATTRIBUTE]).value
         del op.attributes[CPU_TILES_ATTRIBUTE]

@@ -24,6 +24,7 @@ import math
 from iree.compiler import ir
 
 from myelin.codecs import Layout
+from myelin.compiler.placement import find_ops
 
 # On the arith.select joining the forms, and on the kernel form's contraction: "scope::key".
 KERNEL_FORM_ATTRIBUTE = "plex.q4_kernel_form"
@@ -165,15 +166,9 @@ func.func private @q4(%x: {x_t}, {", ".join(f"%a{i}: {t}" for i, t in enumerate(
 
 def kernel_forms(module: ir.Operation) -> list[ir.Operation]:
     """The kernel forms' contractions (Q4_MATMUL_ATTRIBUTE), in IR order."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "linalg.generic" and Q4_MATMUL_ATTRIBUTE in op.attributes:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    return found
+    return find_ops(
+        module, lambda op: op.name == "linalg.generic" and Q4_MATMUL_ATTRIBUTE in op.attributes
+    )
 
 
 def choose_kernel_forms(module: ir.Operation, kernel: bool) -> list[str]:

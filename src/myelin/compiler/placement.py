@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from iree.compiler import ir
@@ -260,6 +260,12 @@ def walk_region(region: ir.Region) -> Iterator[ir.Operation]:
             yield op
             for inner in op.regions:
                 yield from walk_region(inner)
+
+
+def find_ops(root: ir.Operation, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    """Every op nested in `root` that `keep` accepts, in IR order: collected whole before the
+    caller rewrites any of them (a rewrite while walking would skip or revisit ops)."""
+    return [op for region in root.regions for op in walk_region(region) if keep(op)]
 
 
 def resolve_dispatch_affinities(
