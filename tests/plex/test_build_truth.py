@@ -67,6 +67,7 @@ def _sample_jobs(tmp: Path) -> list[Job]:
             include_dirs=(InputTree(tmp, ".py"),),
             libraries=(InputFile(weights),),
             library_names=("libblas.so",),
+            static_libraries=(InputFile(source),),
             cflags=("-O2",),
             compiler="gcc 13",
             ops=("matmul",),

@@ -50,12 +50,16 @@ def build_plugin(
     *,
     include_dirs: Sequence[Path],
     libraries: Sequence[Path],
+    static_libraries: Sequence[Path],
     cflags: Sequence[str],
     output: Path,
     cc: str = "gcc",
 ) -> list[str]:
     """Compile a backend's sources with the plugin shim into `output` (a shared object that
-    links `libraries` by their sonames: the runtime loads those first, from the .mln).
+    links `libraries` by their sonames: the runtime loads those first, from the .mln; and
+    contains `static_libraries`, linked as one group since vendor archives refer to each other
+    (MKL's interface, threading and core layers), their symbols made local to the plugin so that
+    nothing else in the process binds to them, e.g. another copy of the same vendor library).
 
     Returns the command line, for the build record.
     """
@@ -68,6 +72,9 @@ def build_plugin(
         str(ABI_DIR / "plex_plugin.c"), *(str(s) for s in sources),
         *(f"-L{lib.parent}" for lib in libraries),
         *(f"-l:{lib.name}" for lib in libraries),
+        *(["-Wl,--start-group", *(str(a) for a in static_libraries), "-Wl,--end-group",
+           "-Wl,--exclude-libs,ALL"] if static_libraries else []),
+        "-lm", "-ldl", "-lpthread",
         "-o", str(output),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)

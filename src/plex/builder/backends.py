@@ -37,6 +37,7 @@ def run_backend(job: BackendJob, ctx: NodeContext) -> None:
                 [s.path for s in job.sources],
                 include_dirs=[d.root for d in job.include_dirs],
                 libraries=[lib.path for lib in job.libraries],
+                static_libraries=[lib.path for lib in job.static_libraries],
                 cflags=job.cflags,
                 output=out / PLUGIN_FILE,
             )

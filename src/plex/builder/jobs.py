@@ -139,6 +139,7 @@ class BackendJob(Job):
     include_dirs: tuple[InputTree, ...]
     libraries: tuple[InputFile, ...]  # vendor shared libraries, by content
     library_names: tuple[str, ...]  # their file names (the plugin links them by soname)
+    static_libraries: tuple[InputFile, ...]  # vendor archives linked into the plugin, by content
     cflags: tuple[str, ...]
     compiler: str  # `gcc --version`, first line: another compiler is another plugin
     ops: tuple[str, ...]

@@ -334,6 +334,7 @@ def _backend_nodes(app: AppSpec) -> list[Node]:
             include_dirs=tuple(InputTree(d, ".h") for d in b.include_dirs),
             libraries=tuple(InputFile(lib) for lib in b.libraries),
             library_names=tuple(lib.name for lib in b.libraries),
+            static_libraries=tuple(InputFile(lib) for lib in b.static_libraries),
             cflags=b.cflags,
             compiler=compiler_version() if b.sources else "",
             ops=b.ops,

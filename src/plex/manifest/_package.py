@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 from pathlib import Path
@@ -167,7 +168,12 @@ def _backend(
         raise doc.error(at, "give either `sources` (C files) or `library` (a prebuilt plugin)")
     sources = tuple(_existing(doc, (*at, "sources", i), folder, s) for i, s in enumerate(b.sources))
     library = _existing(doc, (*at, "library"), folder, b.library) if b.library else None
+    if b.vendor_module is not None and b.vendor_distribution is not None:
+        raise doc.error(
+            (*at, "vendor_distribution"), "give `vendor_module` or `vendor_distribution`, not both"
+        )
     vendor = folder
+    vendor_name = b.vendor_module or b.vendor_distribution
     if b.vendor_module is not None:
         import importlib.util
 
@@ -179,22 +185,29 @@ def _backend(
                 "install it (pip install 'plex[blas]' for the BLAS backend)",
             )
         vendor = Path(next(iter(spec.submodule_search_locations)))
+    elif b.vendor_distribution is not None:
+        prefix = _data_prefix(b.vendor_distribution)
+        if prefix is None:
+            raise doc.error(
+                (*at, "vendor_distribution"),
+                f"vendor distribution {b.vendor_distribution!r} is not installed",
+                "install it (pip install 'plex[mkl]' for the MKL backend)",
+            )
+        vendor = prefix
     include_dirs = []
     for i, d in enumerate(b.include_dirs):
         path = (vendor / d).resolve()
         if not path.is_dir():
-            raise doc.error((*at, "include_dirs", i), f"folder not found: {path}")
-        include_dirs.append(path)
-    libraries = []
-    for i, lib in enumerate(b.libraries):
-        path = (vendor / lib).resolve()
-        if not path.is_file():
             raise doc.error(
-                (*at, "libraries", i),
-                f"backend library not found: {path}",
-                f"reinstall {b.vendor_module}" if b.vendor_module else "check the path",
+                (*at, "include_dirs", i),
+                f"folder not found: {path}",
+                f"install the headers beside {vendor_name}" if vendor_name else "check the path",
             )
-        libraries.append(path)
+        include_dirs.append(path)
+    libraries = _vendor_files(doc, at, "libraries", vendor, vendor_name, b.libraries)
+    static_libraries = _vendor_files(
+        doc, at, "static_libraries", vendor, vendor_name, b.static_libraries
+    )
     return BackendSpec(
         ref=f"{package}:{name}",
         package=package,
@@ -204,10 +217,51 @@ def _backend(
         ops=tuple(dict.fromkeys(b.ops)),
         device=b.device,
         include_dirs=tuple(include_dirs),
-        libraries=tuple(libraries),
+        libraries=libraries,
+        static_libraries=static_libraries,
         cflags=tuple(b.cflags),
         min_flops=b.min_flops,
     )
+
+
+def _vendor_files(
+    doc: TomlDocument,
+    at: tuple[str, ...],
+    key: str,
+    vendor: Path,
+    vendor_name: str | None,
+    names: list[str],
+) -> tuple[Path, ...]:
+    """A backend's `libraries` or `static_libraries`, each an existing file under `vendor`."""
+    paths = []
+    for i, lib in enumerate(names):
+        path = (vendor / lib).resolve()
+        if not path.is_file():
+            raise doc.error(
+                (*at, key, i),
+                f"backend library not found: {path}",
+                f"reinstall {vendor_name}" if vendor_name else "check the path",
+            )
+        paths.append(path)
+    return tuple(paths)
+
+
+def _data_prefix(distribution: str) -> Path | None:
+    """The install prefix a data-only wheel's files went to (a wheel's `.data/data/lib/x`
+    lands in `<prefix>/lib/x`), read from its RECORD: such a file is recorded relative to the
+    site-packages folder, climbing out of it (`../../../lib/x`). None if it is not installed or
+    has no data files."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+    for file in dist.files or ():
+        climb = list(itertools.takewhile(lambda part: part == "..", file.parts))
+        if climb:
+            return Path(str(dist.locate_file(Path(*climb)))).resolve()
+    return None
 
 
 def split_ref(text: str, package: str | None = None) -> tuple[str, str] | None:

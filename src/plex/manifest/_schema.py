@@ -108,11 +108,17 @@ class BackendTable(_Table):
     library: str | None = None  # or a prebuilt plugin (.so); exactly one of the two
     ops: Annotated[list[BackendOp], Field(min_length=1)]
     device: Literal[BACKEND_DEVICE_KINDS] = "cpu"  # type: ignore[valid-type]
-    # a Python distribution holding the vendor library: include_dirs and libraries are relative
-    # to its module folder (e.g. scipy_openblas32); without it, to the package folder
+    # where include_dirs and libraries are: relative to an installed Python module's folder
+    # (vendor_module, e.g. scipy_openblas32), or to the install prefix where a data-only
+    # distribution's files landed (vendor_distribution, e.g. mkl: <prefix>/lib, <prefix>/include);
+    # with neither, to the package folder
     vendor_module: str | None = None
+    vendor_distribution: str | None = None
     include_dirs: list[str] = []
     libraries: list[str] = []  # shared libraries the plugin links; bundled into the .mln
+    # static archives linked into the plugin (one group: they may refer to each other), their
+    # symbols kept inside it; nothing of them is bundled besides the plugin
+    static_libraries: list[str] = []
     cflags: list[str] = []
     # smallest op (multiply-adds) worth a call; smaller ones stay with IREE's code generation
     min_flops: Annotated[int, Field(ge=0)] = 0

@@ -62,6 +62,7 @@ class BackendSpec:
     device: str  # the device kind: "cpu" (host memory, local-task)
     include_dirs: tuple[Path, ...]
     libraries: tuple[Path, ...]  # vendor shared libraries the plugin links, bundled in the .mln
+    static_libraries: tuple[Path, ...]  # vendor archives linked into the plugin
     cflags: tuple[str, ...]
     min_flops: int
 
