@@ -32,10 +32,11 @@ class BackendTrial:
         return self.status == "ok" and self.relative is not None and self.relative < 1.0
 
     def app_lines(self, package_dir: Path) -> str:
-        """What to add to the app to use the backend as timed."""
-        rules = "; ".join(f'"*:{op}" = "blas"' for op in self.ops)
+        """What to add to the app to use the backend as timed (a device named after it)."""
+        device = self.backend.rpartition(":")[2]
+        rules = "; ".join(f'"*:{op}" = "{device}"' for op in self.ops)
         return (
-            f'packages += ["{package_dir}"]; [devices.blas] backend = "{self.backend}"; '
+            f'packages += ["{package_dir}"]; [devices.{device}] backend = "{self.backend}"; '
             f"[placement] {rules}; and the device in the variant"
         )
 
