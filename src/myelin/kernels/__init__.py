@@ -43,10 +43,12 @@ def choose_matmul_config(
     dtype: str, out_dtype: str, b_transposed: bool, m: int | None, n: int, k: int
 ) -> MatmulConfig:
     """The kernel config for one matmul: 128x256x64 tiles, 8 warps, 3 stages (wgmma; 750
-    TFLOP/s at 8192^3 on an H200); a static M of at most 16 (decode: one token per sequence)
-    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs.
+    TFLOP/s at 8192^3 on an H200), as a persistent TMA kernel where the result is f16 or bf16
+    (its C tile staged in shared memory for the TMA store fits beside the 3 stages; an f32 one
+    does not); a static M of at most 16 (decode: one token per sequence) gets 16-row tiles over
+    narrow column blocks, so that the weight streams through many SMs.
 
-    The default stays for the Llama-7B block's prefill projections too: 256x128x64 tiles with 4
+    The tile stays for the Llama-7B block's prefill projections too: 256x128x64 tiles with 4
     stages, fastest there in a sweep with the H200 machine's Triton 3.6, were 11% slower than it
     inside the block when built with Triton 3.9 (docs/benchmarks.md, "Split-KV decode
     attention and token-major flash attention")."""
@@ -62,7 +64,12 @@ def choose_matmul_config(
             num_warps=4,
             num_stages=4,
         )
-    return MatmulConfig(dtype=dtype, out_dtype=out_dtype, b_transposed=b_transposed)
+    return MatmulConfig(
+        dtype=dtype,
+        out_dtype=out_dtype,
+        b_transposed=b_transposed,
+        persistent=out_dtype in ("f16", "bf16"),
+    )
 
 
 def apply_kernels(
