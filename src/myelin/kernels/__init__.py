@@ -35,7 +35,8 @@ class KernelizedGraph:
     """Imported IR with the matched contractions rewritten to library kernels."""
 
     module_bytecode: bytes
-    sites: tuple[dict, ...]  # every matmul: where, shape, the kernel or why none (to_json)
+    # every matmul (where, shape, the kernel or why none), attention op and concat (to_json)
+    sites: tuple[dict, ...]
     kernels: tuple[str, ...]  # the kernels embedded, by name
 
 
@@ -91,11 +92,13 @@ def apply_kernels(
     mask or an additive one) too (docs/kernels.md).
 
     Both libraries put the q4 kernel (myelin.kernels._q4) in place of the q4 contractions the
-    codec gave a kernel form (myelin.codecs._q4_gpu: decode steps, M <= 16)."""
+    codec gave a kernel form (myelin.codecs._q4_gpu: decode steps, M <= 16), and turn a concat
+    of elementwise results into one elementwise op (myelin.kernels._concat: the rotary
+    embedding's, which IREE would otherwise compute in parts and copy together)."""
     from myelin.codecs._loadtime import choose_forms
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _q4, _rewrite, _space, _triton
+    from myelin.kernels import _attention, _concat, _q4, _rewrite, _space, _triton
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -128,6 +131,8 @@ def apply_kernels(
                 _attention.rewrite(module, found, compiled)
                 kernels.update(compiled)
                 sites += [m.site for m in found]
+            # last: the attention rewrite reads the concats of a cache and its new tokens
+            sites += [c.to_json() for c in _concat.fuse_concats(module)]
             if not module.verify():
                 raise CompileError(f"{what}: the graph with kernels does not verify (internal)")
             buffer = io.BytesIO()
