@@ -132,7 +132,8 @@ def apply_kernels(
                 kernels.update(compiled)
                 sites += [m.site for m in found]
             # last: the attention rewrite reads the concats of a cache and its new tokens
-            sites += [c.to_json() for c in _concat.fuse_concats(module)]
+            # (reported when rewritten: the other concats stay IREE's, as they were)
+            sites += [c.to_json() for c in _concat.fuse_concats(module) if c.fused]
             if not module.verify():
                 raise CompileError(f"{what}: the graph with kernels does not verify (internal)")
             buffer = io.BytesIO()
