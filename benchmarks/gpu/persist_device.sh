@@ -47,7 +47,7 @@ fi
 if has matmul; then
   stamp matmul
   timeout 170 python3 benchmarks/gpu/kernels_h200.py --configs "$ART/mm_configs.json" \
-    --allocator caching --spin-us 200 --rounds 25 --json "$R/matmul.json" > "$R/matmul.log" 2>&1
+    --allocator caching --spin-us 200 --rounds ${MATMUL_ROUNDS:-25} --json "$R/matmul.json" > "$R/matmul.log" 2>&1
   echo "matmul rc=$?" >> "$R/stages.txt"
 fi
 
