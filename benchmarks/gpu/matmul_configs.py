@@ -24,13 +24,14 @@ from myelin.kernels._triton import MatmulConfig
 
 HERE = Path(__file__).resolve().parent
 SHAPE = {"op": "matmul", "dtype": "f16", "out_dtype": "f16", "m": None, "n": 8192, "k": 8192}
-# Next to the library's config (128x256x64, 8 warps, 3 stages, groups of 8): the knobs an
-# earlier H200 sweep left open at this shape (stages 3-4 tied; group size never varied there).
+# Next to the library's config (128x256x64, 8 warps, 3 stages, groups of 8, persistent TMA):
+# the same tile without persistence (the library's config before), and the persistent kernel's
+# open knobs (group size; 128x128 tiles, which fit 4 stages beside the TMA store's C tile).
 CANDIDATES = (
-    {"num_stages": 4},
+    {"persistent": False},
     {"group_m": 16},
-    {"group_m": 16, "num_stages": 4},
     {"group_m": 4},
+    {"block_n": 128, "num_stages": 4},
 )
 
 

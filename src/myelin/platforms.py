@@ -32,6 +32,11 @@ DEFAULT_CUDA_ARCH = "sm_80"
 # cover more).
 KERNEL_LIBRARIES: tuple[str, ...] = ("triton", "triton-attention")
 KERNELS_CUDA_ARCH = "sm_90a"
+# Streaming multiprocessors per arch, as the kernel library's persistent kernels size their grid:
+# min(SM count, output tiles) programs, each looping over every SM-count-th tile. sm_90a: H100 and
+# H200 SXM (132). A part with fewer SMs (H100 PCIe: 114) runs the same grid correctly, its extra
+# programs waiting for a free SM.
+CUDA_SM_COUNT: dict[str, int] = {"sm_90a": 132}
 
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {

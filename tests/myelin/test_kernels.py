@@ -112,15 +112,15 @@ def kernelized(tmp_path_factory):
 
 def test_the_rewrite_reports_which_matmul_goes_to_which_kernel(kernelized):
     sites = {s["function"]: s for s in kernelized.sites}
-    assert sites["mm"]["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert sites["mm"]["kernel"] == "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"
     assert sites["mm"]["m"] is None and sites["mm"]["reason"] == "matched, with its truncf"
-    assert sites["mm_ab"]["kernel"] == "plex_matmul_ab_f16_f16_128x256x64_w8s3"
+    assert sites["mm_ab"]["kernel"] == "plex_matmul_tma_ab_f16_f16_128x256x64_w8s3"
     assert sites["bf16"]["kernel"] == "plex_matmul_abt_bf16_f32_128x256x64_w8s3"
     assert sites["odd"]["kernel"] is None and "K % 64" in sites["odd"]["reason"]
     assert sites["f32"]["kernel"] is None and "f16 or bf16" in sites["f32"]["reason"]
     assert sites["decode"]["kernel"] == "plex_matmul_abt_f16_f16_16x32x256_w4s4"
     linear = sites["linear"]
-    assert linear["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert linear["kernel"] == "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"
     assert linear["op"] == "matmul_transpose_b" and (linear["m"], linear["n"], linear["k"]) == (
         64,
         128,
@@ -135,11 +135,11 @@ def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(ke
     externs = [name for exe, name in calls if exe.startswith("extern_dispatch")]
     assert sorted(externs) == sorted(
         [
-            "plex_matmul_abt_f16_f16_128x256x64_w8s3",
-            "plex_matmul_ab_f16_f16_128x256x64_w8s3",
+            "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3",
+            "plex_matmul_tma_ab_f16_f16_128x256x64_w8s3",
             "plex_matmul_abt_bf16_f32_128x256x64_w8s3",
             "plex_matmul_abt_f16_f16_16x32x256_w4s4",
-            "plex_matmul_abt_f16_f16_128x256x64_w8s3",  # linear
+            "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3",  # linear
         ]
     )
     # linear's weight is read in place: no dispatch materializes its transpose

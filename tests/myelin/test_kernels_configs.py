@@ -12,13 +12,13 @@ from myelin.kernels import choose_matmul_config
 @pytest.mark.parametrize(
     "m, n, k, name",
     [
-        # the Llama-7B block's prefill projections (x @ W^T, 2048 tokens): the default, which
-        # beat 256x128x64 / 4 stages inside the block on the H200
-        (2048, 4096, 4096, "plex_matmul_abt_f16_f16_128x256x64_w8s3"),
-        (2048, 11008, 4096, "plex_matmul_abt_f16_f16_128x256x64_w8s3"),
-        (2048, 4096, 11008, "plex_matmul_abt_f16_f16_128x256x64_w8s3"),
+        # the Llama-7B block's prefill projections (x @ W^T, 2048 tokens): persistent TMA
+        # kernels, 128-column tiles at N = 11008 (each fastest there on the H200)
+        (2048, 4096, 4096, "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"),
+        (2048, 11008, 4096, "plex_matmul_tma_abt_f16_f16_128x128x64_w4s4"),
+        (2048, 4096, 11008, "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"),
         # a dynamic M (the 8192^3 benchmark's graph)
-        (None, 8192, 8192, "plex_matmul_abt_f16_f16_128x256x64_w8s3"),
+        (None, 8192, 8192, "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"),
         # decode: one token per sequence
         (8, 4096, 4096, "plex_matmul_abt_f16_f16_16x32x256_w4s4"),
     ],

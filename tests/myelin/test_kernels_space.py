@@ -83,9 +83,11 @@ def test_the_sample_starts_at_the_hopper_configs_is_seeded_and_distinct():
     first = spread_sample(space, 12, seed=3)
     assert first == spread_sample(space, 12, seed=3)
     assert len(set(first)) == 12
-    assert (first[0].block_m, first[0].block_n, first[0].num_stages) == (128, 256, 4)
-    assert spread_sample(space, 12, seed=4)[6:] != first[6:]  # the seeded part moves
-    assert len({(c.block_m, c.block_n, c.block_k) for c in first[6:]}) == 6  # one per tile
+    # the persistent TMA kernel first, then the non-persistent one of the same tile
+    assert (first[0].block_m, first[0].block_n, first[0].num_stages) == (128, 256, 3)
+    assert first[0].persistent and not first[1].persistent
+    assert spread_sample(space, 12, seed=4)[8:] != first[8:]  # the seeded part moves
+    assert len({(c.block_m, c.block_n, c.block_k) for c in first[8:]}) == 4  # one per tile
 
 
 def _database(*entries: dict) -> str:

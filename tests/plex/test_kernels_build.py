@@ -75,7 +75,7 @@ def test_the_artifact_records_the_requirement_and_the_kernel_of_each_op(kernels_
     [site] = device["kernels"]
     assert site["module"] == "lin" and site["function"] == "linear"
     assert (site["op"], site["m"], site["n"], site["k"]) == ("matmul_transpose_b", None, 64, 128)
-    assert site["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert site["kernel"] == "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"
     assert not model.manifest["variants"][1]["devices"][0].get("requires")
 
 

@@ -113,7 +113,7 @@ def test_every_projection_reads_its_weight_in_place_on_a_kernel(sites):
     shapes = sorted((s["n"], s["k"]) for s in by_function["prefill"])
     assert shapes == [(256, 256)] * 4 + [(256, 512)] + [(512, 256)] * 2
     assert {s["kernel"] for s in by_function["prefill"]} == {
-        "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+        "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"
     }
     assert {s["kernel"] for s in by_function["decode"]} == {
         "plex_matmul_abt_f16_f16_16x32x256_w4s4"

@@ -109,7 +109,7 @@ def test_a_database_without_a_config_for_the_shape_keeps_the_librarys(app, tmp_p
     )  # fmt: skip  (the other layout: A x B)
     database.write_text(json.dumps({"schema": 1, "entries": {"k": entry}}))
     site = _site(build(app, tmp_path / "a.mln", cache_dir=tmp_path / "cache").output)
-    assert site["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert site["kernel"] == "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"
     assert "tuned" not in site["reason"]
 
 

@@ -48,7 +48,7 @@ def test_shapes_are_the_distinct_kernel_sites():
         {**site, "kernel": "plex_matmul_ab_f16_f16_16x32x256_w4s4"},
         {**site, "kernel": "plex_matmul_ab_f16_f16_16x32x256_w4s4"},  # the same shape again
         {**site, "k": 100, "kernel": None},  # stayed IREE codegen
-        {**site, "m": None, "kernel": "plex_matmul_ab_f16_f16_128x256x64_w8s3"},
+        {**site, "m": None, "kernel": "plex_matmul_tma_ab_f16_f16_128x256x64_w8s3"},
     ]
     assert shapes_of(sites) == [
         Shape("matmul", "f16", "f16", 8, 64, 128),
@@ -78,7 +78,7 @@ def test_bundle_collect_and_build_with_the_winner(tmp_path):
         [site] = _kernel_sites(bundle / built)
         assert site["kernel"] == cand["config"] and site["reason"].endswith("tuned config")
     [site] = _kernel_sites(bundle / "reference.mln")
-    assert site["kernel"] == "plex_matmul_abt_f16_f16_128x256x64_w8s3"
+    assert site["kernel"] == "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"
 
     # what time_bundle writes: the second candidate ran right and faster, the first did not
     first, second = case["candidates"]

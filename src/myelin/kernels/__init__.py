@@ -35,21 +35,36 @@ class KernelizedGraph:
     """Imported IR with the matched contractions rewritten to library kernels."""
 
     module_bytecode: bytes
-    sites: tuple[dict, ...]  # every matmul: where, shape, the kernel or why none (to_json)
+    # every matmul (where, shape, the kernel or why none), attention op and concat (to_json)
+    sites: tuple[dict, ...]
     kernels: tuple[str, ...]  # the kernels embedded, by name
+
+
+# Shapes where another persistent config than 128x256x64 / 8 warps / 3 stages measured faster
+# on the H200 (CUPTI kernel time, each config alone, 2026-12-02; docs/benchmarks.md, "Persistent
+# TMA matmuls and the rotary concat"): (B transposed, N, K) -> the knobs that differ. N = 11008
+# has 43 column blocks of 256: 128-column tiles split the last wave finer (0.282 vs 0.290 ms;
+# cuBLAS 0.260). The other prefill shapes and 8192^3 keep the default (within 0.3%).
+_MEASURED_LARGE: dict[tuple[bool, int, int], dict[str, int]] = {
+    (True, 11008, 4096): {"block_n": 128, "num_warps": 4, "num_stages": 4},
+}
 
 
 def choose_matmul_config(
     dtype: str, out_dtype: str, b_transposed: bool, m: int | None, n: int, k: int
 ) -> MatmulConfig:
-    """The kernel config for one matmul: 128x256x64 tiles, 8 warps, 3 stages (wgmma; 750
-    TFLOP/s at 8192^3 on an H200); a static M of at most 16 (decode: one token per sequence)
-    gets 16-row tiles over narrow column blocks, so that the weight streams through many SMs.
+    """The kernel config for one matmul: 128x256x64 tiles, 8 warps, 3 stages (wgmma), as a
+    persistent TMA kernel where the result is f16 or bf16 (its C tile, staged in shared memory
+    for the TMA store, fits beside the 3 stages; an f32 one does not), or the shape's measured
+    winner (`_MEASURED_LARGE`); a static M of at most 16 (decode: one token per sequence) gets
+    16-row tiles over narrow column blocks, so that the weight streams through many SMs.
 
-    The default stays for the Llama-7B block's prefill projections too: 256x128x64 tiles with 4
-    stages, fastest there in a sweep with the H200 machine's Triton 3.6, were 11% slower than it
-    inside the block when built with Triton 3.9 (docs/benchmarks.md, "Split-KV decode
-    attention and token-major flash attention")."""
+    On the H200 the persistent kernel took 1.451 ms at 8192^3 (cuBLAS 1.456; the same tile not
+    persistent 1.486) and 0.90-0.97x cuBLAS's time at the Llama-7B block's prefill shapes,
+    where the non-persistent one reached 0.76-0.86x (docs/benchmarks.md, "Persistent TMA
+    matmuls and the rotary concat"). 256x128x64 tiles stay slower at those shapes (0.67-0.75x
+    cuBLAS's time; earlier inside the block, "Split-KV decode attention and token-major flash
+    attention")."""
     if m is not None and m <= 16:
         return MatmulConfig(
             dtype=dtype,
@@ -62,7 +77,15 @@ def choose_matmul_config(
             num_warps=4,
             num_stages=4,
         )
-    return MatmulConfig(dtype=dtype, out_dtype=out_dtype, b_transposed=b_transposed)
+    persistent = out_dtype in ("f16", "bf16")
+    knobs = _MEASURED_LARGE.get((b_transposed, n, k), {}) if persistent else {}
+    return MatmulConfig(
+        dtype=dtype,
+        out_dtype=out_dtype,
+        b_transposed=b_transposed,
+        persistent=persistent,
+        **knobs,
+    )
 
 
 def apply_kernels(
@@ -84,11 +107,13 @@ def apply_kernels(
     mask or an additive one) too (docs/kernels.md).
 
     Both libraries put the q4 kernel (myelin.kernels._q4) in place of the q4 contractions the
-    codec gave a kernel form (myelin.codecs._q4_gpu: decode steps, M <= 16)."""
+    codec gave a kernel form (myelin.codecs._q4_gpu: decode steps, M <= 16), and turn a concat
+    of elementwise results into one elementwise op (myelin.kernels._concat: the rotary
+    embedding's, which IREE would otherwise compute in parts and copy together)."""
     from myelin.codecs._loadtime import choose_forms
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _q4, _rewrite, _space, _triton
+    from myelin.kernels import _attention, _concat, _q4, _rewrite, _space, _triton
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -121,6 +146,9 @@ def apply_kernels(
                 _attention.rewrite(module, found, compiled)
                 kernels.update(compiled)
                 sites += [m.site for m in found]
+            # last: the attention rewrite reads the concats of a cache and its new tokens
+            # (reported when rewritten: the other concats stay IREE's, as they were)
+            sites += [c.to_json() for c in _concat.fuse_concats(module) if c.fused]
             if not module.verify():
                 raise CompileError(f"{what}: the graph with kernels does not verify (internal)")
             buffer = io.BytesIO()

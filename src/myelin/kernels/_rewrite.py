@@ -247,7 +247,13 @@ def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _M
     The object carries the cubin as `data` and a `path` that is never read (IREE prefers
     `data`): IREE 3.13 prints an object without `path` as `<{, data = ...}>`, which its own
     parser rejects, and IR bytecode stores this attribute as text, so the IR would not load
-    back."""
+    back.
+
+    A persistent kernel launches min(SM count, tiles) workgroups, and a kernel with Triton
+    global scratch gets it as a second result, `tensor<(programs x scratch + align)xi8>`
+    (the kernel aligns its base: myelin.kernels._triton._bind_scratch_param), that nothing
+    reads: IREE allocates it with the call's transients (an external dispatch has no other way
+    to get device memory, and the kernel's launch takes nothing but bindings and constants)."""
     a_t, b_t, r_t = str(m.a_type), str(m.b_type), str(m.result_type)
     _, n, k = m.site.shape
     dynamic_m = m.site.shape[0] is None
@@ -258,10 +264,21 @@ def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _M
         else f"%m = arith.constant {m.site.shape[0]} : index"
     )
     data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
-    count = (
-        f"affine_map<()[s0, s1] -> ((s0 ceildiv {config.block_m}) * (s1 ceildiv {config.block_n}))>"
-    )
+    tiles = f"(s0 ceildiv {config.block_m}) * (s1 ceildiv {config.block_n})"
+    programs = kernel.max_programs
+    if programs:
+        count = f"affine.min affine_map<()[s0, s1] -> ({tiles}, {programs})>"
+    else:
+        count = f"affine.apply affine_map<()[s0, s1] -> ({tiles})>"
     binding = "#hal.pipeline.binding<storage_buffer"
+    bindings = [f"{binding}, ReadOnly>", f"{binding}, ReadOnly>", f"{binding}>"]
+    results, types = "%r", f"{r_t}{dims}"
+    if kernel.scratch_bytes:
+        if not programs:
+            raise ValueError(f"{kernel.name}: scratch in a kernel that is not persistent")
+        scratch_t = f"tensor<{programs * kernel.scratch_bytes + kernel.scratch_align}xi8>"
+        bindings.append(f"{binding}>")
+        results, types = "%r, %scratch", f"{types}, {scratch_t}"
     return f"""
 util.func private @{name}(%a: {a_t}, %b: {b_t}) -> {r_t} {{
   %c0 = arith.constant 0 : index
@@ -270,15 +287,15 @@ util.func private @{name}(%a: {a_t}, %b: {b_t}) -> {r_t} {{
   %m_i32 = arith.index_cast %m : index to i32
   %n_i32 = arith.constant {n} : i32
   %k_i32 = arith.constant {k} : i32
-  %r = hal.dispatch.extern "{kernel.name}"[%m, %n](%m_i32, %n_i32, %k_i32, %a, %b)
-      : (i32, i32, i32, {a_t}{dims}, {b_t}) -> {r_t}{dims}
+  {results} = hal.dispatch.extern "{kernel.name}"[%m, %n](%m_i32, %n_i32, %k_i32, %a, %b)
+      : (i32, i32, i32, {a_t}{dims}, {b_t}) -> ({types})
     count(%device: !hal.device, %wm: index, %wn: index) -> (index, index, index) {{
-      %x = affine.apply {count}()[%wm, %wn]
+      %x = {count}()[%wm, %wn]
       %one = arith.constant 1 : index
       hal.return %x, %one, %one : index, index, index
     }}
     layout(#hal.pipeline.layout<constants = 3, bindings = [
-      {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
+      {", ".join(bindings)}]>)
     objects({{
       #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
         #hal.executable.object<{{path = "{kernel.name}.cubin", data = {data}}}>

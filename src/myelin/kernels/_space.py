@@ -30,6 +30,7 @@ SKINNY_M = 16
 KERNEL_ENTRY_KIND = "kernel-config"
 
 _ELEMENT_BYTES = {"f16": 2, "bf16": 2}
+_OUT_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 # The knobs and their values; the skinny space streams a wide K slice of the weight per block.
 _LARGE = {
     "block_m": (64, 128, 256),
@@ -38,6 +39,7 @@ _LARGE = {
     "group_m": (4, 8, 16),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4, 5),
+    "persistent": (False, True),
 }
 _SKINNY = {
     "block_m": (16,),
@@ -46,24 +48,30 @@ _SKINNY = {
     "group_m": (1,),  # one row block: the grouped order has nothing to group
     "num_warps": (2, 4, 8),
     "num_stages": (2, 3, 4, 5, 6),
+    # A decode matmul has a few dozen output tiles: a persistent grid would hold as many
+    # programs, with nothing to overlap.
+    "persistent": (False,),
 }
 # Where a small budget starts (a seeded sample follows): tile shapes that fill an H200's
-# 132 SMs and keep the pipeline full, by the Triton tutorials' Hopper configs.
+# 132 SMs and keep the pipeline full, by the Triton tutorials' Hopper configs; the persistent
+# TMA kernels first (the tutorial's persistent matmul: 128x256x64, 3 stages, 8 warps).
 _FIRST_LARGE = (
-    (128, 256, 64, 8, 8, 4),
-    (256, 128, 64, 8, 8, 3),
-    (128, 128, 64, 8, 4, 4),
-    (128, 256, 128, 8, 8, 2),
-    (128, 128, 128, 8, 8, 3),
-    (64, 256, 64, 8, 4, 4),
+    (128, 256, 64, 8, 8, 3, True),
+    (128, 256, 64, 8, 8, 3, False),
+    (128, 256, 64, 16, 8, 3, True),
+    (128, 128, 64, 8, 8, 4, True),
+    (128, 128, 64, 8, 4, 4, True),
+    (128, 256, 64, 8, 8, 4, False),
+    (256, 128, 64, 8, 8, 3, False),
+    (128, 128, 64, 8, 4, 4, False),
 )
 _FIRST_SKINNY = (
-    (16, 64, 256, 1, 4, 4),
-    (16, 128, 128, 1, 4, 4),
-    (16, 32, 512, 1, 4, 3),
-    (16, 64, 512, 1, 4, 3),
-    (16, 128, 256, 1, 8, 3),
-    (16, 16, 512, 1, 2, 4),
+    (16, 64, 256, 1, 4, 4, False),
+    (16, 128, 128, 1, 4, 4, False),
+    (16, 32, 512, 1, 4, 3, False),
+    (16, 64, 512, 1, 4, 3, False),
+    (16, 128, 256, 1, 8, 3, False),
+    (16, 16, 512, 1, 2, 4, False),
 )
 KNOBS = tuple(_LARGE)
 
@@ -75,9 +83,14 @@ def site_key(op: str, dtype: str, out_dtype: str, m: int | None, n: int, k: int)
 
 def shared_bytes(config: MatmulConfig) -> int:
     """The pipeline's shared memory: one A and one B tile per stage (what Triton 3.9 reported for
-    128x256x64 with 3 stages: 147 456 B)."""
+    128x256x64 with 3 stages: 147 456 B), and for a persistent kernel the C tile its TMA store
+    goes through (Triton 3.9: 213 016 B at 128x256x64, 3 stages, f16 out; the estimate is 24 B
+    short of it, its barriers)."""
     per = _ELEMENT_BYTES[config.dtype]
-    return config.num_stages * (config.block_m + config.block_n) * config.block_k * per
+    pipeline = config.num_stages * (config.block_m + config.block_n) * config.block_k * per
+    if config.persistent:
+        pipeline += config.block_m * config.block_n * _OUT_BYTES[config.out_dtype]
+    return pipeline
 
 
 def _pow2_at_least(x: int) -> int:
@@ -124,6 +137,8 @@ def violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]
         why.append("num_stages < 2: no pipelining")
     if config.block_m > SKINNY_M and config.group_m == 1:
         why.append("group_m = 1 with tall tiles: use 4, 8 or 16 (group 1 keeps the name of 8)")
+    if config.persistent and m is not None and m <= SKINNY_M:
+        why.append(f"persistent with M = {m}: a decode matmul has too few tiles to loop over")
     return why
 
 
@@ -148,10 +163,13 @@ def config_to_json(config: MatmulConfig) -> dict:
 
 
 def config_from_json(data: Mapping, dtype: str, out_dtype: str, b_transposed: bool) -> MatmulConfig:
+    """A config as `config_to_json` wrote it; `persistent` may be absent (databases written
+    before it was a knob: not persistent)."""
     unknown = set(data) - set(KNOBS)
     if unknown:
         raise ValueError(f"unknown kernel config fields {sorted(unknown)}; known: {list(KNOBS)}")
-    return MatmulConfig(dtype, out_dtype, b_transposed, **{k: int(v) for k, v in data.items()})
+    values = {k: bool(v) if k == "persistent" else int(v) for k, v in data.items()}
+    return MatmulConfig(dtype, out_dtype, b_transposed, **values)
 
 
 def kernel_entry(
@@ -238,7 +256,7 @@ def spread_sample(configs: Iterable[MatmulConfig], count: int, seed: int = 0) ->
     seeded sample, one per tile shape (block_m, block_n, block_k) in turn, so that a small
     budget sees different tiles rather than one tile's stage counts."""
     pool = list(configs)
-    firsts = {(c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages) for c in pool}
+    firsts = {_knobs(c) for c in pool}
     known = [f for f in (*_FIRST_LARGE, *_FIRST_SKINNY) if f in firsts]
     picked = [c for f in known for c in pool if _knobs(c) == f][:count]
     rng = random.Random(seed)
@@ -257,5 +275,5 @@ def spread_sample(configs: Iterable[MatmulConfig], count: int, seed: int = 0) ->
     return picked
 
 
-def _knobs(c: MatmulConfig) -> tuple[int, ...]:
-    return (c.block_m, c.block_n, c.block_k, c.group_m, c.num_warps, c.num_stages)
+def _knobs(c: MatmulConfig) -> tuple[int | bool, ...]:
+    return tuple(getattr(c, name) for name in KNOBS)

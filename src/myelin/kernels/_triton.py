@@ -4,11 +4,14 @@ Nothing here runs at run time: the build embeds each kernel's cubin in the modul
 external executable object, and the runtime only loads it. IREE's CUDA HAL launches a kernel
 with exactly its bindings (operands, then results) followed by its i32 push constants, so a
 kernel takes its pointers first and its sizes after, and Triton's trailing scratch parameters are
-removed from the PTX before it is assembled (`_drop_scratch_params`).
+removed from the PTX before it is assembled (`_drop_scratch_params`). A persistent TMA kernel
+does use Triton's global scratch (its device-side tensor descriptors): that parameter becomes one
+more result binding, which the wrapper sizes from Triton's metadata (`_bind_scratch_param`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import tempfile
@@ -20,6 +23,8 @@ from myelin.errors import CompileError
 # The PTX ISA the PTX is stamped with: Triton 3.9 stamps its own ptxas's newest (9.4), which only
 # a CUDA 13.4 driver could JIT; the body is the same at 8.0 and we assemble it ourselves anyway.
 PTX_VERSION = 80
+# The TMA kernels' `cp.async.bulk.tensor` and `tensormap.replace` need PTX ISA 8.6 (sm_90a).
+PTX_VERSION_TMA = 86
 
 
 @dataclass(frozen=True)
@@ -36,10 +41,13 @@ class MatmulConfig:
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 3
+    # Persistent TMA kernel: min(SM count, tiles) programs loop over the output tiles, A and B
+    # loaded and C stored through device-side tensor descriptors (`_persistent_fn`).
+    persistent: bool = False
 
     @property
     def name(self) -> str:
-        layout = "abt" if self.b_transposed else "ab"
+        layout = ("tma_" if self.persistent else "") + ("abt" if self.b_transposed else "ab")
         # The group size is named only when it is neither the default 8 nor 1 (the skinny
         # config's), so the library's own kernels keep their names; the tuning space never
         # pairs group 1 with tall tiles (myelin.kernels._space).
@@ -58,6 +66,14 @@ class CompiledKernel:
     ptx: str
     shared_bytes: int  # dynamic shared memory the launch must declare
     threads: int  # threads per block: num_warps * 32
+    # Triton's global scratch per program (bytes; 0: none). A kernel with scratch takes it as the
+    # binding after its results, `scratch_bytes` x the grid's largest program count in size.
+    scratch_bytes: int = 0
+    # The alignment the kernel rounds the scratch binding's base up to; the binding holds that
+    # much more than the grid's slices (IREE packs transients at its own, smaller alignment).
+    scratch_align: int = 0
+    # A persistent kernel's largest grid (the arch's SM count); 0: one program per output tile.
+    max_programs: int = 0
 
 
 _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
@@ -108,6 +124,56 @@ def _matmul_fn():
     return plex_matmul
 
 
+def _persistent_fn():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def plex_matmul_tma(
+        a_ptr, b_ptr, c_ptr, M, N, K,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+        B_T: tl.constexpr, PROGRAMS: tl.constexpr,
+    ):  # fmt: skip
+        # Persistent: the grid is min(PROGRAMS, tiles) (the wrapper's workgroup count), and each
+        # program takes every PROGRAMS-th tile, so the tiles are covered on any grid of that size
+        # (a GPU with fewer SMs runs the extra programs when an SM frees up).
+        start = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BM)
+        num_pid_n = tl.cdiv(N, BN)
+        tiles = num_pid_m * num_pid_n
+        # Device-side descriptors: built in Triton's global scratch (the extra binding). TMA
+        # clips rows past M on the store and reads zeros past it, so no masks anywhere.
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK]
+        )
+        if B_T:
+            b_desc = tl.make_tensor_descriptor(
+                b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK]
+            )
+        else:
+            b_desc = tl.make_tensor_descriptor(
+                b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN]
+            )
+        c_desc = tl.make_tensor_descriptor(
+            c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BM, BN]
+        )
+        in_group = GROUP_M * num_pid_n
+        for tile in tl.range(start, tiles, PROGRAMS, flatten=True):
+            # Grouped order, as the non-persistent kernel's.
+            first_m = (tile // in_group) * GROUP_M
+            group_rows = min(num_pid_m - first_m, GROUP_M)
+            pid_m = first_m + ((tile % in_group) % group_rows)
+            pid_n = (tile % in_group) // group_rows
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for k in range(0, K, BK):
+                a = a_desc.load([pid_m * BM, k])
+                b = b_desc.load([pid_n * BN, k]).T if B_T else b_desc.load([k, pid_n * BN])
+                acc = tl.dot(a, b, acc)
+            c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
+
+    return plex_matmul_tma
+
+
 def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel:
     """Triton -> PTX (sm_90a: wgmma) -> our ptxas pass -> cubin, with no GPU present."""
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
@@ -123,10 +189,31 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
     }  # fmt: skip
     # Pointers 16-byte aligned, N and K multiples of 16 (checked where the kernel is matched).
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5)}
+    if config.persistent:
+        signature["PROGRAMS"] = "constexpr"
+        constexprs["PROGRAMS"] = programs = sm_count(arch)
+        kernel = compile_triton(
+            _persistent_fn, signature, constexprs, attrs,
+            num_warps=config.num_warps, num_stages=config.num_stages, name=config.name,
+            arch=arch, ptx_version=PTX_VERSION_TMA, scratch_binding=True,
+        )  # fmt: skip
+        return dataclasses.replace(kernel, max_programs=programs)
     return compile_triton(
         _matmul_fn, signature, constexprs, attrs,
         num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
     )  # fmt: skip
+
+
+def sm_count(arch: str) -> int:
+    """The persistent kernels' largest grid: the arch's SM count (myelin.platforms)."""
+    from myelin.platforms import CUDA_SM_COUNT
+
+    try:
+        return CUDA_SM_COUNT[arch]
+    except KeyError:
+        raise CompileError(
+            f"persistent kernels need the SM count of {arch}; known: {', '.join(CUDA_SM_COUNT)}"
+        ) from None
 
 
 def compile_triton(
@@ -139,9 +226,14 @@ def compile_triton(
     num_stages: int,
     name: str,
     arch: str,
+    ptx_version: int = PTX_VERSION,
+    scratch_binding: bool = False,
 ) -> CompiledKernel:
     """One Triton kernel (`make_fn()` returns the jitted function) compiled for `arch` into a
-    cubin whose entry is `name` and whose parameters are exactly what IREE passes."""
+    cubin whose entry is `name` and whose parameters are exactly what IREE passes.
+
+    `scratch_binding`: the kernel may use Triton's global scratch, which then becomes the
+    binding after the declared pointers (`CompiledKernel.scratch_bytes` per program)."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -153,7 +245,7 @@ def compile_triton(
         ) from e
     capability = int(arch.removeprefix("sm_").rstrip("a"))
     source = ASTSource(fn=make_fn(), signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": num_warps, "num_stages": num_stages, "ptx_version": PTX_VERSION}
+    options = {"num_warps": num_warps, "num_stages": num_stages, "ptx_version": ptx_version}
     with tempfile.TemporaryDirectory() as cache:
         import os
 
@@ -170,14 +262,83 @@ def compile_triton(
                 else:
                     os.environ[key] = value
     meta = kernel.metadata
-    ptx = _drop_scratch_params(
-        kernel.asm["ptx"],
-        global_scratch=int(getattr(meta, "global_scratch_size", 0) or 0),
-        profile_scratch=int(getattr(meta, "profile_scratch_size", 0) or 0),
-    )
+    global_scratch = int(getattr(meta, "global_scratch_size", 0) or 0)
+    profile_scratch = int(getattr(meta, "profile_scratch_size", 0) or 0)
+    if scratch_binding and global_scratch and not profile_scratch:
+        # Triton addresses program p's scratch at base + p * size (p linear over the grid); its
+        # size is a multiple of its alignment, so an aligned base aligns every program's slice.
+        align = int(getattr(meta, "global_scratch_align", 1) or 1)
+        if global_scratch % align or align & (align - 1):
+            raise CompileError(
+                f"Triton's global scratch ({global_scratch} B per program, aligned to {align}): "
+                "not a whole number of aligned slices"
+            )
+        ptx = _bind_scratch_param(kernel.asm["ptx"], align)
+    else:
+        ptx = _drop_scratch_params(
+            kernel.asm["ptx"], global_scratch=global_scratch, profile_scratch=profile_scratch
+        )
+        global_scratch = 0
     ptx = _rename_entry(ptx, meta.name, name)
     cubin = assemble(ptx, arch)
-    return CompiledKernel(name, cubin, ptx, int(meta.shared), num_warps * 32)
+    return CompiledKernel(
+        name, cubin, ptx, int(meta.shared), num_warps * 32, global_scratch,
+        align if global_scratch else 0,
+    )  # fmt: skip
+
+
+def _entry_params(ptx: str) -> tuple[str, str, str, list[str]]:
+    """The PTX split around its `.entry` parameter list: (before, params, brace + body, names)."""
+    head, brace, body = ptx.partition("\n{")
+    start = head.index(".entry")
+    params = head[start:]
+    names = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", params)
+    if len(names) < 2:
+        raise CompileError(f"unexpected Triton PTX entry: {params[:200]!r}")
+    return head[:start], params, brace + body, names
+
+
+def _bind_scratch_param(ptx: str, align: int) -> str:
+    """Move Triton's `global_scratch` parameter to just after the declared pointers, where IREE
+    passes the dispatch's last binding, drop the unused `profile_scratch` after it, and round
+    the scratch base up to `align` where the kernel loads it.
+
+    IREE's CUDA HAL launches with the bindings, then the push constants, and nothing after them:
+    the scratch must be a binding. PTX names its parameters, so moving the declaration moves
+    nothing else. The wrapper gives it a result tensor the size of the grid's scratch plus
+    `align`: IREE suballocates transients at its resource offset alignment, which may be less
+    than the tensor descriptors' (Triton asks 128 B), so the kernel aligns the base itself."""
+    before, params, rest, names = _entry_params(ptx)
+    scratch, profile = names[-2:]
+    if re.search(rf"\b{profile}\b", rest):
+        raise CompileError(f"Triton PTX uses its profile scratch parameter {profile}")
+    load = re.compile(rf"^(\s*)ld\.param\.(?:b|u)64\s+(%rd\d+),\s*\[{scratch}\];\s*$", re.M)
+    loads = load.findall(rest)
+    if len(loads) != 1 or len(re.findall(rf"\b{scratch}\b", rest)) != 1:
+        raise CompileError(f"Triton PTX reads its scratch parameter {scratch} other than once")
+    indent, reg = loads[0]
+    rest = load.sub(
+        lambda mt: (
+            f"{mt.group(0)}\n{indent}add.s64 \t{reg}, {reg}, {align - 1};"
+            f"\n{indent}and.b64 \t{reg}, {reg}, {-align};"
+        ),
+        rest,
+    )
+    lines = params.splitlines()
+    decls = {n: next(i for i, ln in enumerate(lines) if re.search(rf"\b{n}\b", ln)) for n in names}
+    pointers = [n for n in names[:-2] if ".ptr" in lines[decls[n]]]
+    leading = names[: len(pointers)]
+    if leading != pointers:
+        raise CompileError("Triton PTX entry: the pointers are not the first parameters")
+    scratch_line = lines[decls[scratch]].strip().rstrip(",")
+    kept = [ln for i, ln in enumerate(lines) if i not in (decls[scratch], decls[profile])]
+    at = kept.index(lines[decls[leading[-1]]]) + 1
+    kept.insert(at, "\t" + scratch_line + ",")
+    for i in range(len(kept) - 1, -1, -1):
+        if ".param" in kept[i]:
+            kept[i] = kept[i].rstrip().rstrip(",")
+            break
+    return before + "\n".join(kept) + rest
 
 
 def _drop_scratch_params(ptx: str, *, global_scratch: int, profile_scratch: int) -> str:
@@ -191,15 +352,10 @@ def _drop_scratch_params(ptx: str, *, global_scratch: int, profile_scratch: int)
             f"the Triton kernel needs scratch memory (global {global_scratch} B, profile "
             f"{profile_scratch} B), which an IREE external dispatch does not provide"
         )
-    head, brace, body = ptx.partition("\n{")
-    start = head.index(".entry")
-    params = head[start:]
-    names = re.findall(r"\.param\s+\.\w+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?(\w+)", params)
-    if len(names) < 2:
-        raise CompileError(f"unexpected Triton PTX entry: {params[:200]!r}")
+    before, params, rest, names = _entry_params(ptx)
     trailing = names[-2:]
     for name in trailing:
-        if re.search(rf"\b{name}\b", body):
+        if re.search(rf"\b{name}\b", rest):
             raise CompileError(f"Triton PTX uses its scratch parameter {name}")
     lines = params.splitlines()
     kept = [ln for ln in lines if not any(re.search(rf"\b{n}\b", ln) for n in trailing)]
@@ -208,7 +364,7 @@ def _drop_scratch_params(ptx: str, *, global_scratch: int, profile_scratch: int)
         if ".param" in kept[i]:
             kept[i] = kept[i].rstrip().rstrip(",")
             break
-    return head[:start] + "\n".join(kept) + brace + body
+    return before + "\n".join(kept) + rest
 
 
 def _rename_entry(ptx: str, old: str, new: str) -> str:
