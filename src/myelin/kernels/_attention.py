@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from iree.compiler import ir
 
+from myelin.compiler.placement import find_ops
 from myelin.kernels import _decode_attention
 from myelin.kernels._decode_attention import MAX_QUERY_ROWS, DecodeAttentionConfig
 from myelin.kernels._rewrite import _function_name, _hex, add_functions, call_in_place_of
@@ -378,14 +379,7 @@ def _concat_parts(value: ir.Value) -> _Concat | None:
 
 def find_attention(module: ir.Operation) -> list[AttentionMatch]:
     """Every `iree_linalg_ext.attention`, with the kernel it goes to or why it stays IREE's."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "iree_linalg_ext.attention":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
+    found = find_ops(module, lambda op: op.name == "iree_linalg_ext.attention")
     matches = []
     for op in found:
         operands = list(op.operands)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from iree.compiler import ir
 
+from myelin.compiler.placement import find_ops
+
 
 @dataclass(frozen=True)
 class ConcatSite:
@@ -90,16 +92,8 @@ def _function_name(op: ir.Operation) -> str:
 
 def fuse_concats(module: ir.Operation) -> list[ConcatSite]:
     """Rewrite every concat the module-level rule above covers; report every concat."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "tensor.concat":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
     sites = []
-    for concat in found:
+    for concat in find_ops(module, lambda op: op.name == "tensor.concat"):
         result = ir.RankedTensorType(concat.results[0].type)
         shape = tuple(result.shape)
         operands = list(concat.operands)

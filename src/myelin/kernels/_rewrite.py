@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from iree.compiler import ir
 
+from myelin.compiler.placement import find_ops
 from myelin.kernels._triton import CompiledKernel, MatmulConfig
 
 # linalg.matmul's maps for A x B (the default) and A x B^T, as IREE 3.13 prints them.
@@ -150,14 +151,7 @@ def find_matmuls(
     module: ir.Operation, choose: Callable[[str, str, bool, int | None, int, int], MatmulConfig]
 ) -> list[_Match]:
     """Every `linalg.matmul`, with the kernel it goes to or why it stays IREE codegen."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "linalg.matmul":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
+    found = find_ops(module, lambda op: op.name == "linalg.matmul")
     matches = []
     for op in found:
         a, b, init = op.operands[0], op.operands[1], op.operands[2]
