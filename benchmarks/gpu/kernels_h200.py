@@ -228,8 +228,9 @@ def matmul_configs_rows(
 ) -> dict:
     """matmul 8192^3: torch vs PLeX's "device" path (imported device arrays, results in IREE's
     memory) on every kernel config build of `matmul_configs.py` (one .mln each), with the
-    library config's build also under `session(spin_us=)` and without the synchronize; walls
-    interleaved over rounds, kernel times by name from one interleaved CUPTI session."""
+    library config's build also under each `session(spin_us=)`, each with and without the
+    synchronize; walls interleaved over rounds, kernel times by name from one interleaved CUPTI
+    session."""
     import os
 
     folder = os.path.dirname(listing)
@@ -267,7 +268,7 @@ def matmul_configs_rows(
             call = lambda fn=fn, x=a_dev, w=b_dev: fn(x, w, output="device")  # noqa: E731
             calls[label] = call
             kernel_of[label] = c["name"]
-            if c["library"] and us in (0.0, max(spin_us, default=0.0)):
+            if c["library"]:
                 calls[label + ", no sync"] = call
                 kernel_of[label + ", no sync"] = c["name"]
     del ref, t_y
@@ -381,6 +382,13 @@ def main() -> None:
         help="Instance(cuda_allocator=...); default: the runtime's",
     )
     parser.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) rows")
+    parser.add_argument(
+        "--matmul-spins",
+        type=float,
+        nargs="+",
+        help="the 8192^3 rows' session(spin_us=) values (default: --spin-us / 2 and --spin-us); "
+        "a value above the call's length polls the fence from the start",
+    )
     parser.add_argument("--gemv", help="tunekern.mln (benchmarks/gpu/tunekern): the GEMV rows")
     parser.add_argument(
         "--configs", help="mm_configs.json of matmul_configs.py: the interleaved matmul rows"
@@ -397,7 +405,7 @@ def main() -> None:
     if args.configs or args.gemv_tuned:  # the interleaved rows, in a process of their own
         results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
         if args.configs:
-            spins = [args.spin_us / 2, args.spin_us]
+            spins = args.matmul_spins or [args.spin_us / 2, args.spin_us]
             results["matmul_8192"] = matmul_configs_rows(
                 args.configs, args.allocator, spins, args.rounds
             )

@@ -363,7 +363,10 @@ class Model:
         `spin_us` > 0: an async call (entrypoints built `cancellable`, as CUDA ones are) blocks
         on its fence until shortly before the time its previous call took, then polls it for up
         to `spin_us` microseconds before blocking again: it returns sooner after the GPU is done
-        and burns a CPU core meanwhile (docs/runtime.md, "Overhead"). 0 (the default) blocks.
+        and burns a CPU core meanwhile (docs/runtime.md, "Overhead"). A `spin_us` longer than
+        the call polls from the start, as CUDA's own synchronize does by default on a host with
+        more cores than GPUs (what torch's `torch.cuda.synchronize()` waits with). 0 (the
+        default) blocks.
 
         `profile=True` is refused: IREE 3.13's Python runtime has no profile sink, so captures
         run through IREE's tools (`plex profile`, `myelin.runtime.profiling.capture`).
