@@ -43,12 +43,16 @@ SHARED_B = 2  # PLEX_MATMUL_SHARED_B
 # the backend on its slice: whole batches; else, where op(B) has more columns than A has rows
 # (MiniLM at batch 1: 128 rows, 384 or 1536 columns), blocks of columns, so each call packs
 # only its own part of the weight; else blocks of rows (each call packs all of B again). At
-# most MAX_WORKGROUPS, row blocks of at least MIN_ROWS_PER_WORKGROUP rows and column blocks of
-# at least MIN_COLUMNS_PER_WORKGROUP columns (two blocks for a 384-wide weight: one per worker
-# of a 2-core pool; fewer, larger calls pack less).
+# most MAX_WORKGROUPS, row blocks of at least MIN_MATMUL_ROWS_PER_WORKGROUP rows and column
+# blocks of at least MIN_COLUMNS_PER_WORKGROUP columns (two blocks for a 384-wide weight: one
+# per worker of a 2-core pool; fewer, larger calls pack less). The row minimum is large because
+# every row block packs all of B again: MiniLM at batch 32 (4096 rows) in 8 blocks instead of 16
+# ran 6% faster on two cores with MKL (docs/benchmarks.md, "MiniLM on the MKL backend"), and 8
+# blocks still feed 8 workers. An elementwise op (the GELU) packs nothing: its rows split finer.
 MAX_WORKGROUPS = 16
-MIN_ROWS_PER_WORKGROUP = 64
+MIN_MATMUL_ROWS_PER_WORKGROUP = 512
 MIN_COLUMNS_PER_WORKGROUP = 192
+MIN_ROWS_PER_WORKGROUP = 64
 
 # (device, backend, op, min_flops), in [placement] order
 BackendOpRule = tuple[str, str, str, int]
@@ -265,7 +269,7 @@ class _Builder:
     def workgroups(self, batch: ir.Value, m: ir.Value, n: ir.Value) -> ir.Value:
         """How many workgroups a matmul call is split into (the executable's slicing, see
         above: batches, else column blocks where n > m, else row blocks)."""
-        rows = self.binary("arith.ceildivui", m, self.constant(MIN_ROWS_PER_WORKGROUP))
+        rows = self.binary("arith.ceildivui", m, self.constant(MIN_MATMUL_ROWS_PER_WORKGROUP))
         cols = self.binary("arith.ceildivui", n, self.constant(MIN_COLUMNS_PER_WORKGROUP))
         blocks = self._select(self._ugt(n, m), cols, rows)
         units = self._select(self._ugt(batch, self.constant(1)), batch, blocks)
