@@ -1,7 +1,8 @@
 /* The vendor-independent half of PLeX's CPU backends (examples/backends/blas and mkl list this
- * file in their `sources`): the attention's masked softmax, the attention op around two sgemms
- * of the backend's library, and the GELU op. The attention's softmax is computed on one head's
- * score block at a time (128 x 128 floats for MiniLM: it stays in the core's cache).
+ * file in their `sources`): the matmul op over the backend library's sgemm, the attention's
+ * masked softmax, the attention op around two sgemms, and the GELU op. The attention's softmax
+ * is computed on one head's score block at a time (128 x 128 floats for MiniLM: it stays in the
+ * core's cache).
  *
  * A source file, not a header: a package's `include_dirs` are folders of its vendor wheel, and
  * only the files a backend lists are part of its build's key, so a shared header beside the
@@ -22,6 +23,21 @@
  * the backend's BLAS. Each backend's C file defines it, with exactly this signature. */
 void plex_cpu_sgemm(int trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                     const float* b, int ldb, float* c, int ldc);
+
+/* The matmul op: one sgemm per batch (b shared by all of them or one per batch). */
+int plex_backend_matmul(const plex_matmul_args_t* args) {
+  const float* a = args->a + args->a_offset;
+  const float* b = args->b + args->b_offset;
+  float* c = args->c + args->c_offset;
+  const int m = (int)args->m, n = (int)args->n, k = (int)args->k, ld = (int)args->ld;
+  const int transpose_b = (args->flags & PLEX_MATMUL_TRANSPOSE_B) != 0;
+  const size_t b_stride = (args->flags & PLEX_MATMUL_SHARED_B) ? 0 : (size_t)k * ld;
+  for (size_t i = 0; i < args->batch; ++i) {
+    plex_cpu_sgemm(transpose_b, m, n, k, 1.0f, a + i * (size_t)m * k, k, b + i * b_stride,
+                   transpose_b ? k : ld, c + i * (size_t)m * ld, ld);
+  }
+  return 0;
+}
 
 /* x[j] = exp(x[j] - max) / sum over the row, in place. */
 static void softmax_row_scalar(float* x, size_t n) {
