@@ -27,6 +27,9 @@ SHARED_MEMORY_LIMIT = 232_448
 ACCUMULATORS_PER_THREAD_LIMIT = 128
 # An M at most this is "skinny" (decode): its space is the GEMV-shaped one.
 SKINNY_M = 16
+# A skinny matmul may be persistent with at least this many column tiles (2 per SM of an
+# H200's 132, so that a program loops), e.g. a GEMV by a 28672-row weight in 64-column tiles.
+SKINNY_PERSISTENT_TILES = 264
 KERNEL_ENTRY_KIND = "kernel-config"
 
 _ELEMENT_BYTES = {"f16": 2, "bf16": 2}
@@ -106,12 +109,15 @@ def violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]
     if config.dtype not in _ELEMENT_BYTES:
         why.append(f"inputs {config.dtype}: kernels take f16 or bf16")
         return why
-    for knob in ("block_m", "block_n", "block_k"):
+    gemv = config.block_m == 1  # the CUDA-core GEMV kernel: one row of A per program
+    for knob in ("block_n", "block_k") if gemv else ("block_m", "block_n", "block_k"):
         value = getattr(config, knob)
         if value < 16 or value & (value - 1):
             why.append(f"{knob} = {value}: a power of two >= 16 (tl.dot's tiles)")
     if why:
         return why
+    if gemv:
+        return why + _gemv_violations(config, m, n, k)
     if k % config.block_k:
         why.append(f"K = {k} is not a multiple of block_k = {config.block_k} (no K masks)")
     if n % 16:
@@ -138,7 +144,41 @@ def violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]
     if config.block_m > SKINNY_M and config.group_m == 1:
         why.append("group_m = 1 with tall tiles: use 4, 8 or 16 (group 1 keeps the name of 8)")
     if config.persistent and m is not None and m <= SKINNY_M:
-        why.append(f"persistent with M = {m}: a decode matmul has too few tiles to loop over")
+        tiles = -(-n // config.block_n)
+        if tiles < SKINNY_PERSISTENT_TILES:
+            why.append(
+                f"persistent with M = {m} and {tiles} column tiles: fewer than "
+                f"{SKINNY_PERSISTENT_TILES} leave too few to loop over"
+            )
+    return why
+
+
+def _gemv_violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]:
+    """The CUDA-core GEMV kernel's constraints (block_m = 1): it re-reads the weight per row of
+    A, so it takes M = 1 only; its per-lane accumulators are the B tile over the threads."""
+    why = []
+    if m != 1:
+        why.append(f"block_m = 1 (the CUDA-core GEMV) with M = {m}: it takes M = 1 only")
+    if config.persistent:
+        why.append("block_m = 1: the CUDA-core GEMV is not persistent")
+    if k % config.block_k:
+        why.append(f"K = {k} is not a multiple of block_k = {config.block_k} (no K masks)")
+    if n % 16:
+        why.append(f"N = {n} is not a multiple of 16 (16-byte rows)")
+    if config.block_n > _pow2_at_least(n):
+        why.append(f"block_n = {config.block_n} is wider than N = {n}")
+    smem = config.num_stages * config.block_n * config.block_k * _ELEMENT_BYTES[config.dtype]
+    if smem > SHARED_MEMORY_LIMIT:
+        why.append(f"{smem} B of shared memory > the {SHARED_MEMORY_LIMIT} B of an sm_90 block")
+    accumulators = config.block_n * config.block_k // (config.num_warps * 32)
+    if accumulators > ACCUMULATORS_PER_THREAD_LIMIT:
+        why.append(
+            f"{accumulators} f32 accumulators per thread > {ACCUMULATORS_PER_THREAD_LIMIT} (spills)"
+        )
+    if config.group_m != 1:
+        why.append("block_m = 1 has one row block per column block: group_m = 1")
+    if config.num_stages < 2:
+        why.append("num_stages < 2: no pipelining")
     return why
 
 
