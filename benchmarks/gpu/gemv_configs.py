@@ -44,6 +44,15 @@ CANDIDATES = (
     (1, 64, 512, 8, 2, False),
     (1, 16, 512, 2, 2, False),
     (1, 128, 256, 8, 2, False),
+    # round 2, around the first round's winner (1x128x128, 4 warps)
+    (1, 256, 128, 8, 2, False),
+    (1, 128, 128, 8, 2, False),
+    (1, 256, 64, 4, 2, False),
+    (1, 128, 64, 4, 2, False),
+    (1, 64, 128, 4, 2, False),
+    (1, 64, 128, 2, 2, False),
+    (1, 256, 64, 8, 2, False),
+    (1, 128, 128, 4, 3, False),
 )
 
 

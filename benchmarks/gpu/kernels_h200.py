@@ -414,11 +414,12 @@ def gemv_configs_rows(listing: str, allocator: str, spin_us: float, rounds: int)
             "gpu_after_each_round": states,
         }
         for k, v in sorted(rows.items(), key=lambda kv: kv[1]["kernel_ms"] or 1):
+            error = errors.get(k.replace("plex ", "plex_matmul_").removesuffix(", no sync"), 0)
             print(
                 f"{name} {k:44s} wall {v['wall_ms']:.4f} [{v['wall_ms_min']:.4f}-"
                 f"{v['wall_ms_max']:.4f}] kernel {v['kernel_ms']:.4f} vs torch "
                 f"{v['vs_torch']:.3f} [{v['vs_torch_min']:.3f}-{v['vs_torch_max']:.3f}] "
-                f"err {errors.get(k.removeprefix('plex ').removesuffix(', no sync'), 0):.2e}",
+                f"err {error:.2e}",
                 flush=True,
             )
     return out
