@@ -27,9 +27,6 @@ SHARED_MEMORY_LIMIT = 232_448
 ACCUMULATORS_PER_THREAD_LIMIT = 128
 # An M at most this is "skinny" (decode): its space is the GEMV-shaped one.
 SKINNY_M = 16
-# A skinny matmul may be persistent with at least this many column tiles (2 per SM of an
-# H200's 132, so that a program loops), e.g. a GEMV by a 28672-row weight in 64-column tiles.
-SKINNY_PERSISTENT_TILES = 264
 KERNEL_ENTRY_KIND = "kernel-config"
 
 _ELEMENT_BYTES = {"f16": 2, "bf16": 2}
@@ -45,7 +42,8 @@ _LARGE = {
     "persistent": (False, True),
 }
 _SKINNY = {
-    "block_m": (16,),
+    # 1: the CUDA-core GEMV kernel, for M = 1 only (`_gemv_violations`)
+    "block_m": (1, 16),
     "block_n": (16, 32, 64, 128, 256),
     "block_k": (64, 128, 256, 512),
     "group_m": (1,),  # one row block: the grouped order has nothing to group
@@ -69,6 +67,8 @@ _FIRST_LARGE = (
     (128, 128, 64, 8, 4, 4, False),
 )
 _FIRST_SKINNY = (
+    # the CUDA-core GEMV that beat cuBLAS's kernel at 1 x 8192 by 28672 x 8192 on the H200
+    (1, 128, 128, 1, 4, 2, False),
     (16, 64, 256, 1, 4, 4, False),
     (16, 128, 128, 1, 4, 4, False),
     (16, 32, 512, 1, 4, 3, False),
@@ -144,12 +144,10 @@ def violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]
     if config.block_m > SKINNY_M and config.group_m == 1:
         why.append("group_m = 1 with tall tiles: use 4, 8 or 16 (group 1 keeps the name of 8)")
     if config.persistent and m is not None and m <= SKINNY_M:
-        tiles = -(-n // config.block_n)
-        if tiles < SKINNY_PERSISTENT_TILES:
-            why.append(
-                f"persistent with M = {m} and {tiles} column tiles: fewer than "
-                f"{SKINNY_PERSISTENT_TILES} leave too few to loop over"
-            )
+        # Even where N gives hundreds of column tiles (28672 in 64-column tiles: 448), the
+        # persistent TMA GEMV lost to the non-persistent one on the H200 (0.117-0.143 vs
+        # 0.108-0.112 ms; docs/benchmarks.md, "GEMV configs: the CUDA-core kernel").
+        why.append(f"persistent with M = {m}: a decode matmul has too few tiles to loop over")
     return why
 
 
