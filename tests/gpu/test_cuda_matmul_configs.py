@@ -1,11 +1,11 @@
 """The matmul kernel configs and the tuned GEMV configs through IREE on the GPU, against torch.
 
 Builds (here, on the build machine): `python benchmarks/gpu/matmul_configs.py -o ART` (one
-`mm_<config>.mln` per 8192^3 candidate, `mm_configs.json` listing them) and `plex build
-benchmarks/gpu/tunekern_tuned/app.toml -o ART/tunekern_tuned.mln`, and `python
-benchmarks/gpu/gemv_configs.py -o ART` (one `gemv_<config>.mln` per GEMV candidate). Each config's `matmul`
-(dynamic M; run at M = 1000, a partial last row block) and the tuned GEMVs in both stored
-layouts, against torch's float32 product of the same float16 inputs. Tolerance: error norm at
+`mm_<config>.mln` per 8192^3 candidate, `mm_configs.json` listing them), `plex build
+benchmarks/gpu/tunekern_tuned/app.toml -o ART/tunekern_tuned.mln` and `python
+benchmarks/gpu/gemv_configs.py -o ART` (one `gemv_<config>.mln` per GEMV candidate). Each
+config's `matmul` (dynamic M; run at M = 1000, a partial last row block), the tuned GEMVs and
+every GEMV candidate in both stored layouts, against torch's float32 product of the same float16 inputs. Tolerance: error norm at
 most 1e-3 of the reference's (f32 accumulation, a float16 result: cuBLAS's is 2.1e-4 at 8192^3).
 """
 
