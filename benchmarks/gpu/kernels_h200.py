@@ -357,6 +357,74 @@ def gemv_interleaved(tuned: str, untuned: str | None, allocator: str, spin_us: f
     return out
 
 
+def gemv_configs_rows(listing: str, allocator: str, spin_us: float, rounds: int) -> dict:
+    """Issue 17's GEMVs on every config build of `gemv_configs.py` (one .mln each), per layout:
+    torch (synchronized) vs each build's "device" path under `session(spin_us=)`, no sync (the
+    goal's row of `gemv_interleaved`), walls interleaved over rounds, kernels by name from one
+    interleaved CUPTI session, errors against fp32."""
+    import os
+
+    folder = os.path.dirname(listing)
+    with open(listing) as fh:
+        configs = json.load(fh)
+    dev = torch.device("cuda")
+    instance = myelin.Instance(cuda_allocator=allocator)
+    models = {c["name"]: instance.load(os.path.join(folder, c["mln"])) for c in configs}
+    x = (torch.randn(1, 8192, device=dev) * 0.1).half()
+    w = (torch.randn(28672, 8192, device=dev) * 0.1).half()
+    w_kn = w.T.contiguous()
+    ref = x.float() @ w.float().T
+    out: dict = {}
+    keep = []
+    for layout, (name, weight, torch_fn) in enumerate(
+        (
+            ("gemv_nk", w, lambda: torch.nn.functional.linear(x, w)),
+            ("gemv_kn", w_kn, lambda: x @ w_kn),
+        )
+    ):
+        calls: dict = {"torch": torch_fn}
+        errors = {"torch": rel_error(torch_fn(), ref)}
+        kernel_of = {}
+        for c in configs:
+            s = models[c["name"]].session(spin_us=spin_us)
+            fn = s.resolve(name)
+            xd = import_cuda_tensor(x, fn._device, fn.signature.inputs[0], name)
+            wd = import_cuda_tensor(weight, fn._device, fn.signature.inputs[1], name)
+            keep.append((s, xd, wd))
+            y = torch.from_dlpack(fn(xd, wd, output="dlpack"))
+            errors[c["name"]] = rel_error(y, ref)
+            del y
+            label = f"plex {c['name'].removeprefix('plex_matmul_')}, no sync"
+            calls[label] = lambda fn=fn, xd=xd, wd=wd: fn(xd, wd, output="device")
+            kernel_of[label] = c["kernels"][layout]
+        walls, states = interleaved_walls(calls, rounds=rounds, per_round=20)
+        rows = summarize(walls, "torch")
+        by_name = kernels_by_name(list(calls.values()))
+        torch_kernel = sum(v for k, v in by_name.items() if not k.startswith("plex_"))
+        for label, row in rows.items():
+            row["kernel_ms"] = by_name.get(kernel_of[label]) if label in kernel_of else torch_kernel
+            if row["kernel_ms"] is not None:
+                row["overhead_us"] = (row["wall_ms"] - row["kernel_ms"]) * 1e3
+                row["kernel_vs_cublas"] = torch_kernel / row["kernel_ms"]
+        out[name] = {
+            "rows": rows,
+            "errors": errors,
+            "kernels_ms": by_name,
+            "rounds": rounds,
+            "gpu_after_each_round": states,
+        }
+        for k, v in sorted(rows.items(), key=lambda kv: kv[1]["kernel_ms"] or 1):
+            error = errors.get(k.replace("plex ", "plex_matmul_").removesuffix(", no sync"), 0)
+            print(
+                f"{name} {k:44s} wall {v['wall_ms']:.4f} [{v['wall_ms_min']:.4f}-"
+                f"{v['wall_ms_max']:.4f}] kernel {v['kernel_ms']:.4f} vs torch "
+                f"{v['vs_torch']:.3f} [{v['vs_torch_min']:.3f}-{v['vs_torch_max']:.3f}] "
+                f"err {error:.2e}",
+                flush=True,
+            )
+    return out
+
+
 def kernel_names(path: str, function: str) -> set[str]:
     """The kernels the build put at `function`'s matmuls (the .mln's kernels report)."""
     from myelin.mln import MlnReader
@@ -394,6 +462,9 @@ def main() -> None:
         "--configs", help="mm_configs.json of matmul_configs.py: the interleaved matmul rows"
     )
     parser.add_argument("--gemv-tuned", help="tunekern_tuned.mln: the interleaved GEMV rows")
+    parser.add_argument(
+        "--gemv-configs", help="gemv_configs.json of gemv_configs.py: the GEMV config rows"
+    )
     parser.add_argument("--rounds", type=int, default=15, help="rounds of the interleaved rows")
     args = parser.parse_args()
     if args.flags:  # before the first driver is created
@@ -402,8 +473,12 @@ def main() -> None:
         rt.flags.parse_flags(*args.flags.split())
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    if args.configs or args.gemv_tuned:  # the interleaved rows, in a process of their own
+    if args.configs or args.gemv_tuned or args.gemv_configs:  # interleaved, a process of their own
         results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+        if args.gemv_configs:
+            results["gemv_configs"] = gemv_configs_rows(
+                args.gemv_configs, args.allocator, args.spin_us, args.rounds
+            )
         if args.configs:
             spins = args.matmul_spins or [args.spin_us / 2, args.spin_us]
             results["matmul_8192"] = matmul_configs_rows(

@@ -1,10 +1,11 @@
 """The matmul kernel configs and the tuned GEMV configs through IREE on the GPU, against torch.
 
 Builds (here, on the build machine): `python benchmarks/gpu/matmul_configs.py -o ART` (one
-`mm_<config>.mln` per 8192^3 candidate, `mm_configs.json` listing them) and `plex build
-benchmarks/gpu/tunekern_tuned/app.toml -o ART/tunekern_tuned.mln`. Each config's `matmul`
-(dynamic M; run at M = 1000, a partial last row block) and the tuned GEMVs in both stored
-layouts, against torch's float32 product of the same float16 inputs. Tolerance: error norm at
+`mm_<config>.mln` per 8192^3 candidate, `mm_configs.json` listing them), `plex build
+benchmarks/gpu/tunekern_tuned/app.toml -o ART/tunekern_tuned.mln` and `python
+benchmarks/gpu/gemv_configs.py -o ART` (one `gemv_<config>.mln` per GEMV candidate). Each
+config's `matmul` (dynamic M; run at M = 1000, a partial last row block), the tuned GEMVs and
+every GEMV candidate in both stored layouts, against torch's float32 product of the same float16 inputs. Tolerance: error norm at
 most 1e-3 of the reference's (f32 accumulation, a float16 result: cuBLAS's is 2.1e-4 at 8192^3).
 """
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.gpu
 TOLERANCE = 1e-3
 CONFIGS_BUILD = "python benchmarks/gpu/matmul_configs.py -o ART"
 GEMV_BUILD = "plex build benchmarks/gpu/tunekern_tuned/app.toml -o ART/tunekern_tuned.mln"
+GEMV_CONFIGS_BUILD = "python benchmarks/gpu/gemv_configs.py -o ART"
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:
@@ -61,3 +63,23 @@ def test_tuned_gemv_matches_fp32(artifacts, name):
     with model.session() as s:
         error = _relative(s.call(name, x, weight), want)
     assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
+
+
+def test_gemv_configs_match_fp32(artifacts):
+    """Every GEMV candidate of gemv_configs.py (tl.dot, persistent TMA over 448 / 896 column
+    tiles, the CUDA-core block_m = 1 kernel), both layouts."""
+    import myelin
+
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((1, 8192)) * 0.1).astype(np.float16)
+    w = (rng.standard_normal((28672, 8192)) * 0.1).astype(np.float16)
+    w_kn = np.ascontiguousarray(w.T)
+    want = x.astype(np.float32) @ w.astype(np.float32).T
+    listing = artifact(artifacts, "gemv_configs.json", GEMV_CONFIGS_BUILD)
+    instance = myelin.Instance()
+    for c in json.loads(listing.read_text()):
+        model = instance.load(artifact(artifacts, c["mln"], GEMV_CONFIGS_BUILD))
+        with model.session() as s:
+            for name, weight in (("gemv_nk", w), ("gemv_kn", w_kn)):
+                error = _relative(s.call(name, x, weight), want)
+                assert error <= TOLERANCE, f"{c['name']} {name}: relative error {error:.2e}"

@@ -21,6 +21,9 @@ from myelin.kernels import choose_matmul_config
         (None, 8192, 8192, "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3"),
         # decode: one token per sequence
         (8, 4096, 4096, "plex_matmul_abt_f16_f16_16x32x256_w4s4"),
+        (1, 4096, 4096, "plex_matmul_abt_f16_f16_16x32x256_w4s4"),
+        # the one GEMV shape measured: the CUDA-core kernel (faster than cuBLAS's there)
+        (1, 28672, 8192, "plex_matmul_abt_f16_f16_1x128x128_w4s2"),
     ],
 )
 def test_each_shape_gets_its_config(m, n, k, name):

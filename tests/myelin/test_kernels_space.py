@@ -51,6 +51,11 @@ def test_the_library_defaults_pass_their_own_constraints():
         ({"block_m": 48}, (4096, 4096, 4096), "power of two"),
         ({"group_m": 1}, (4096, 4096, 4096), "group_m = 1"),
         ({"block_m": 16, "block_n": 16, "num_warps": 8, "group_m": 1}, (8, 4096, 4096), "idle"),
+        # the CUDA-core GEMV (block_m 1): M = 1 only, not persistent, its per-lane accumulators
+        ({"block_m": 1, "block_n": 128, "block_k": 128, "group_m": 1}, (8, 4096, 4096), "M = 1"),
+        ({"block_m": 1, "group_m": 1, "persistent": True}, (1, 4096, 4096), "not persistent"),
+        ({"block_m": 1, "block_n": 256, "block_k": 512, "group_m": 1}, (1, 4096, 4096), "accum"),
+        ({"block_m": 1, "block_n": 24, "block_k": 128, "group_m": 1}, (1, 4096, 4096), "power"),
     ],
 )
 def test_each_constraint_rejects_what_would_fail_or_spill(knobs, shape, why):
@@ -71,7 +76,10 @@ def test_the_space_holds_only_valid_configs_with_distinct_kernel_names():
 
 def test_a_skinny_m_gets_the_gemv_shaped_space():
     space = matmul_space("f16", "f16", True, 1, 28672, 8192)
-    assert space and {c.block_m for c in space} == {16}
+    # M = 1 also gets the CUDA-core GEMV (block_m 1), first in a small budget's sample
+    assert space and {c.block_m for c in space} == {1, 16}
+    assert spread_sample(space, 1)[0].name == "plex_matmul_abt_f16_f16_1x128x128_w4s2"
+    assert {c.block_m for c in matmul_space("f16", "f16", True, 8, 28672, 8192)} == {16}
     assert {c.group_m for c in space} == {1}
     assert max(c.block_k for c in space) == 512
     # K = 11008 is no multiple of 512: those tiles are left out, not compiled and failed

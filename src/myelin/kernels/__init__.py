@@ -50,6 +50,15 @@ _MEASURED_LARGE: dict[tuple[bool, int, int], dict[str, int]] = {
 }
 
 
+# GEMV shapes (M = 1) where the CUDA-core GEMV kernel (block_m 1) measured faster than every
+# tl.dot config and cuBLAS's kernel on the H200, both stored layouts (CUPTI, interleaved,
+# 2026-12-02; docs/benchmarks.md, "GEMV configs: the CUDA-core kernel"): (inputs, N, K) -> its
+# knobs. f16 1 x 8192 by 28672 x 8192: 0.105-0.108 ms, the 16x32x256 skinny config 0.134 / 0.172.
+_MEASURED_GEMV: dict[tuple[str, int, int], dict[str, int]] = {
+    ("f16", 28672, 8192): {"block_n": 128, "block_k": 128, "num_warps": 4, "num_stages": 2},
+}
+
+
 def choose_matmul_config(
     dtype: str, out_dtype: str, b_transposed: bool, m: int | None, n: int, k: int
 ) -> MatmulConfig:
@@ -57,7 +66,8 @@ def choose_matmul_config(
     persistent TMA kernel where the result is f16 or bf16 (its C tile, staged in shared memory
     for the TMA store, fits beside the 3 stages; an f32 one does not), or the shape's measured
     winner (`_MEASURED_LARGE`); a static M of at most 16 (decode: one token per sequence) gets
-    16-row tiles over narrow column blocks, so that the weight streams through many SMs.
+    16-row tiles over narrow column blocks, so that the weight streams through many SMs, or at
+    M = 1 the CUDA-core GEMV where it measured fastest (`_MEASURED_GEMV`).
 
     On the H200 the persistent kernel took 1.451 ms at 8192^3 (cuBLAS 1.456; the same tile not
     persistent 1.486) and 0.90-0.97x cuBLAS's time at the Llama-7B block's prefill shapes,
@@ -65,6 +75,10 @@ def choose_matmul_config(
     matmuls and the rotary concat"). 256x128x64 tiles stay slower at those shapes (0.67-0.75x
     cuBLAS's time; earlier inside the block, "Split-KV decode attention and token-major flash
     attention")."""
+    if m == 1 and (dtype, n, k) in _MEASURED_GEMV:
+        return MatmulConfig(
+            dtype, out_dtype, b_transposed, block_m=1, group_m=1, **_MEASURED_GEMV[(dtype, n, k)]
+        )
     if m is not None and m <= 16:
         return MatmulConfig(
             dtype=dtype,

@@ -42,7 +42,8 @@ _LARGE = {
     "persistent": (False, True),
 }
 _SKINNY = {
-    "block_m": (16,),
+    # 1: the CUDA-core GEMV kernel, for M = 1 only (`_gemv_violations`)
+    "block_m": (1, 16),
     "block_n": (16, 32, 64, 128, 256),
     "block_k": (64, 128, 256, 512),
     "group_m": (1,),  # one row block: the grouped order has nothing to group
@@ -66,6 +67,8 @@ _FIRST_LARGE = (
     (128, 128, 64, 8, 4, 4, False),
 )
 _FIRST_SKINNY = (
+    # the CUDA-core GEMV that beat cuBLAS's kernel at 1 x 8192 by 28672 x 8192 on the H200
+    (1, 128, 128, 1, 4, 2, False),
     (16, 64, 256, 1, 4, 4, False),
     (16, 128, 128, 1, 4, 4, False),
     (16, 32, 512, 1, 4, 3, False),
@@ -106,12 +109,15 @@ def violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]
     if config.dtype not in _ELEMENT_BYTES:
         why.append(f"inputs {config.dtype}: kernels take f16 or bf16")
         return why
-    for knob in ("block_m", "block_n", "block_k"):
+    gemv = config.block_m == 1  # the CUDA-core GEMV kernel: one row of A per program
+    for knob in ("block_n", "block_k") if gemv else ("block_m", "block_n", "block_k"):
         value = getattr(config, knob)
         if value < 16 or value & (value - 1):
             why.append(f"{knob} = {value}: a power of two >= 16 (tl.dot's tiles)")
     if why:
         return why
+    if gemv:
+        return why + _gemv_violations(config, m, n, k)
     if k % config.block_k:
         why.append(f"K = {k} is not a multiple of block_k = {config.block_k} (no K masks)")
     if n % 16:
@@ -138,7 +144,39 @@ def violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]
     if config.block_m > SKINNY_M and config.group_m == 1:
         why.append("group_m = 1 with tall tiles: use 4, 8 or 16 (group 1 keeps the name of 8)")
     if config.persistent and m is not None and m <= SKINNY_M:
+        # Even where N gives hundreds of column tiles (28672 in 64-column tiles: 448), the
+        # persistent TMA GEMV lost to the non-persistent one on the H200 (0.117-0.143 vs
+        # 0.108-0.112 ms; docs/benchmarks.md, "GEMV configs: the CUDA-core kernel").
         why.append(f"persistent with M = {m}: a decode matmul has too few tiles to loop over")
+    return why
+
+
+def _gemv_violations(config: MatmulConfig, m: int | None, n: int, k: int) -> list[str]:
+    """The CUDA-core GEMV kernel's constraints (block_m = 1): it re-reads the weight per row of
+    A, so it takes M = 1 only; its per-lane accumulators are the B tile over the threads."""
+    why = []
+    if m != 1:
+        why.append(f"block_m = 1 (the CUDA-core GEMV) with M = {m}: it takes M = 1 only")
+    if config.persistent:
+        why.append("block_m = 1: the CUDA-core GEMV is not persistent")
+    if k % config.block_k:
+        why.append(f"K = {k} is not a multiple of block_k = {config.block_k} (no K masks)")
+    if n % 16:
+        why.append(f"N = {n} is not a multiple of 16 (16-byte rows)")
+    if config.block_n > _pow2_at_least(n):
+        why.append(f"block_n = {config.block_n} is wider than N = {n}")
+    smem = config.num_stages * config.block_n * config.block_k * _ELEMENT_BYTES[config.dtype]
+    if smem > SHARED_MEMORY_LIMIT:
+        why.append(f"{smem} B of shared memory > the {SHARED_MEMORY_LIMIT} B of an sm_90 block")
+    accumulators = config.block_n * config.block_k // (config.num_warps * 32)
+    if accumulators > ACCUMULATORS_PER_THREAD_LIMIT:
+        why.append(
+            f"{accumulators} f32 accumulators per thread > {ACCUMULATORS_PER_THREAD_LIMIT} (spills)"
+        )
+    if config.group_m != 1:
+        why.append("block_m = 1 has one row block per column block: group_m = 1")
+    if config.num_stages < 2:
+        why.append("num_stages < 2: no pipelining")
     return why
 
 

@@ -44,6 +44,7 @@ class MatmulConfig:
     # Persistent TMA kernel: min(SM count, tiles) programs loop over the output tiles, A and B
     # loaded and C stored through device-side tensor descriptors (`_persistent_fn`).
     persistent: bool = False
+    # block_m = 1 (only where M == 1): the CUDA-core GEMV kernel (`_gemv_fn`), no tl.dot.
 
     @property
     def name(self) -> str:
@@ -124,6 +125,50 @@ def _matmul_fn():
     return plex_matmul
 
 
+def _gemv_fn():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def plex_gemv(
+        a_ptr, b_ptr, c_ptr, M, N, K,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+        B_T: tl.constexpr,
+    ):  # fmt: skip
+        # One row of A per program (BM == 1) by a BN-column block of B, on the CUDA cores: a
+        # 16-row tl.dot would pad the row 16-fold, and a GEMV is bound by the weight's bytes.
+        # Products accumulate per lane over K and are reduced once at the end.
+        pid = tl.program_id(0)
+        num_pid_n = tl.cdiv(N, BN)
+        pid_m = pid // num_pid_n
+        pid_n = pid % num_pid_n
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        cols = tl.max_contiguous(tl.multiple_of(offs_n % N, 16), 16)
+        offs_k = tl.arange(0, BK)
+        a_ptrs = a_ptr + pid_m * K + offs_k
+        if B_T:
+            b_ptrs = b_ptr + cols[:, None] * K + offs_k[None, :]
+            b_step = BK
+            acc = tl.zeros((BN, BK), dtype=tl.float32)
+        else:
+            b_ptrs = b_ptr + offs_k[:, None] * N + cols[None, :]
+            b_step = BK * N
+            acc = tl.zeros((BK, BN), dtype=tl.float32)
+        for _ in range(0, K, BK):  # K % BK == 0: checked where the kernel is matched
+            x = tl.load(a_ptrs).to(tl.float32)
+            w = tl.load(b_ptrs).to(tl.float32)
+            if B_T:
+                acc += w * x[None, :]
+            else:
+                acc += w * x[:, None]
+            a_ptrs += BK
+            b_ptrs += b_step
+        out = tl.sum(acc, axis=1) if B_T else tl.sum(acc, axis=0)
+        tl.store(c_ptr + pid_m * N + offs_n, out.to(c_ptr.dtype.element_ty), mask=offs_n < N)
+
+    return plex_gemv
+
+
 def _persistent_fn():
     import triton
     import triton.language as tl
@@ -199,7 +244,7 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
         )  # fmt: skip
         return dataclasses.replace(kernel, max_programs=programs)
     return compile_triton(
-        _matmul_fn, signature, constexprs, attrs,
+        _gemv_fn if config.block_m == 1 else _matmul_fn, signature, constexprs, attrs,
         num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
     )  # fmt: skip
 
