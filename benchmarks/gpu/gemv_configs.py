@@ -18,6 +18,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from matmul_configs import build_tuned
+
 from myelin.kernels._space import kernel_entry, violations
 from myelin.kernels._triton import MatmulConfig
 
@@ -62,30 +64,13 @@ def configs(b_transposed: bool) -> list[MatmulConfig]:
 
 
 def build_one(pair: tuple[MatmulConfig, MatmulConfig], out: Path, work: Path) -> None:
-    from plex.builder import build
-    from plex.tune._database import SCHEMA
-
-    tuning = work / pair[0].name
-    tuning.mkdir(parents=True)
     entries = {}
     for config in pair:
         op = "matmul_transpose_b" if config.b_transposed else "matmul"
         entries[op] = kernel_entry(
             op, "f16", "f16", 1, N, K, config, arch="sm_90a", triton="3.9.0", iree="3.13.0"
         )
-    (tuning / "tuning.json").write_text(json.dumps({"schema": SCHEMA, "entries": entries}))
-    (tuning / "plex.toml").write_text(
-        '[package]\nname = "gemv_config"\n\n[tuning.hopper]\ntarget = "cuda"\n'
-        'kernels = "tuning.json"\n'
-    )
-    app = tuning / "app.toml"
-    app.write_text(
-        f'[app]\nname = "gemv-config"\npackages = ["{HERE / "tunekern"}", "{tuning}"]\n\n'
-        '[devices.hopper]\ntarget = "cuda"\nkernels = "triton"\n\n'
-        '[[variant]]\nname = "hopper"\ndevices = ["hopper"]\n\n'
-        '[myelin]\ntuning = "gemv_config:hopper"\n'
-    )
-    build(app, out)
+    build_tuned(entries, HERE / "tunekern", "gemv_config", work / pair[0].name, out)
 
 
 def main() -> None:

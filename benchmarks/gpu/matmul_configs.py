@@ -35,29 +35,33 @@ CANDIDATES = (
 )
 
 
-def build_one(config: MatmulConfig, out: Path, work: Path) -> None:
+def build_tuned(entries: dict, graph_package: Path, name: str, tuning: Path, out: Path) -> None:
+    """Build `graph_package` on the kernel library with `entries` (kernel_entry records) as a
+    tuning package of its own in `tuning`: the path a tuned build takes (gemv_configs.py too)."""
     from plex.builder import build
     from plex.tune._database import SCHEMA
 
-    tuning = work / config.name
     tuning.mkdir(parents=True)
+    (tuning / "tuning.json").write_text(json.dumps({"schema": SCHEMA, "entries": entries}))
+    (tuning / "plex.toml").write_text(
+        f'[package]\nname = "{name}"\n\n[tuning.hopper]\ntarget = "cuda"\nkernels = "tuning.json"\n'
+    )
+    app = tuning / "app.toml"
+    app.write_text(
+        f'[app]\nname = "{name.replace("_", "-")}"\npackages = ["{graph_package}", "{tuning}"]\n\n'
+        '[devices.hopper]\ntarget = "cuda"\nkernels = "triton"\n\n'
+        '[[variant]]\nname = "hopper"\ndevices = ["hopper"]\n\n'
+        f'[myelin]\ntuning = "{name}:hopper"\n'
+    )
+    build(app, out)
+
+
+def build_one(config: MatmulConfig, out: Path, work: Path) -> None:
     entry = kernel_entry(
         SHAPE["op"], SHAPE["dtype"], SHAPE["out_dtype"], SHAPE["m"], SHAPE["n"], SHAPE["k"],
         config, arch="sm_90a", triton="3.9.0", iree="3.13.0",
     )  # fmt: skip
-    (tuning / "tuning.json").write_text(json.dumps({"schema": SCHEMA, "entries": {"c": entry}}))
-    (tuning / "plex.toml").write_text(
-        '[package]\nname = "mm_config"\n\n[tuning.hopper]\ntarget = "cuda"\n'
-        'kernels = "tuning.json"\n'
-    )
-    app = tuning / "app.toml"
-    app.write_text(
-        f'[app]\nname = "mm-config"\npackages = ["{HERE / "kernels"}", "{tuning}"]\n\n'
-        '[devices.hopper]\ntarget = "cuda"\nkernels = "triton"\n\n'
-        '[[variant]]\nname = "hopper"\ndevices = ["hopper"]\n\n'
-        '[myelin]\ntuning = "mm_config:hopper"\n'
-    )
-    build(app, out)
+    build_tuned({"c": entry}, HERE / "kernels", "mm_config", work / config.name, out)
 
 
 def main() -> None:
