@@ -419,7 +419,8 @@ class ModuleRecord:
 
 @dataclass(frozen=True)
 class ScheduleRecord:
-    """How IREE's Stream scheduled an entrypoint (provenance; nothing reads it to run)."""
+    """How IREE's Stream scheduled an entrypoint. The runtime reads `executes` to order
+    submitted calls (myelin.runtime.pending); the rest is provenance."""
 
     executes: int
     dispatches: int

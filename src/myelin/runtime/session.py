@@ -46,6 +46,7 @@ from myelin.runtime._iree_private import (
     is_device_array,
 )
 from myelin.runtime.admission import CallNeed, Reservation
+from myelin.runtime.pending import InFlight, PendingCall
 from myelin.runtime.result_storage import KDL_CPU, KDL_CUDA, Storage, dlpack_capsule
 from myelin.runtime.tensors import (
     FIRST_CALL_OF_SHAPE,
@@ -81,6 +82,7 @@ _BUFFER_VIEW = rt.HalBufferView
 _DEVICE_ARRAY = rt.DeviceArray
 _VARIANT_LIST = rt.VmVariantList
 _CREATE_FENCE = rt.HalFence.create_at
+_NO_WAIT = rt.HalFence  # HalFence(1): a fence with no timepoints, met from the start
 
 # Drivers whose results MyeLiN can put in memory of its own (DLPack device type of that memory).
 _STORAGE_DRIVERS = {"cuda": KDL_CUDA, "local-task": KDL_CPU, "local-sync": KDL_CPU}
@@ -162,6 +164,10 @@ class Session:
         # Async (coarse-fences) calls chain on a timeline per device: call k waits for value k
         # and signals k + 1, so a call abandoned by cancel still orders the next one after it.
         self._timelines: dict[int, list[Any]] = {}  # id(device) -> [semaphore, value]
+        # CUDA submissions (`submit`) signal values of a timeline of their own and wait for
+        # nothing (myelin.runtime.pending says why); the calls still in flight.
+        self._submissions: dict[int, list[Any]] = {}
+        self._in_flight = InFlight()
 
     def resolve(self, name: str) -> ResolvedCall:
         """A reusable handle for one entrypoint (looks the function up once)."""
@@ -193,6 +199,13 @@ class Session:
         """
         return self.resolve(name)(*inputs, output=output, timeout=timeout, out=out)
 
+    def submit(
+        self, name: str, *inputs: Any, output: Literal["device", "numpy"] = "device"
+    ) -> PendingCall:
+        """Start entrypoint `name` on the device and return at once; `result()` on the returned
+        PendingCall waits for its results (ResolvedCall.submit)."""
+        return self.resolve(name).submit(*inputs, output=output)
+
     def _closed_error(self, name: str) -> SessionClosed:
         return SessionClosed(
             f"{name}: the session is closed (by Session.close() or Model.close()); "
@@ -210,6 +223,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+            self._in_flight.settle()  # the device still reads their arguments
             held = [
                 (*r._transients.let_go(), r._transients.device)
                 for r in self._resolved.values()
@@ -243,10 +257,24 @@ class Session:
         timeline[1] = value + 1
         return _CREATE_FENCE(semaphore, value), _CREATE_FENCE(semaphore, value + 1)
 
+    def _submission_fences(
+        self, device: rt.HalDevice, unchained: bool
+    ) -> tuple[rt.HalFence, rt.HalFence]:
+        """A submission's fences: unchained (CUDA, one queue execution) nothing to wait for and
+        the next value of the submission timeline; else the call timeline's, as a call's."""
+        if not unchained:
+            return self._fences(device)
+        timeline = self._submissions.get(id(device))
+        if timeline is None:
+            timeline = self._submissions[id(device)] = [device.create_semaphore(0), 0]
+        timeline[1] += 1
+        return _NO_WAIT(1), _CREATE_FENCE(timeline[0], timeline[1])
+
     def _drop_timeline(self, device: rt.HalDevice) -> None:
         """After a failed submission (its signal value will never come, or the semaphore has
-        failed for good), start the device's timeline afresh."""
+        failed for good), start the device's timelines afresh."""
         self._timelines.pop(id(device), None)
+        self._submissions.pop(id(device), None)
 
     def __enter__(self) -> Session:
         return self
@@ -351,6 +379,11 @@ class ResolvedCall:
         self._plain = (
             not self._index_checks and model.budget is None and model.residency.policy == "resident"
         )
+        # A CUDA submission waits for nothing where the call is one queue execution, whose own
+        # waits IREE meets on the host before the invocation returns; with more, or where the
+        # build did not record it, it chains as a call does (myelin.runtime.pending).
+        schedule = entry.record.memory.schedule if entry.record.memory else None
+        self._unchained = on_cuda and schedule is not None and schedule.executes <= 1
 
     def _fast_arguments(self, values: tuple[Any, ...]) -> list[Any] | None:
         """The fast check: numpy arrays, or device arrays already on this entrypoint's device,
@@ -443,24 +476,7 @@ class ResolvedCall:
         if outs_given:  # results written into caller storage are never converted
             output = "device"
         device = self._device
-        ready = self._fast_arguments(inputs)  # numpy or device arrays of the right kind
-        if ready is not None:
-            values: Any = inputs
-        else:
-            specs = self.signature.inputs
-            values = [
-                as_host_array(v, s, self.name, self._cuda)
-                for v, s in zip(inputs, specs, strict=False)
-            ]
-            values.extend(inputs[len(specs) :])
-            check_inputs(self.name, specs, values)
-            if hasattr(model, "registry"):  # device arrays of another device move HAL-side
-                values = model.registry.onto(values, device)
-            # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
-            # through the host; its buffer view is what it passes without a copy.
-            ready = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
-        if self._index_checks:
-            check_index_ranges(self.name, self._index_checks, values)
+        values, ready = self._checked_arguments(inputs)
         budget = model.budget
         need = self._memory.need(self.name, values) if budget is not None else None
         stop.check()
@@ -521,6 +537,71 @@ class ResolvedCall:
             ]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _checked_arguments(self, inputs: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+        """The inputs checked against the signature, as the caller's values (their shapes key
+        learned result shapes) and as IREE's packer takes them; InputError names what is wrong.
+        """
+        ready = self._fast_arguments(inputs)  # numpy or device arrays of the right kind
+        if ready is not None:
+            values: Any = inputs
+        else:
+            specs = self.signature.inputs
+            values = [
+                as_host_array(v, s, self.name, self._cuda)
+                for v, s in zip(inputs, specs, strict=False)
+            ]
+            values.extend(inputs[len(specs) :])
+            check_inputs(self.name, specs, values)
+            model = self._session.model
+            if hasattr(model, "registry"):  # device arrays of another device move HAL-side
+                values = model.registry.onto(values, self._device)
+            # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
+            # through the host; its buffer view is what it passes without a copy.
+            ready = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
+        if self._index_checks:
+            check_index_ranges(self.name, self._index_checks, values)
+        return values, ready
+
+    def submit(self, *inputs: Any, output: Literal["device", "numpy"] = "device") -> PendingCall:
+        """Hand the call to the device and return without waiting for it: the returned
+        PendingCall's `result()` waits and gives what `__call__` would have. A loop of
+        submissions keeps a GPU busy while the host prepares the next (myelin.runtime.pending).
+
+        Inputs are checked here, as a call checks them. An entrypoint that cannot run this way
+        (a synchronous one, built without `[runtime] cancellable`; or a model with a memory
+        budget or non-resident weights, whose calls hold memory only while they run) runs to
+        completion here and returns a PendingCall that is already done."""
+        if output not in ("device", "numpy"):
+            raise ValueError(
+                f"{self.name}: submit takes output 'device' or 'numpy', got {output!r}"
+            )
+        if not (self._async and self._plain):
+            return PendingCall.completed(self, self(*inputs, output=output))
+        values, ready = self._checked_arguments(inputs)
+        session = self._session
+        with session._lock:
+            if session._closed:
+                raise session._closed_error(self.name)
+            session._in_flight.make_room()
+            args = self._packer.pack(InvokeContext(self._device), ready, {})
+            wait, signal = session._submission_fences(self._device, self._unchained)
+            args.push_ref(wait)
+            args.push_ref(signal)
+            results = _VARIANT_LIST(self._result_count)
+            try:
+                self._invoke(args, results, self._function)
+            except CallError:
+                session._drop_timeline(self._device)
+                raise
+            pending = PendingCall(self, signal, results, (args, values), output)
+            session._in_flight.add(pending)
+        return pending
+
+    def _submission_failed(self, error: BaseException) -> CallError:
+        """A submission the device failed: its timeline is failed for good; start afresh."""
+        self._session._drop_timeline(self._device)
+        return CallError(f"{self.name}: call failed on the device: {_first_line(error)}")
+
     def _call_plain(self, ready: list[Any], output: OutputKind, stop: _Stop) -> list[Any] | None:
         """The call for arguments that passed the fast check, on an entrypoint with nothing
         more to do per call (`self._plain`; no `out=`, results in IREE's memory): the session
@@ -568,6 +649,11 @@ class ResolvedCall:
             self._invoke(args, results, function)
             stop.where = "while it ran (a synchronous entrypoint stops once it returns)"
             stop.check()
+        return self._results_of(results, output)
+
+    def _results_of(self, results: rt.VmVariantList, output: OutputKind) -> list[Any]:
+        """A finished call's results as `output` asks for them."""
+        device = self._device
         if output == "device" and len(results) == self._result_count:
             return self._device_results(results, device)
         return [self._convert(results, i, device, output) for i in range(len(results))]

@@ -1,0 +1,171 @@
+"""Submitted calls: `ResolvedCall.submit` hands a call to the device and returns at once, so a
+serving loop keeps the device busy while it prepares the next call, as torch's asynchronous
+launches do. Results are read through the `PendingCall`, which waits for them.
+
+How a submission is ordered (IREE 3.13, checked on the H200 and on `local-task`):
+- On CUDA, where the build recorded the call as one queue execution (the entrypoint's
+  `schedule.executes`), a submission waits for nothing and signals its own value on the
+  session's submission timeline. Chained on the previous call's signal instead, IREE's
+  `queue.alloca` (synchronous allocations, which the caching allocator runs on) waits for that
+  signal on the host inside the invocation, so a GEMV's invoke took ~140 us, the whole kernel,
+  and nothing overlapped; unchained it takes 6-13 us. Order still holds: IREE issues every
+  queue operation of a CUDA device on one stream, in submission order, and a one-execution
+  call's own waits are met on the host before the invocation returns (docs/runtime.md,
+  "Submitted calls").
+- Elsewhere (`local-task`; CUDA calls of several executions) a submission chains on the
+  session's call timeline as a call does: the task queue runs unchained submissions
+  concurrently, and out of order they would fail the timeline (`semaphore already signaled
+  past`). Chained, its invoke returns in microseconds on `local-task`.
+
+A session holds at most `MAX_IN_FLIGHT` submissions; one more waits for the oldest first. The
+session keeps every submission's arguments and results alive until it is done, whatever the
+caller drops, and `Session.close()` waits for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from typing import Any
+
+import iree.runtime as rt
+
+from myelin.errors import DeadlineExceeded, MyelinError
+
+# Most submissions of one session in flight at once: enough to keep a GPU fed many calls ahead
+# (a call costs the host ~10 us to submit), few enough that a runaway loop cannot queue up the
+# device's memory in results nobody reads.
+MAX_IN_FLIGHT = 64
+
+_NOT_YET = object()
+
+
+class PendingCall:
+    """One submitted call. `result()` waits for it and returns what `call` would have; `done()`
+    says whether the device has finished. Read a result before passing it to another call: a
+    pending call's results are not handed out before they are written."""
+
+    __slots__ = ("_call", "_error", "_keep", "_output", "_results", "_signal", "_value", "name")
+
+    def __init__(
+        self,
+        call: Any,
+        signal: rt.HalFence | None,
+        results: Any,
+        keep: tuple[Any, ...],
+        output: str,
+    ) -> None:
+        self.name = call.name
+        self._call = call  # the ResolvedCall: converts the results
+        self._signal = signal  # None: already complete (its results are in `_results`)
+        self._results = results
+        self._keep = keep  # arguments and inputs the device reads until the signal
+        self._output = output
+        self._value: Any = _NOT_YET
+        self._error: MyelinError | None = None
+
+    @classmethod
+    def completed(cls, call: Any, value: Any) -> PendingCall:
+        """A call that ran to completion when it was submitted (an entrypoint that cannot be
+        submitted asynchronously: see `ResolvedCall.submit`)."""
+        pending = cls(call, None, None, (), "device")
+        pending._value = value
+        return pending
+
+    def done(self) -> bool:
+        """Whether the results are ready (or the call failed): `result()` will not wait."""
+        if self._value is not _NOT_YET or self._error is not None or self._signal is None:
+            return True
+        try:
+            return bool(self._signal.wait(timeout=0))
+        except Exception:  # failed on the device: result() raises it
+            return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's results (one value, or a tuple), once the device has written them.
+        `timeout` (seconds): raise DeadlineExceeded if they are not ready by then; the call
+        stays pending and `result()` can be asked again."""
+        if self._value is _NOT_YET and self._error is None:
+            self._wait(timeout)
+            self._finish()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _wait(self, timeout: float | None) -> None:
+        signal, spin_s = self._signal, self._call._session.spin_s
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        try:
+            if spin_s > 0:  # poll as the session's calls do, then block
+                until = time.perf_counter() + spin_s
+                while time.perf_counter() < until:
+                    if signal.wait(timeout=0):
+                        return
+            while True:
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    if signal.wait(timeout=0):
+                        return
+                    raise DeadlineExceeded(
+                        f"{self.name}: the submitted call was not done within {timeout:g} s "
+                        "(it is still pending: ask result() again)"
+                    )
+                slice_s = 0.02 if left is None else min(0.02, left)
+                if signal.wait(timeout=int(slice_s * 1e9)):
+                    return
+        except DeadlineExceeded:
+            raise
+        except Exception as e:  # the device failed it: the results never come
+            self._error = self._call._submission_failed(e)
+            self._release()
+
+    def _finish(self) -> None:
+        """Convert the results once the device is done, and let go of what it read."""
+        if self._error is not None or self._value is not _NOT_YET:
+            return
+        try:
+            outs = self._call._results_of(self._results, self._output)
+            self._value = outs[0] if len(outs) == 1 else tuple(outs)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._signal = None
+        self._results = None
+        self._keep = ()
+
+    def _settle(self) -> None:
+        """Wait for the device without raising (a closing session): the results stay readable."""
+        with contextlib.suppress(MyelinError):
+            self.result()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<PendingCall {self.name}: {state}>"
+
+
+class InFlight:
+    """The submissions of one session that may still run on the device, oldest first."""
+
+    def __init__(self) -> None:
+        self._calls: deque[PendingCall] = deque()
+
+    def add(self, pending: PendingCall) -> None:
+        self._calls.append(pending)
+
+    def make_room(self) -> None:
+        """Forget the submissions that are done; past `MAX_IN_FLIGHT`, wait for the oldest."""
+        calls = self._calls
+        while calls and calls[0].done():  # its PendingCall keeps the results for the caller
+            calls.popleft()
+        while len(calls) >= MAX_IN_FLIGHT:
+            calls.popleft()._settle()
+
+    def settle(self) -> None:
+        """Wait for every submission (a closing session)."""
+        while self._calls:
+            self._calls.popleft()._settle()
+
+    def __len__(self) -> int:
+        return len(self._calls)
