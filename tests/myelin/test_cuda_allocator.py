@@ -18,8 +18,8 @@ def test_the_caching_allocator_is_asked_for_cuda_devices_only():
 
 def test_the_default_is_a_bounded_caching_allocator():
     default = devices.DeviceRegistry()
-    assert default.cuda_allocator == devices.DEFAULT_CUDA_ALLOCATOR == "caching:4G;16"
-    assert default._allocators("cuda") == [f"caching:device_local=*;{4 * 2**30};16"]
+    assert default.cuda_allocator == devices.DEFAULT_CUDA_ALLOCATOR == "caching:4G;64"
+    assert default._allocators("cuda") == [f"caching:device_local=*;{4 * 2**30};64"]
 
 
 def test_an_unknown_allocator_is_refused_with_the_choices():
@@ -30,7 +30,7 @@ def test_an_unknown_allocator_is_refused_with_the_choices():
 def test_a_bounded_caching_allocator_becomes_iree_s_spec():
     assert devices.caching_spec("pool") is None
     assert devices.caching_spec("caching") == "caching"  # unbounded
-    assert devices.caching_spec("caching:8G") == f"caching:device_local=*;{8 * 2**30};16"
+    assert devices.caching_spec("caching:8G") == f"caching:device_local=*;{8 * 2**30};64"
     assert devices.caching_spec("caching:1048576;4") == "caching:device_local=*;1048576;4"
     bounded = devices.DeviceRegistry(cuda_allocator="caching:512m;8")
     assert bounded._allocators("cuda") == [f"caching:device_local=*;{512 * 2**20};8"]

@@ -5,6 +5,8 @@ float32 MLP (tolerance 1e-5) and bit-equal to the same call made synchronously."
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -103,3 +105,19 @@ def test_closing_waits_for_submissions_and_keeps_their_results(model, mlp_weight
         )
     with pytest.raises(SessionClosed, match="closed"):
         session.submit("forward", INPUTS[0])
+
+
+def test_two_threads_reading_one_result_get_the_same_object(model):
+    with model.session() as session:
+        for _ in range(20):
+            p = session.submit("forward", INPUTS[2])
+            got = []
+            readers = [
+                threading.Thread(target=lambda p=p, got=got: got.append(p.result()))
+                for _ in range(3)
+            ]
+            for t in readers:
+                t.start()
+            for t in readers:
+                t.join()
+            assert len(got) == 3 and got[0] is got[1] is got[2]

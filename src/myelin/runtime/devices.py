@@ -19,6 +19,7 @@ from myelin.errors import DeviceUnavailable
 from myelin.mln import DeviceRecord
 from myelin.platforms import HOST_DRIVERS
 from myelin.runtime._iree_private import buffer_view_of, device_of
+from myelin.runtime.pending import MAX_IN_FLIGHT
 
 # How a CUDA device allocates call results and transients (`Instance(cuda_allocator=...)`):
 # - "pool": IREE's default, CUDA stream-ordered allocations from IREE's memory pools. A result
@@ -32,9 +33,13 @@ from myelin.runtime._iree_private import buffer_view_of, device_of
 #   Unbounded, it keeps every freed buffer (up to 64) for the life of the process.
 # - "caching:<capacity>[;<free count>]": the same, bounded: memory it holds (in use and kept)
 #   stays under <capacity> bytes (a suffix K, M, G: KiB, MiB, GiB), and it keeps at most
-#   <free count> freed buffers (default 16). Past the bound it frees its oldest kept buffer
+#   <free count> freed buffers (default 64). Past the bound it frees its oldest kept buffer
 #   before allocating. IREE's form of it: `caching:device_local=*;<bytes>;<count>`.
-_CACHING_FREE_COUNT = 16
+# The free count: as many as a session can have submissions in flight, whose results a serving
+# loop drops together. With 16, a burst of 50 submitted GEMVs freed 34 results with a
+# synchronous cuMemFree each and allocated them again the next burst: ~0.5 ms a burst, 8% of
+# its time on the H200 (docs/benchmarks.md, "Submitted calls").
+_CACHING_FREE_COUNT = MAX_IN_FLIGHT
 
 # The allocator of every local-sync device: IREE's caching allocator, bounded (1 GiB). Why: a
 # local-sync device allocates a call's transient memory inline on every call, and glibc returns
@@ -48,7 +53,7 @@ LOCAL_SYNC_ALLOCATOR = f"caching:device_local=*;{1 << 30};{_CACHING_FREE_COUNT}"
 # was 0.31-0.37 ms with it (prefill), 0.65-1.30 ms with the pools, and the bound cost nothing
 # against the unbounded form; the bound keeps an app with dynamic shapes from holding a freed
 # buffer of every size it met.
-DEFAULT_CUDA_ALLOCATOR = "caching:4G;16"
+DEFAULT_CUDA_ALLOCATOR = f"caching:4G;{_CACHING_FREE_COUNT}"
 _SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 

@@ -27,7 +27,7 @@ class Instance:
     (IREE's default stream-ordered pools), "caching" (IREE's caching allocator: a steady
     stream of calls reuses its buffers instead of allocating and freeing them) or
     "caching:<capacity>[;<free count>]" (the same, holding at most <capacity> bytes, e.g.
-    "caching:8G"; the default is `DEFAULT_CUDA_ALLOCATOR`, "caching:4G;16"); docs/runtime.md
+    "caching:8G"; the default is `DEFAULT_CUDA_ALLOCATOR`, "caching:4G;64"); docs/runtime.md
     has the measurements. It is fixed per process when the CUDA driver starts.
     """
 

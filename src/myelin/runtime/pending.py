@@ -25,6 +25,7 @@ caller drops, and `Session.close()` waits for them.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -46,7 +47,17 @@ class PendingCall:
     says whether the device has finished. Read a result before passing it to another call: a
     pending call's results are not handed out before they are written."""
 
-    __slots__ = ("_call", "_error", "_keep", "_output", "_results", "_signal", "_value", "name")
+    __slots__ = (
+        "_call",
+        "_error",
+        "_keep",
+        "_lock",
+        "_output",
+        "_results",
+        "_signal",
+        "_value",
+        "name",
+    )
 
     def __init__(
         self,
@@ -64,6 +75,8 @@ class PendingCall:
         self._output = output
         self._value: Any = _NOT_YET
         self._error: MyelinError | None = None
+        # Two threads may read one result (the caller and a closing session): one converts.
+        self._lock = threading.Lock()
 
     @classmethod
     def completed(cls, call: Any, value: Any) -> PendingCall:
@@ -95,6 +108,8 @@ class PendingCall:
 
     def _wait(self, timeout: float | None) -> None:
         signal, spin_s = self._signal, self._call._session.spin_s
+        if signal is None:  # another thread read it meanwhile
+            return
         deadline = None if timeout is None else time.perf_counter() + timeout
         try:
             if spin_s > 0:  # poll as the session's calls do, then block
@@ -117,18 +132,21 @@ class PendingCall:
         except DeadlineExceeded:
             raise
         except Exception as e:  # the device failed it: the results never come
-            self._error = self._call._submission_failed(e)
-            self._release()
+            with self._lock:
+                if self._error is None and self._value is _NOT_YET:
+                    self._error = self._call._submission_failed(e)
+                    self._release()
 
     def _finish(self) -> None:
         """Convert the results once the device is done, and let go of what it read."""
-        if self._error is not None or self._value is not _NOT_YET:
-            return
-        try:
-            outs = self._call._results_of(self._results, self._output)
-            self._value = outs[0] if len(outs) == 1 else tuple(outs)
-        finally:
-            self._release()
+        with self._lock:
+            if self._error is not None or self._value is not _NOT_YET:
+                return
+            try:
+                outs = self._call._results_of(self._results, self._output)
+                self._value = outs[0] if len(outs) == 1 else tuple(outs)
+            finally:
+                self._release()
 
     def _release(self) -> None:
         self._signal = None
