@@ -8,7 +8,7 @@ How a submission is ordered (IREE 3.13, checked on the H200 and on `local-task`)
   session's submission timeline. Chained on the previous call's signal instead, IREE's
   `queue.alloca` (synchronous allocations, which the caching allocator runs on) waits for that
   signal on the host inside the invocation, so a GEMV's invoke took ~140 us, the whole kernel,
-  and nothing overlapped; unchained it takes 6-13 us. Order still holds: IREE issues every
+  and nothing overlapped; unchained it takes 6-29 us. Order still holds: IREE issues every
   queue operation of a CUDA device on one stream, in submission order, and a one-execution
   call's own waits are met on the host before the invocation returns (docs/runtime.md,
   "Submitted calls").

@@ -8,6 +8,8 @@ Concurrency contract:
 - Calls on one session are serialized by the session's lock (IREE does not document a VM context
   as thread-safe). A second thread calling a busy session waits its turn; its timeout and
   `Session.cancel()` still apply while it waits.
+- A submitted call (`submit`) holds the lock only while it is handed to the device; its
+  results are read without it, from any thread (myelin.runtime.pending).
 
 Cancellation contract (cooperative; nothing is interrupted inside IREE):
 - `Session.cancel()` cancels every call of the session that has started and not yet returned;
