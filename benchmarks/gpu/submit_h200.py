@@ -96,16 +96,6 @@ def main() -> None:
     dev = torch.device("cuda")
     model = myelin.Instance().load(args.mln)
     session = model.session(spin_us=args.spin_us)
-    # The matmul also under the long spin of the issue-12 runs (a 1.6 ms call: `spin_us` must
-    # cover the kernel's own variation under the power limit to catch its end polling).
-    long_spin = model.session(spin_us=4000)
-
-    def extra_each(name: str, views: list) -> dict:
-        if name != "matmul":
-            return {}
-        fn = long_spin.resolve(name)
-        return {"plex each spin 4000": (lambda: fn(*views, output="device"), 1)}
-
     g = torch.Generator(device=dev).manual_seed(0)
     x = (torch.randn(1, 8192, device=dev, generator=g) * 0.1).half()
     w = (torch.randn(28672, 8192, device=dev, generator=g) * 0.1).half()
@@ -142,9 +132,6 @@ def main() -> None:
         rows = {
             "torch each": (lambda torch_fn=torch_fn: (torch_fn(), torch.cuda.synchronize()), 1),
             "plex each": (plex_call, 1),
-            # one call waited for, through submit: the same wait, its fences unchained
-            "plex each submit": (lambda fn=fn, views=views: fn.submit(*views).result(), 1),
-            **extra_each(name, views),
             "torch burst": (burst_of(torch_fn, sync_after, n), n),
             "plex burst": (burst_of(plex_submit, read_all, n), n),
         }
