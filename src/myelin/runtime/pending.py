@@ -33,6 +33,7 @@ from typing import Any
 import iree.runtime as rt
 
 from myelin.errors import DeadlineExceeded, MyelinError
+from myelin.runtime.waiting import CHECK_INTERVAL_S, FenceWait
 
 # Most submissions of one session in flight at once: enough to keep a GPU fed many calls ahead
 # (a call costs the host ~10 us to submit), few enough that a runaway loop cannot queue up the
@@ -107,34 +108,33 @@ class PendingCall:
         return self._value
 
     def _wait(self, timeout: float | None) -> None:
-        signal, spin_s = self._signal, self._call._session.spin_s
+        """Wait as the session's calls do (FenceWait: polling first under `spin_us`), in
+        blocking slices of at most CHECK_INTERVAL_S, until `timeout`."""
+        signal = self._signal
         if signal is None:  # another thread read it meanwhile
             return
         deadline = None if timeout is None else time.perf_counter() + timeout
+
+        def slice_s() -> float:
+            if deadline is None:
+                return CHECK_INTERVAL_S
+            return max(0.0, min(CHECK_INTERVAL_S, deadline - time.perf_counter()))
+
+        def check() -> None:
+            if deadline is not None and time.perf_counter() >= deadline:
+                raise DeadlineExceeded(
+                    f"{self.name}: the submitted call was not done within {timeout:g} s "
+                    "(it is still pending: ask result() again)"
+                )
+
         try:
-            if spin_s > 0:  # poll as the session's calls do, then block
-                until = time.perf_counter() + spin_s
-                while time.perf_counter() < until:
-                    if signal.wait(timeout=0):
-                        return
-            while True:
-                left = None if deadline is None else deadline - time.perf_counter()
-                if left is not None and left <= 0:
-                    if signal.wait(timeout=0):
-                        return
-                    raise DeadlineExceeded(
-                        f"{self.name}: the submitted call was not done within {timeout:g} s "
-                        "(it is still pending: ask result() again)"
-                    )
-                slice_s = 0.02 if left is None else min(0.02, left)
-                if signal.wait(timeout=int(slice_s * 1e9)):
-                    return
+            FenceWait(self._call._session.spin_s).wait(signal, slice_s, check)
         except DeadlineExceeded:
             raise
         except Exception as e:  # the device failed it: the results never come
             with self._lock:
                 if self._error is None and self._value is _NOT_YET:
-                    self._error = self._call._submission_failed(e)
+                    self._error = self._call._device_failure(e)
                     self._release()
 
     def _finish(self) -> None:

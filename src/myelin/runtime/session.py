@@ -65,7 +65,7 @@ from myelin.runtime.tensors import (
     with_output_arguments,
 )
 from myelin.runtime.transients import TransientMemory, takes_transients
-from myelin.runtime.waiting import FenceWait
+from myelin.runtime.waiting import CHECK_INTERVAL_S, FenceWait
 from myelin.signature import STORAGE_TWIN_SUFFIX
 
 # "numpy": host arrays. "device": results stay on their device, in memory IREE allocates (the
@@ -74,9 +74,6 @@ from myelin.signature import STORAGE_TWIN_SUFFIX
 # copy); it costs an allocation and an import per result and call (docs/runtime.md).
 OutputKind = Literal["numpy", "device", "dlpack"]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
-
-# How often a waiting call looks at its cancel flag and deadline: the cancellation latency.
-CHECK_INTERVAL_S = 0.02
 
 _HOST_VISIBLE = int(rt.MemoryType.HOST_VISIBLE)
 # Looked up once: per-call attribute lookups add up on a call that costs tens of microseconds.
@@ -586,21 +583,30 @@ class ResolvedCall:
                 raise session._closed_error(self.name)
             session._in_flight.make_room()
             args = self._packer.pack(InvokeContext(self._device), ready, {})
-            wait, signal = session._submission_fences(self._device, self._unchained)
-            args.push_ref(wait)
-            args.push_ref(signal)
             results = _VARIANT_LIST(self._result_count)
-            try:
-                self._invoke(args, results, self._function)
-            except CallError:
-                session._drop_timeline(self._device)
-                raise
+            signal = self._start(args, results, self._function, unchained=self._unchained)
             pending = PendingCall(self, signal, results, (args, values), output)
             session._in_flight.add(pending)
         return pending
 
-    def _submission_failed(self, error: BaseException) -> CallError:
-        """A submission the device failed: its timeline is failed for good; start afresh."""
+    def _start(
+        self, args: rt.VmVariantList, results: rt.VmVariantList, function: Any, unchained: bool
+    ) -> rt.HalFence:
+        """Invoke an async entrypoint with its fences (a call's, or a submission's:
+        Session._submission_fences) and return the fence it signals when the device is done."""
+        session = self._session
+        wait, signal = session._submission_fences(self._device, unchained)
+        args.push_ref(wait)
+        args.push_ref(signal)
+        try:
+            self._invoke(args, results, function)
+        except CallError:
+            session._drop_timeline(self._device)
+            raise
+        return signal
+
+    def _device_failure(self, error: BaseException) -> CallError:
+        """A call the device failed: its timeline is failed for good; start afresh."""
         self._session._drop_timeline(self._device)
         return CallError(f"{self.name}: call failed on the device: {_first_line(error)}")
 
@@ -824,14 +830,7 @@ class ResolvedCall:
         """Submit, then wait for the signal fence in slices. A stopped call hands its memory
         reservation to a background waiter: the device still uses that memory."""
         session = self._session
-        wait, signal = session._fences(self._device)
-        args.push_ref(wait)
-        args.push_ref(signal)
-        try:
-            self._invoke(args, results, function)
-        except CallError:
-            session._drop_timeline(self._device)
-            raise
+        signal = self._start(args, results, function, unchained=False)
         stop.where = "while the device ran it"
         try:
             self._wait.wait(signal, stop.slice_s, stop.check)
@@ -845,8 +844,7 @@ class ResolvedCall:
             del args, results, keep  # the waiter alone owns them now
             raise
         except Exception as e:  # a failed device submission fails the timeline for good
-            session._drop_timeline(self._device)
-            raise CallError(f"{self.name}: call failed on the device: {_first_line(e)}") from e
+            raise self._device_failure(e) from e
 
     def _convert(
         self, results: rt.VmVariantList, i: int, device: rt.HalDevice, output: OutputKind

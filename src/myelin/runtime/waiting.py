@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# How often a waiting call looks at its cancel flag and deadline: the cancellation latency.
+CHECK_INTERVAL_S = 0.02
+
 
 @dataclass
 class FenceWait:
