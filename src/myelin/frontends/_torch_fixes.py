@@ -9,7 +9,13 @@ docs/frontends.md).
 2. A silent miscompile: IREE folds "float constant compared with an *integer* Python scalar"
    (`t > 1`) to the wrong boolean. Comparing with the same value as a float scalar is exact and
    folds correctly, so every such comparison is rewritten to a float scalar.
-3. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
+3. Linears over more than two dims. torch-mlir lowers `aten.linear` of a `[batch, seq, k]`
+   activation to a weight broadcast along the batch and a `linalg.batch_matmul`: no 2-D matmul
+   for the kernel library (or IREE's matmul paths) to see. Such linears are rewritten as the
+   product `torch.matmul` itself computes for them: the leading dims folded into rows, one
+   `[rows, k] x [k, n]` matmul, the bias added, the dims unfolded (the same sums in the same
+   order, so bit-identical on the CPU).
+4. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
    node and the user's source line, and say so in one line.
 """
 
@@ -44,13 +50,26 @@ _SCALAR_COMPARISONS = {
 
 
 def decomposition_table() -> dict:
-    """Turbine's AOT table plus the CIA decompositions it lacks."""
+    """Turbine's AOT table plus the CIA decompositions it lacks, and 2-D linears (3.)."""
     table = dict(current_aot_decompositions())
     defaults = torch.export.default_decompositions()
     for op in EXTRA_DECOMPOSITIONS:
         if op in defaults:
             table[op] = defaults[op]
+    table[aten.linear.default] = linear_as_matmul
     return table
+
+
+def linear_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """`F.linear` over more than two dims as one 2-D matmul between reshapes (3.); other
+    linears are left as they are (`NotImplemented` keeps the op)."""
+    if x.dim() <= 2 or weight.dim() != 2:
+        return NotImplemented
+    rows = aten.view.default(x, [-1, x.shape[-1]])
+    out = aten.mm.default(rows, aten.t.default(weight))
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    return aten.view.default(out, [*x.shape[:-1], weight.shape[0]])
 
 
 def float_scalar_comparisons(program: torch.export.ExportedProgram) -> int:
