@@ -194,7 +194,7 @@ class Cache:
         """The last record for `node_id`, or None if there is none (or it is unreadable)."""
         try:
             record = json.loads(self._index_path(node_id).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
         return record if isinstance(record, dict) and record.get("node_id") == node_id else None
 
@@ -341,7 +341,8 @@ def _check_entry(path: Path, verify_hashes: bool) -> str | None:
         files = manifest["files"]
         if manifest.get("schema") != _ENTRY_SCHEMA or not isinstance(files, dict):
             return f"{ENTRY_FILE} has an unknown layout"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        # RecursionError: a crafted, deeply nested `.entry.json` is unreadable like any other.
         return f"{ENTRY_FILE} missing or unreadable"
     present = {rel for rel, _ in _relative_files(path)} - {ENTRY_FILE}
     if missing := sorted(set(files) - present):
@@ -363,7 +364,9 @@ def _check_entry(path: Path, verify_hashes: bool) -> str | None:
 def _entry_info(path: Path) -> CacheEntryInfo:
     try:
         manifest = json.loads((path / ENTRY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        manifest = {}
+    if not isinstance(manifest, dict):
         manifest = {}
     size = 0
     for _, file in _relative_files(path):

@@ -277,8 +277,11 @@ class _Run:
                     self.results[node_id] = result
                     if result.status == "built":
                         self.outputs[node_id] = result.out_dir
+                        # A dependent that is a cache hit waits on nothing (its dependency ran
+                        # only because that entry was discarded or evicted on its own).
                         for user in plan.dependents(node_id):
-                            waiting_on[user].discard(node_id)
+                            if user in waiting_on:
+                                waiting_on[user].discard(node_id)
                     elif isinstance(error, Exception):
                         failure = failure or (node_id, error)
                         self.cancelled.set()
