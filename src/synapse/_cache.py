@@ -233,6 +233,16 @@ class Cache:
             kept_bytes=kept_bytes,
         )
 
+    def remove_stale_temporaries(self) -> int:
+        """Delete staging and trash folders that no live process owns (a build killed outright
+        leaves them); return how many. Every build starts with this, so a killed build's
+        leftovers go at the next build. A folder's name carries its owner's host and pid: a live
+        build's folders, and other hosts' (younger than 7 days), are kept."""
+        stale = self._stale_staging()
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(stale)
+
     def discard(self, key: str) -> bool:
         """Delete the entry for `key` (True if there was one): for a step whose outcome was
         transient (a timeout), which must run again next time rather than be served."""

@@ -152,6 +152,7 @@ class RayExecutor(Executor):
 
     def run(self, plan: Plan) -> RunResult:
         self._connect()
+        self._remove_stale_temporaries()
         self.placements, self.step_seconds, self.queued_seconds = {}, {}, {}
         keys = self.keys(plan)
         return _RayRun(self, plan, keys, self._triage(plan, keys)).execute()
