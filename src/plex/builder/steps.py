@@ -95,6 +95,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
             min_parameter_bytes=job.min_parameter_bytes,
             what=what,
             source_name=f"{request.module_name}/{request.source.name}",
+            source_root=request.source.parent,
         )
     except CompileError as e:
         notes = "".join(f" [frontend warning: {w}]" for w in frontend_warnings)
