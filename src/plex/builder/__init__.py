@@ -21,6 +21,7 @@ from myelin.errors import CompileError
 from plex.builder.plan import BuildRequest, plan_build
 from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
+from plex.extras import require_for_app
 from plex.manifest import AppSpec, load_app, parse_executor, write_lock
 from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult, SynapseError
 from synapse.errors import DiskFull
@@ -175,6 +176,7 @@ def build(
         resume_from=resume_from,
         strict=strict,
     )
+    require_for_app(app, executor)  # a missing extra fails now, not after the other steps ran
     cache = Cache(cache_dir or default_cache_dir(app)) if use_cache else None
     runner = make_executor(
         executor or app.build.executor,

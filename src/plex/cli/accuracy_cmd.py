@@ -56,12 +56,14 @@ def accuracy(
     from plex.cli.build_cmd import quiet_model_progress_bars
     from plex.cli.paths import resolve_app
     from plex.cli.tensor_args import parse_tensor_arg
+    from plex.extras import require_for_app
     from plex.manifest import load_app
 
     app_toml = resolve_app(app_toml)
     args = [parse_tensor_arg(text) for text in inputs]  # a typo fails before any build
     quiet_model_progress_bars()
     app = load_app(app_toml)
+    require_for_app(app)  # the two builds below go round the builder's own check
     if codec is not None:
         try:
             check_codec_name(codec)
