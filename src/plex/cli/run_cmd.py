@@ -20,7 +20,8 @@ def run(
         [],
         "--output",
         "-o",
-        help="Save a result as .npy. Repeat for several results.",
+        help="Save a result as a .npy file (the name must end in .npy). Repeat for several "
+        "results.",
         metavar="FILE",
     ),
     variant: str = variant_option("Use this variant instead of the first that fits this machine."),
@@ -41,6 +42,11 @@ def run(
 
     args = [parse_tensor_arg(text) for text in inputs]
     for path in outputs:  # before the call: a long call must not end in an unwritable path
+        if path.suffix != ".npy":  # np.save would append .npy and write a file not named here
+            raise PlexError(
+                f"--output {path}: results are saved as .npy files; give a name ending in .npy "
+                f"(e.g. {path.with_suffix('.npy')})"
+            )
         check_writable_file(path, "--output")
     model = myelin.Instance(trust=trust).load(artifact, variant=variant)
     with model.session() as session:

@@ -1,0 +1,51 @@
+"""What a new user meets on the command line: each message says what happened and what to do,
+in one line, and each verb does exactly what it says. Every test runs the installed `plex`
+entry point in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def plex(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "plex", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=600,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_run_refuses_an_output_name_it_would_not_write(mlp_mln, tmp_path):
+    line = one_line_error(
+        plex("run", str(mlp_mln), "--input", "1x16xf32=1", "-o", str(tmp_path / "a.txt"))
+    )
+    assert "results are saved as .npy files" in line and "a.npy" in line
+    assert list(tmp_path.iterdir()) == []  # neither a.txt nor a.txt.npy
+
+
+def test_run_writes_the_npy_it_names(mlp_mln, tmp_path):
+    result = plex("run", str(mlp_mln), "--input", "1x16xf32=1", "-o", str(tmp_path / "y.npy"))
+    assert result.returncode == 0, result.stderr
+    assert f"saved {tmp_path / 'y.npy'}" in result.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["y.npy"]
+
+
+def test_build_of_a_model_file_says_it_is_not_an_app_manifest():
+    line = one_line_error(plex("build", str(EXAMPLES / "mlp" / "mlp.mlir")))
+    assert "mlp.mlir is not an app manifest" in line and "app.toml" in line
+    assert "TOML" not in line
