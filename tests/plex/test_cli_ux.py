@@ -5,6 +5,7 @@ entry point in a subprocess, as a user would."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,33 @@ def test_build_of_a_model_file_says_it_is_not_an_app_manifest():
     line = one_line_error(plex("build", str(EXAMPLES / "mlp" / "mlp.mlir")))
     assert "mlp.mlir is not an app manifest" in line and "app.toml" in line
     assert "TOML" not in line
+
+
+PLACEMENT_CPU_APP = """\
+[app]
+name = "embed"
+packages = ["placement"]
+
+[devices.cpu]
+target = "llvm-cpu"
+"""
+
+
+def test_accuracy_draws_token_ids_from_the_recorded_range_and_defines_its_errors(tmp_path):
+    """examples/placement's `embed` takes int64 ids that index a 256-row table: the report needs
+    no --input, and its mean relative error is defined on screen and never above the max."""
+    package = tmp_path / "placement"
+    package.mkdir()
+    for name in ("plex.toml", "embed.mlir", "blocks.mlir", "head.mlir", "params.safetensors"):
+        shutil.copy(EXAMPLES / "placement" / name, package / name)
+    (tmp_path / "app.toml").write_text(PLACEMENT_CPU_APP)
+    result = plex("accuracy", str(tmp_path / "app.toml"), "--codec", "int8", "-f", "embed")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("entrypoint"))
+    assert "max rel err" in header and "mean rel err" in header
+    row = next(line for line in lines if line.startswith("embed "))
+    max_rel, mean_rel, cosine = (float(v) for v in row.split()[2:5])
+    assert 0 < mean_rel <= max_rel < 0.02  # int8 rows of a gathered table
+    assert 0.999 < cosine <= 1.0
+    assert "rel err = |codec - fp32| / max |fp32|, per element of an output" in result.stdout
