@@ -80,3 +80,21 @@ def test_accuracy_draws_token_ids_from_the_recorded_range_and_defines_its_errors
     assert 0 < mean_rel <= max_rel < 0.02  # int8 rows of a gathered table
     assert 0.999 < cosine <= 1.0
     assert "rel err = |codec - fp32| / max |fp32|, per element of an output" in result.stdout
+
+
+def test_a_build_warning_is_one_clean_line(tmp_path):
+    """A build note (here: a weight layout that matches no parameter) reads like an error line:
+    `warning: ...`, without Python's `file.py:32: BuildWarning:` prefix or the source line."""
+    package = tmp_path / "mlp"
+    shutil.copytree(EXAMPLES / "mlp", package)
+    with (package / "plex.toml").open("a") as f:
+        f.write('\n[tuning.cpu]\ntarget = "llvm-cpu"\nlayouts = { "nothing_here" = "nk" }\n')
+    app = package / "app.toml"
+    app.write_text(app.read_text() + '\n[myelin]\ntuning = "mlp:cpu"\n')
+    result = plex("build", str(app), "-o", str(tmp_path / "m.mln"), "--progress", "plain")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "nothing_here" in line]
+    assert warned == [
+        'warning: weight layout "nothing_here" matches no parameter of the app\'s graphs'
+    ], result.stderr
+    assert "BuildWarning" not in result.stderr and "warnings.warn" not in result.stderr
