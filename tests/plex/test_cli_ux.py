@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -98,3 +100,17 @@ def test_a_build_warning_is_one_clean_line(tmp_path):
         'warning: weight layout "nothing_here" matches no parameter of the app\'s graphs'
     ], result.stderr
     assert "BuildWarning" not in result.stderr and "warnings.warn" not in result.stderr
+
+
+@pytest.mark.parametrize("size", [5, 16, 40, 63])
+def test_a_truncated_artifact_says_truncated(mlp_mln, tmp_path, size):
+    short = tmp_path / "short.mln"
+    short.write_bytes(mlp_mln.read_bytes()[:size])
+    line = one_line_error(plex("inspect", str(short)))
+    assert f"truncated: the file is {size} bytes, shorter than the 64-byte header" in line
+
+
+def test_a_short_file_that_is_no_artifact_says_so(tmp_path):
+    other = tmp_path / "notes.mln"
+    other.write_bytes(b"hello, this is a text file\n")
+    assert "not a .mln file (wrong magic bytes)" in one_line_error(plex("inspect", str(other)))
