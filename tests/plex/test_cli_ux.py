@@ -114,3 +114,13 @@ def test_a_short_file_that_is_no_artifact_says_so(tmp_path):
     other = tmp_path / "notes.mln"
     other.write_bytes(b"hello, this is a text file\n")
     assert "not a .mln file (wrong magic bytes)" in one_line_error(plex("inspect", str(other)))
+
+
+@pytest.mark.parametrize("verb", ["run", "bench"])
+def test_a_dtype_error_says_what_to_type(mlp_mln, verb):
+    line = one_line_error(plex(verb, str(mlp_mln), "-f", "forward", "--input", "2x16xi64=1"))
+    assert line == (
+        "error: forward: argument 'x' has element type i64, expected f32 (shape ?x16); give it "
+        "as f32, e.g. --input 1x16xf32=1 (a .npy file: saved as float32)"
+    )
+    assert "astype" not in line

@@ -37,7 +37,7 @@ def run(
 
     import myelin
     from plex.cli.paths import check_writable_file
-    from plex.cli.tensor_args import format_tensor, parse_tensor_arg
+    from plex.cli.tensor_args import check_dtypes, format_tensor, parse_tensor_arg
     from plex.errors import PlexError
 
     args = [parse_tensor_arg(text) for text in inputs]
@@ -49,6 +49,7 @@ def run(
             )
         check_writable_file(path, "--output")
     model = myelin.Instance(trust=trust).load(artifact, variant=variant)
+    check_dtypes(function, model.entrypoint(function).signature.inputs, args)
     with model.session() as session:
         result = session.call(function, *args)
     results = list(result) if isinstance(result, tuple) else [result]
