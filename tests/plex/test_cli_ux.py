@@ -124,3 +124,17 @@ def test_a_dtype_error_says_what_to_type(mlp_mln, verb):
         "as f32, e.g. --input 1x16xf32=1 (a .npy file: saved as float32)"
     )
     assert "astype" not in line
+
+
+def test_an_mlir_error_names_the_file_that_was_built(tmp_path):
+    """A scaffold copied to another folder keeps its package name; the parse error must still
+    point at the copy the user built, not at `mymodel/model.mlir`."""
+    assert plex("init", "mymodel", cwd=tmp_path).returncode == 0
+    shutil.copytree(tmp_path / "mymodel", tmp_path / "other")
+    model = tmp_path / "other" / "model.mlir"
+    model.write_text(model.read_text().replace("linalg.matmul ", "linalg.matmulx "))
+    result = plex("build", "other", "--progress", "plain", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "custom op 'linalg.matmulx' is unknown" in result.stderr
+    assert "at other/model.mlir:11:" in result.stderr
+    assert "mymodel/model.mlir" not in result.stderr
