@@ -138,3 +138,17 @@ def test_an_mlir_error_names_the_file_that_was_built(tmp_path):
     assert "custom op 'linalg.matmulx' is unknown" in result.stderr
     assert "at other/model.mlir:11:" in result.stderr
     assert "mymodel/model.mlir" not in result.stderr
+
+
+def test_inspect_of_the_scaffold_says_why_it_has_no_parameters(tmp_path):
+    """The README says inline constants become parameters; the scaffold's 8x4 f32 matrix
+    (128 bytes) is below the threshold, and inspect says so instead of 'no weights'."""
+    assert plex("init", "mymodel", cwd=tmp_path).returncode == 0
+    built = plex("build", "mymodel", "--progress", "plain", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    shown = plex("inspect", str(tmp_path / "mymodel" / "mymodel.mln"))
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "parameters: 0 (no weights file, and inline constants under 256 bytes stay in the code; "
+        "larger ones become parameters)"
+    ) in shown.stdout
