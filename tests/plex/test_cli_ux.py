@@ -152,3 +152,22 @@ def test_inspect_of_the_scaffold_says_why_it_has_no_parameters(tmp_path):
         "parameters: 0 (no weights file, and inline constants under 256 bytes stay in the code; "
         "larger ones become parameters)"
     ) in shown.stdout
+
+
+def test_the_readme_python_example_returns_what_its_comments_say(mlp_mln):
+    """The README's Python block, run as written on the example MLP: `call` gives numpy, a
+    submitted call's `result()` gives DeviceTensors unless it asked for numpy."""
+    import numpy as np
+
+    from myelin.runtime.tensors import DeviceTensor
+
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("From Python:\n```python\n", 1)[1].split("```", 1)[0]
+    x = np.ones((2, 16), np.float32)
+    scope = {"x": x, "batches": [x, 2 * x]}
+    exec(block.replace('"app.mln"', repr(str(mlp_mln))), scope)
+    assert isinstance(scope["y"], np.ndarray)
+    assert all(isinstance(v, DeviceTensor) for v in scope["ys"])
+    assert all(type(v) is np.ndarray for v in scope["zs"])
+    np.testing.assert_allclose(np.asarray(scope["ys"][1]), scope["zs"][1], rtol=0, atol=0)
+    scope["model"].close()
