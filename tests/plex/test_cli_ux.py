@@ -5,6 +5,7 @@ entry point in a subprocess, as a user would."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -171,3 +172,12 @@ def test_the_readme_python_example_returns_what_its_comments_say(mlp_mln):
     assert all(type(v) is np.ndarray for v in scope["zs"])
     np.testing.assert_allclose(np.asarray(scope["ys"][1]), scope["zs"][1], rtol=0, atol=0)
     scope["model"].close()
+
+
+def test_the_readme_docs_table_lists_every_page_your_model_first():
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    table = readme.split("## Documentation\n", 1)[1].strip().split("\n\n", 1)[0]
+    linked = re.findall(r"^\| \[(docs/[\w-]+\.md)\]", table, re.M)
+    assert linked[0] == "docs/your-model.md"
+    pages = sorted(f"docs/{p.name}" for p in (EXAMPLES.parent / "docs").glob("*.md"))
+    assert set(pages) <= set(linked), set(pages) - set(linked)
