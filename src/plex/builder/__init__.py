@@ -126,7 +126,7 @@ def make_executor(
         from synapse._ray import DEFAULT_SHARED_CACHE, RayExecutor
     except ImportError:
         raise BuildError(
-            "the ray executor needs Ray: pip install 'plex[ray]' (ray==2.60.0)"
+            "the ray executor needs Ray: pip install -e '.[ray]' (ray==2.60.0)"
         ) from None
     # jobs is per machine; a cluster queues tasks by their resources, so it is not passed.
     shared = os.environ.get("PLEX_CLUSTER_CACHE", DEFAULT_SHARED_CACHE)
