@@ -716,7 +716,7 @@ def test_missing_mkl_is_a_clear_error(tmp_path):
     message = str(e.value)
     assert "[backend.mkl] vendor_distribution" in message
     assert "vendor distribution 'no-such-mkl-wheel' is not installed" in message
-    assert "pip install 'plex[mkl]'" in message
+    assert "pip install -e '.[mkl]'" in message
 
     if _mkl_installed():
         (backend / "plex.toml").write_text(toml.replace("libmkl_core.a", "libmkl_gone.a"))

@@ -111,7 +111,9 @@ class MlnReader:
                     raise self._error("not a regular file")
                 if info.st_size < HEADER_SIZE:
                     head = file.read(HEADER_SIZE)
-                    if head != MAGIC[: len(head)]:
+                    # a start of a real header (the magic, or as much of it as there is) is a
+                    # truncated .mln; anything else is another file
+                    if head[: len(MAGIC)] != MAGIC[: len(head)]:
                         raise self._error("not a .mln file (wrong magic bytes)")
                     raise self._error(
                         f"truncated: the file is {len(head)} bytes, shorter than the "

@@ -80,6 +80,7 @@ def inspect(
 
     from myelin.codecs import bytes_by_codec, parameter_rows
     from myelin.mln import MlnReader
+    from plex.cli.build_cmd import no_parameters_line
 
     with MlnReader(artifact, verify=verify) as reader:
         manifest = reader.artifact_manifest
@@ -138,7 +139,7 @@ def inspect(
     console.print(entry)
     params = manifest.parameters
     if not params:
-        console.print("parameters: 0 (the model has no weights)")
+        console.print(no_parameters_line())
     else:
         # One row per logical parameter: a codec's scale/zero parts count in its stored bytes.
         as_json_rows = [p.to_json() for p in params]
