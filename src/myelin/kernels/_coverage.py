@@ -33,34 +33,12 @@ _ATTENTION_REASON = 'attention kernels need kernels = "triton-attention"'
 _DIMS = re.compile(r"\(([^()]*)\)\s*->\s*\(([^()]*)\)")
 
 
-def _dims(t: ir.Type) -> list[int | None]:
-    from iree.compiler import ir
-
-    rt = ir.RankedTensorType(t)
-    return [None if rt.is_dynamic_dim(i) else rt.get_dim_size(i) for i in range(rt.rank)]
-
-
-def _element(t: ir.Type) -> str:
-    from iree.compiler import ir
-
-    return str(ir.RankedTensorType(t).element_type)
-
-
-def _function_name(op: ir.Operation) -> str:
-    parent = op.parent
-    while parent is not None and parent.name not in ("util.func", "func.func"):
-        parent = parent.parent
-    if parent is None:
-        return "?"
-    from iree.compiler import ir
-
-    return ir.StringAttr(parent.attributes["sym_name"]).value
-
-
 def _loop_sizes(op: ir.Operation) -> list[int | None] | None:
     """The iteration space of a linalg op with explicit indexing maps: each loop's size read
     from an operand dim it indexes directly (None where that dim is dynamic)."""
     from iree.compiler import ir
+
+    from myelin.kernels._rewrite import _dims
 
     if "indexing_maps" not in op.attributes:
         return None
@@ -93,6 +71,8 @@ def _is_generic_contraction(op: ir.Operation) -> bool:
 
 def _named_shape(op: ir.Operation) -> tuple[int | None, int | None, int | None, int | None]:
     """(batch, M, N, K) of a named batched or 2-D contraction."""
+    from myelin.kernels._rewrite import _dims
+
     a, b = (_dims(v.type) for v in op.operands[:2])
     out = _dims(op.results[0].type)
     if op.name.startswith("linalg.batch"):
@@ -109,6 +89,7 @@ def unmatched_contractions(module: ir.Operation, library: str) -> list[dict]:
     """Every contraction left with IREE after the kernels step's rewrites that the matchers did
     not already report, as kernel sites (`kernel` None, the reason it stayed)."""
     from myelin.compiler.placement import find_ops
+    from myelin.kernels._rewrite import _dims, _element, _function_name
 
     sites = []
     for op in find_ops(
