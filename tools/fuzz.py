@@ -107,9 +107,10 @@ class NativeCodeLoaded(AssertionError):
     """A plugin from a fuzzed file reached the dynamic loader: the finding `mln-backend` hunts."""
 
 
-def watch_native_loads() -> None:
+def watch_native_loads(patch: Callable[[object, str, object], None] = setattr) -> None:
     """Make every dynamic load of a memfd (how the runtime loads a file's plugins) raise
-    NativeCodeLoaded: `mln-backend` never opts in to bytes that were not checked."""
+    NativeCodeLoaded: `mln-backend` never opts in to bytes that were not checked. `patch` sets
+    the attribute (a test passes pytest's monkeypatch.setattr, to undo it afterwards)."""
     import ctypes
 
     real = ctypes.CDLL
@@ -119,7 +120,7 @@ def watch_native_loads() -> None:
             raise NativeCodeLoaded(f"a fuzzed file's native code reached dlopen ({name})")
         return real(name, *args, **kwargs)
 
-    ctypes.CDLL = guarded  # type: ignore[misc]
+    patch(ctypes, "CDLL", guarded)
 
 
 class Targets:
