@@ -103,3 +103,9 @@ def test_an_unhashed_plugin_is_never_loaded(native_first, marker, tmp_path):
     with pytest.raises(ArtifactError, match=f"section '{PLUGIN_SECTION}' is corrupt"):
         myelin.Instance(allow_native_code=True).load(native_first, verify=False)
     assert not marker.exists()
+
+
+def test_an_empty_plugin_is_refused_with_a_typed_error(mlp_mln, tmp_path):
+    path = with_plugin_variant(mlp_mln, tmp_path / "empty.mln", b"")
+    with pytest.raises(myelin.DeviceUnavailable, match="backend 'evil'"):
+        myelin.Instance(allow_native_code=True).load(path)

@@ -71,14 +71,14 @@ def sealed_memfd(name: str, data: memoryview) -> int:
 
 def _sealed_file_copy(name: str, source: int, length: int) -> int:
     """A sealed memfd holding the first `length` bytes of the open file `source`, copied in the
-    kernel (sendfile); OSError if the file is shorter than that by now."""
+    kernel (sendfile); EOFError if the file is shorter than that by now."""
     fd = os.memfd_create(name[:_MEMFD_NAME_MAX], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         copied = 0
         while copied < length:
             sent = os.sendfile(fd, source, copied, length - copied)
             if sent == 0:
-                raise OSError(f"the file shrank to {copied} bytes while it was copied")
+                raise EOFError(f"the file shrank to {copied} bytes while it was copied")
             copied += sent
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
     except BaseException:
@@ -184,6 +184,8 @@ class MlnReader:
                         copy = _sealed_file_copy(
                             f"mln:{self.path.name}", file.fileno(), info.st_size
                         )
+                    except EOFError as exc:
+                        raise self._error(f"{exc}; load it again once it is written") from exc
                     except OSError as exc:
                         raise self._error(
                             f"cannot make the private copy of its {info.st_size} bytes in memory "

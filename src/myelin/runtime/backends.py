@@ -64,8 +64,11 @@ def _hashed_memfd(reader: MlnReader, section: str, name: str) -> int:
     (the fd closed) when the copy is not what the manifest (and a signature over it) says."""
     fd = sealed_memfd(name, reader.section_view(section))
     try:
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as copy, memoryview(copy) as view:
-            digest = sha256_of(view).hex()
+        if reader.sections[section].length == 0:  # nothing to map (and mmap refuses to)
+            digest = sha256_of(memoryview(b"")).hex()
+        else:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as copy, memoryview(copy) as view:
+                digest = sha256_of(view).hex()
     except BaseException:
         os.close(fd)
         raise
