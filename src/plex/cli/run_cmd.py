@@ -6,7 +6,13 @@ from pathlib import Path
 
 import typer
 
-from plex.cli.options import artifact_argument, function_option, inputs_option, variant_option
+from plex.cli.options import (
+    allow_native_code_option,
+    artifact_argument,
+    function_option,
+    inputs_option,
+    variant_option,
+)
 
 
 def run(
@@ -31,6 +37,7 @@ def run(
         help="Run the file only if this public key (PEM) signed it (plex sign).",
         metavar="PUB",
     ),
+    allow_native_code: bool = allow_native_code_option(),
 ) -> None:
     """Run one entrypoint and print (or save) its results."""
     import numpy as np
@@ -48,7 +55,9 @@ def run(
                 f"(e.g. {path.with_suffix('.npy')})"
             )
         check_writable_file(path, "--output")
-    model = myelin.Instance(trust=trust).load(artifact, variant=variant)
+    model = myelin.Instance(trust=trust, allow_native_code=allow_native_code).load(
+        artifact, variant=variant
+    )
     check_dtypes(function, model.entrypoint(function).signature.inputs, args)
     with model.session() as session:
         result = session.call(function, *args)
