@@ -28,6 +28,7 @@ from plex.cli import (
     inspect_cmd,
     profile_cmd,
     run_cmd,
+    sign_cmd,
     tune_cmd,
 )
 
@@ -130,6 +131,9 @@ for name, command in (
     ("accuracy", accuracy_cmd.accuracy),
     ("profile", profile_cmd.profile),
     ("tune", tune_cmd.tune),
+    ("keygen", sign_cmd.keygen),
+    ("sign", sign_cmd.sign),
+    ("verify", sign_cmd.verify),
 ):
     app.command(name)(one_line_errors(command))
 for name, command in cache_cmd.COMMANDS.items():
