@@ -27,6 +27,7 @@ from myelin.mln._layout import FORMAT_MINOR, MIN_ALIGNMENT, SECTION_ALIGNMENT, S
 from myelin.mln._manifest import ManifestInvalid
 from myelin.signature import Signature, TensorSpec
 from myelin.size_formulas import SIZE_OPS
+from myelin.untrusted import FILE_NAME_PATTERN, relative_path_problem
 
 # --- vocabularies and limits (docs/mln-format.md) ------------------------------------------------
 
@@ -139,6 +140,27 @@ def _string(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ManifestInvalid(where, f"must be a non-empty string, got {_show(value)}")
     return value
+
+
+def _file_name(value: Any, where: str) -> str:
+    """A name that becomes one file name (plex profile writes `<scope>.irpa`, `<module>.vmfb`,
+    `<backend>-plugin.so`): refused at load unless it is a plain file name."""
+    name = _string(value, where)
+    if not re.fullmatch(FILE_NAME_PATTERN, name):
+        raise ManifestInvalid(where, f"must match {FILE_NAME_PATTERN}, got {_show(name)}")
+    return name
+
+
+def _file_names(value: Any, where: str) -> tuple[str, ...]:
+    return tuple(_file_name(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where)))
+
+
+def _relative_path(value: Any, where: str) -> str:
+    text = _string(value, where)
+    problem = relative_path_problem(text)
+    if problem is not None:
+        raise ManifestInvalid(where, f"{problem}, got {_show(text)}")
+    return text
 
 
 def _is_count(value: Any) -> bool:
@@ -320,7 +342,7 @@ class BackendRecord:
     @classmethod
     def parse(cls, o: _Object) -> BackendRecord:
         return cls(
-            o.string("name"),
+            o.required("name", _file_name),
             o.count("abi"),
             o.required("ops", _strings),
             o.string("plugin"),
@@ -411,7 +433,7 @@ class ModuleRecord:
 
     @classmethod
     def parse(cls, o: _Object) -> ModuleRecord:
-        return cls(o.string("name"), o.string("section"), o.extras())
+        return cls(o.required("name", _file_name), o.string("section"), o.extras())
 
     def to_json(self) -> dict[str, Any]:
         return _with_extras({"name": self.name, "section": self.section}, self.extras)
@@ -695,7 +717,7 @@ class VariantRecord:
             devices,
             modules,
             entrypoints,
-            o.required("parameter_scopes", _strings),
+            o.required("parameter_scopes", _file_names),
             o.optional("flags", _strings),
             o.optional("module_attributes", _string_map),
             o.extras(),
@@ -776,7 +798,7 @@ class ParameterRecord:
     @classmethod
     def parse(cls, o: _Object) -> ParameterRecord:
         return cls(
-            scope=o.string("scope"),
+            scope=o.required("scope", _file_name),
             key=o.string("key"),
             section=o.string("section"),
             offset=o.count("offset"),
@@ -825,7 +847,7 @@ class ProfileRecord:
 
     @classmethod
     def parse(cls, o: _Object) -> ProfileRecord:
-        output = o.optional("output", lambda v, w: None if v is None else _string(v, w))
+        output = o.optional("output", lambda v, w: None if v is None else _relative_path(v, w))
         timing = o.optional("device_timing", _bool)
         return cls(output, bool(timing), o.extras())
 

@@ -274,7 +274,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
     devices: dict[str, DeviceSpec] = {}
     for name, d in tables.items():
         at = ("devices", name)
-        if not re.match(NAME, name):
+        if not re.fullmatch(NAME, name):
             raise doc.error(at, f"invalid device name {name!r}; must match {NAME}")
         options = TARGET_OPTIONS[d.target]
         given = {

@@ -14,6 +14,7 @@ from plex.manifest._schema import (
     FRONTEND_OF_SUFFIX,
     FRONTENDS,
     GRAPH_NAME,
+    MAX_NAME_LENGTH,
     NAME,
     PYTHON_FRONTENDS,
     WEIGHTS_FORMATS,
@@ -500,8 +501,9 @@ def _existing(doc: TomlDocument, at: tuple[str, ...], folder: Path, relative: st
 
 
 def _check_name(doc: TomlDocument, at: tuple[str, ...], name: str, pattern: str) -> None:
-    if not re.match(pattern, name):
-        raise doc.error(at, f"invalid name {name!r}; must match {pattern}")
+    if not re.fullmatch(pattern, name):
+        length = f" ({len(name)} characters)" if len(name) > MAX_NAME_LENGTH else ""
+        raise doc.error(at, f"invalid name {name!r}{length}; must match {pattern}")
 
 
 def _check_unique(doc: TomlDocument, at: tuple[str, ...], names: list[str]) -> None:
