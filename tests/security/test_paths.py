@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -21,6 +22,7 @@ from myelin.errors import ArtifactError, UnsafePath
 from myelin.untrusted import path_inside, printable
 from plex.cli import app
 from tests.conftest import EXAMPLES
+from tests.models import mlp_reference
 from tests.myelin.test_mln_format import manifest_of, replace_manifest
 
 
@@ -204,3 +206,65 @@ def test_a_symlinked_output_folder_is_the_users_choice(mlp_mln, tmp_path):
     code, text = plex("profile", mlp_mln, "-f", "forward", "--dim", "*=2", "-o", tmp_path / "link")
     assert code == 0, text
     assert list(real.glob("capture-*.ireeprof"))
+
+
+# --- a package reads only its own files ----------------------------------------------------------
+
+
+def package_with_source(root: Path, source: str) -> Path:
+    """examples/mlp copied, its graph's `source` replaced; returns app.toml."""
+    app_toml = write_app(root)
+    package = root / "mlp" / "plex.toml"
+    package.write_text(package.read_text().replace('source = "mlp.mlir"', f'source = "{source}"'))
+    return app_toml
+
+
+@pytest.mark.parametrize("source", ["/etc/passwd", "../../../../../../../../etc/passwd"])
+def test_a_source_outside_the_package_is_refused(tmp_path, source):
+    app_toml = package_with_source(tmp_path, source)
+    code, text = plex("build", app_toml, "-o", tmp_path / "app.mln")
+    assert code == 1, text
+    assert "plex.toml:8: [graph.mlp] source: /etc/passwd is outside the folder" in text, text
+    assert "allow_outside_sources = true" in text
+    assert "custom op" not in text  # the file was never parsed
+    assert not (tmp_path / "app.mln").exists()
+
+
+def test_a_symbolic_link_out_of_the_package_is_refused(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(EXAMPLES / "mlp" / "params.safetensors", outside / "w.safetensors")
+    app_toml = write_app(tmp_path / "app")
+    (app_toml.parent / "linked.safetensors").symlink_to(outside / "w.safetensors")
+    package = app_toml.parent / "plex.toml"
+    package.write_text(package.read_text().replace('"params.safetensors"', '"linked.safetensors"'))
+    code, text = plex("build", app_toml, "-o", tmp_path / "app.mln")
+    assert code == 1, text
+    assert "plex.toml:13: [weights.params] source:" in text, text
+    assert f"{outside / 'w.safetensors'} is outside the folder" in text
+
+
+def test_an_app_may_allow_sources_outside_its_packages(tmp_path, mlp_weights):
+    """The opt-in: the weights live in a shared folder beside the package."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shutil.copy(EXAMPLES / "mlp" / "params.safetensors", shared / "params.safetensors")
+    app_toml = write_app(tmp_path / "app")
+    (app_toml.parent / "params.safetensors").unlink()
+    package = app_toml.parent / "plex.toml"
+    package.write_text(
+        package.read_text().replace('"params.safetensors"', '"../../shared/params.safetensors"')
+    )
+    code, text = plex("build", app_toml, "-o", tmp_path / "refused.mln")
+    assert code == 1 and "is outside the folder" in text, text
+    app_toml.write_text(
+        app_toml.read_text().replace("[app]\n", "[app]\nallow_outside_sources = true\n")
+    )
+    code, text = plex("build", app_toml, "-o", tmp_path / "app.mln")
+    assert code == 0, text
+    model = myelin.Instance().load(tmp_path / "app.mln")
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    with model.session() as session:
+        y = session.call("forward", x)
+    model.close()
+    np.testing.assert_allclose(y, mlp_reference(mlp_weights, x)[1], rtol=1e-5, atol=1e-5)

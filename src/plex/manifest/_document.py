@@ -33,6 +33,9 @@ class TomlDocument:
     text: str
     data: dict[str, Any]
     locator: KeyLocator
+    # A package's files must lie inside its folder unless the app opts in
+    # (`[app] allow_outside_sources`); the package reader sets this from the app.
+    allow_outside_sources: bool = False
 
     @classmethod
     def read(cls, path: Path) -> TomlDocument:

@@ -146,6 +146,8 @@ class AppTable(_Table):
     version: str = "0.0.0"
     packages: list[str] = []
     graphs: list[str] | None = None
+    # packages may read files outside their own folders (sources, weights, tuning specs)
+    allow_outside_sources: bool = False
 
 
 class DeviceTable(_Table):
