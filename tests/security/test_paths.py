@@ -246,14 +246,16 @@ def test_a_symbolic_link_out_of_the_package_is_refused(tmp_path):
 
 def test_an_app_may_allow_sources_outside_its_packages(tmp_path, mlp_weights):
     """The opt-in: the weights live in a shared folder beside the package."""
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shutil.copy(EXAMPLES / "mlp" / "params.safetensors", shared / "params.safetensors")
+    elsewhere = tmp_path / "weights-elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(EXAMPLES / "mlp" / "params.safetensors", elsewhere / "params.safetensors")
     app_toml = write_app(tmp_path / "app")
     (app_toml.parent / "params.safetensors").unlink()
     package = app_toml.parent / "plex.toml"
     package.write_text(
-        package.read_text().replace('"params.safetensors"', '"../../shared/params.safetensors"')
+        package.read_text().replace(
+            '"params.safetensors"', '"../../weights-elsewhere/params.safetensors"'
+        )
     )
     code, text = plex("build", app_toml, "-o", tmp_path / "refused.mln")
     assert code == 1 and "is outside the folder" in text, text
