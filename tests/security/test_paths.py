@@ -270,3 +270,72 @@ def test_an_app_may_allow_sources_outside_its_packages(tmp_path, mlp_weights):
         y = session.call("forward", x)
     model.close()
     np.testing.assert_allclose(y, mlp_reference(mlp_weights, x)[1], rtol=1e-5, atol=1e-5)
+
+
+# --- odd names and crafted fields: typed errors, escaped output ------------------------------------
+
+ODD = "evil\ud800\x1b[2J\x07"  # a lone surrogate, a clear-screen sequence, a bell
+
+
+def test_inspect_and_errors_escape_odd_names(mlp_mln, tmp_path):
+    def mutate(m: dict) -> None:
+        m["app"]["name"] = ODD
+        m["variants"][0]["entrypoints"][0]["name"] = ODD
+
+    artifact = crafted(mlp_mln, tmp_path / "odd.mln", mutate)
+    code, text = plex("inspect", artifact)
+    assert code == 0, text
+    assert "\x1b" not in text and "\x07" not in text and "\ud800" not in text
+    assert "evil\\ud800\\x1b[2J\\x07" in text
+    code, text = plex("run", artifact, "-f", "nope", "--input", "1x16xf32=1")
+    assert code == 1 and text.startswith("error: "), text
+    assert "evil\\ud800\\x1b[2J\\x07" in text and "\x1b" not in text
+
+
+@pytest.mark.parametrize(
+    ("host_functions", "field"),
+    [
+        ("not a list", "host_functions: must be a list"),
+        ([{"function": "f"}], "host_functions[0].node: is missing"),
+        ([{"function": 1, "node": "n", "section": "s", "inputs": [], "outputs": []}], "function"),
+        (
+            [{"function": "f", "node": "n", "section": "s", "inputs": ["float99"], "outputs": []}],
+            "host_functions[0].inputs[0]: unknown dtype",
+        ),
+        (
+            [{"function": "f", "node": "n", "section": "nope", "inputs": [], "outputs": []}],
+            "host_functions[0].section: names no section of the file",
+        ),
+    ],
+    ids=["not-a-list", "missing-keys", "wrong-type", "bad-dtype", "no-section"],
+)
+def test_crafted_host_functions_are_refused_naming_the_field(
+    mlp_mln, tmp_path, host_functions, field
+):
+    def mutate(m: dict) -> None:
+        m["variants"][0]["modules"][0]["host_functions"] = host_functions
+
+    artifact = crafted(mlp_mln, tmp_path / "host.mln", mutate)
+    with pytest.raises(ArtifactError, match="manifest field variants\\[0\\]\\.modules\\[0\\]\\."):
+        myelin.Instance().load(artifact)
+    code, text = plex("run", artifact, "-f", "forward", "--input", "1x16xf32=1")
+    assert code == 1 and field in text, text
+
+
+def test_a_deeply_nested_toml_value_is_a_manifest_error(tmp_path):
+    app_toml = write_app(tmp_path)
+    package = app_toml.parent / "plex.toml"
+    package.write_text(package.read_text() + "\n[package.x]\ny = " + "[" * 500 + "]" * 500 + "\n")
+    code, text = plex("build", app_toml, "-o", tmp_path / "app.mln")
+    assert code == 1, text
+    assert "plex.toml: values nest more than 32 levels deep" in text, text
+
+
+def test_a_graph_name_too_long_for_a_file_name_is_refused_on_load(tmp_path):
+    app_toml = write_app(tmp_path)
+    package = app_toml.parent / "plex.toml"
+    package.write_text(package.read_text().replace("[graph.mlp]", f"[graph.{'g' * 240}]"))
+    code, text = plex("build", app_toml, "-o", tmp_path / "app.mln")
+    assert code == 1, text
+    assert "invalid name 'ggg" in text and "(240 characters); must match" in text, text
+    assert "{0,63}" in text

@@ -431,12 +431,36 @@ class ModuleRecord:
     section: str
     extras: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def host_functions(self) -> tuple[Mapping[str, Any], ...]:
+        """The ONNX nodes this module calls on the host (myelin.runtime.host_ops), each checked
+        at parse: `function`, `node`, `section` strings, `inputs`/`outputs` dtype lists."""
+        return tuple(self.extras.get("host_functions", ()))
+
     @classmethod
     def parse(cls, o: _Object) -> ModuleRecord:
-        return cls(o.required("name", _file_name), o.string("section"), o.extras())
+        record = cls(o.required("name", _file_name), o.string("section"), o.extras())
+        # kept in extras (written back as read); checked here so the runtime reads typed fields
+        if o.has("host_functions"):
+            _check_host_functions(o.data["host_functions"], o.path("host_functions"))
+        return record
 
     def to_json(self) -> dict[str, Any]:
         return _with_extras({"name": self.name, "section": self.section}, self.extras)
+
+
+def _check_host_functions(value: Any, where: str) -> None:
+    seen: set[str] = set()
+    for i, item in enumerate(_list(value, where)):
+        f = _Object(item, f"{where}[{i}]")
+        _unique(f.string("function"), seen, f.path("function"), "host function")
+        f.string("node")
+        f.string("section")
+        for key in ("inputs", "outputs"):
+            f.required(
+                key, lambda v, w: tuple(_dtype(x, f"{w}[{j}]") for j, x in enumerate(_list(v, w)))
+            )
+        f.optional("op_type", _string)
 
 
 @dataclass(frozen=True)
@@ -1129,6 +1153,9 @@ def _check_references(m: ArtifactManifest) -> None:
     for i, v in enumerate(m.variants):
         for j, module in enumerate(v.modules):
             _section_ref(module.section, f"variants[{i}].modules[{j}]", sections, "module")
+            for k, host in enumerate(module.host_functions):
+                where = f"variants[{i}].modules[{j}].host_functions[{k}]"
+                _section_ref(host["section"], where, sections, "blob")
         for j, device in enumerate(v.devices):
             if device.backend is not None:
                 where = f"variants[{i}].devices[{j}].backend"
