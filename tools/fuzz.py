@@ -165,7 +165,6 @@ class Targets:
             return False
         return True
 
-
     def profile_paths(self, data: bytes) -> bool:
         """True when the name was accepted (and its path checked to lie inside the folder)."""
         import json
