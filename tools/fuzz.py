@@ -26,6 +26,11 @@ Harnesses (each input is one test case; seeds are committed under tools/fuzz_cor
   replaced, hashes as built), loaded with `allow_native_code=True` and `verify=False`. Either
   way no native code may load: the process's dynamic loading is watched, and a plugin handed to
   it is a finding (`NativeCodeLoaded`), as is any error but the documented ones.
+- `profile-paths`: a name an artifact's manifest gives (the first byte picks the field:
+  parameter scope, module, backend, `[runtime.profile] output`; the rest is the name, invalid
+  UTF-8 as lone surrogates) in examples/mlp's manifest, through the typed records, then every
+  path `plex profile` derives from it (myelin.untrusted.path_inside) in a folder holding a
+  symbolic link out of it: an accepted name must give a path inside the folder.
 
 A harness may raise only the project's documented errors (ArtifactError and the other
 MyelinErrors for artifacts, ManifestError for manifests); anything else, a crash or a hang
@@ -53,7 +58,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tools" / "fuzz_corpus"
-HARNESSES = ("mln", "mln-manifest", "manifest", "mln-backend")
+HARNESSES = ("mln", "mln-manifest", "manifest", "mln-backend", "profile-paths")
 # The seed of `mln-backend`: a benign plugin (a gcc-built shared object with one function).
 BACKEND_SEED = CORPUS / "mln-backend" / "plugin-as-is"
 BACKEND_SECTION = "backend/fuzz/plugin"
@@ -309,6 +314,57 @@ class Targets:
             return False
         return True
 
+    def profile_paths(self, data: bytes) -> bool:
+        """True when the name was accepted (and its path checked to lie inside the folder)."""
+        import json
+
+        from myelin.errors import UnsafePath
+        from myelin.mln import ArtifactManifest, ManifestInvalid
+        from myelin.runtime.profiling import output_path
+        from myelin.untrusted import path_inside
+
+        if not data:
+            return False
+        field, name = data[0] % 4, data[1:].decode("utf-8", "surrogateescape")
+        out = self.workdir / "profile-out"
+        if not out.exists():
+            (self.workdir / "outside").mkdir()
+            out.mkdir()
+            (out / "link").symlink_to(self.workdir / "outside")
+        work = out / ".work-id"
+        manifest = json.loads(split_manifest(self.seed_artifact()))
+        variant = manifest["variants"][0]
+        if field == 0:
+            for p in manifest["parameters"]:
+                p["scope"] = name
+            variant["parameter_scopes"] = [name]
+            for e in variant["entrypoints"]:
+                e["memory"]["parameters"] = [[name, k] for _, k in e["memory"]["parameters"]]
+        elif field == 1:
+            variant["modules"][0]["name"] = name
+            for e in variant["entrypoints"]:
+                e["module"] = name
+        elif field == 2:
+            plugin = variant["modules"][0]["section"]
+            variant["devices"][0]["backend"] = {
+                "name": name, "abi": 1, "ops": ["matmul"], "plugin": plugin, "libraries": [],
+            }  # fmt: skip
+            del manifest["sections"], manifest["format"]  # the plugin is no `backend` section
+        else:
+            manifest["policies"]["profile"] = {"output": name, "device_timing": False}
+        try:
+            ArtifactManifest.from_json(manifest)
+            if field == 3:
+                path = output_path(name, out, "id")
+            else:
+                suffix = (".irpa", ".vmfb", "-plugin.so")[field]
+                path = path_inside(work, f"{name}{suffix}", what="name")
+        except (ManifestInvalid, UnsafePath):
+            return False
+        if not path.is_relative_to(out.resolve()):
+            raise AssertionError(f"{name!r} gave {path}, outside {out}")
+        return True
+
 
 def _run_harness(name: str, args: list[str]) -> None:
     """Inside the child process: instrument the project's code and hand over to libFuzzer."""
@@ -320,6 +376,8 @@ def _run_harness(name: str, args: list[str]) -> None:
 
         if name == "manifest":  # the .mln harnesses run where only the runtime is installed
             import plex.manifest  # noqa: F401
+        if name == "profile-paths":
+            from myelin.runtime import profiling  # noqa: F401
     if name == "mln-backend":
         watch_native_loads()
     targets = Targets(Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-", dir=_scratch())))
@@ -328,6 +386,7 @@ def _run_harness(name: str, args: list[str]) -> None:
         "mln-manifest": targets.mln_manifest,
         "manifest": targets.manifest,
         "mln-backend": targets.mln_backend,
+        "profile-paths": targets.profile_paths,
     }[name]
     atheris.Setup([sys.argv[0], *args], target)
     atheris.Fuzz()

@@ -76,3 +76,8 @@ class DeadlineExceeded(Cancelled):
 
 class ProfilingUnavailable(MyelinError):
     """This runtime or driver cannot record the profile that was asked for."""
+
+
+class UnsafePath(MyelinError, ValueError):
+    """A name or path template from a file (a manifest, an artifact) would lead outside the
+    folder it must stay in: an absolute path, a `..` step, or a symbolic link out of it."""

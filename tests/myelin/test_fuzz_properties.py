@@ -48,6 +48,7 @@ def test_the_fuzz_corpus_replays_cleanly(targets, seed: Path) -> None:
         "mln-manifest": targets.mln_manifest,
         "manifest": targets.manifest,
         "mln-backend": targets.mln_backend,
+        "profile-paths": targets.profile_paths,
     }[seed.parent.name]
     target(seed.read_bytes())
 

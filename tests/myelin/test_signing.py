@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import myelin
@@ -29,23 +28,14 @@ from myelin.mln import (
     sign_file,
 )
 from myelin.runtime.model import Model
-from plex.cli import one_line_errors, run_cmd, sign_cmd
+from plex.cli import app
 from tests.myelin.test_mln_format import build, replace_manifest
 
 HEADER = struct.Struct("<8sHHIQQ32s")
 
-cli = typer.Typer()
-for _name, _verb in (
-    ("sign", sign_cmd.sign),
-    ("verify", sign_cmd.verify),
-    ("keygen", sign_cmd.keygen),
-    ("run", run_cmd.run),
-):
-    cli.command(_name)(one_line_errors(_verb))
-
 
 def plex(*args: str | Path):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
+    result = CliRunner().invoke(app, [str(a) for a in args])
     text = result.output + (getattr(result, "stderr", "") or "")
     return result.exit_code, text
 
@@ -255,11 +245,6 @@ def test_an_unsigned_1_0_file_still_loads(tmp_path):
 
 
 def test_inspect_shows_the_signing_key(signed):
-    from plex.cli import inspect_cmd
-
-    app = typer.Typer()
-    app.command("inspect")(one_line_errors(inspect_cmd.inspect))
-    app.command("unused")(lambda: None)  # two commands: the verb is named on the command line
-    result = CliRunner().invoke(app, ["inspect", str(signed)])
-    assert result.exit_code == 0, result.output
-    assert "signed by key" in result.output and "plex verify" in result.output
+    code, text = plex("inspect", signed)
+    assert code == 0, text
+    assert "signed by key" in text and "plex verify" in text

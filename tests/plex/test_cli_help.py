@@ -15,7 +15,19 @@ import typer.main
 from plex.cli import app
 from tests.plex.test_cli import plex
 
-VERBS = ["init", "build", "inspect", "run", "bench", "accuracy", "profile", "cache"]
+VERBS = [
+    "init",
+    "build",
+    "inspect",
+    "run",
+    "bench",
+    "accuracy",
+    "profile",
+    "cache",
+    "keygen",
+    "sign",
+    "verify",
+]
 CACHE_VERBS = ["ls", "gc", "clear"]
 
 

@@ -340,7 +340,7 @@ def test_missing_required_key_and_table(tmp_path):
 
 def test_invalid_names(tmp_path):
     folder = make_package(tmp_path / "mlp", MLP_TOML.replace('name = "mlp"', 'name = "MLP"'))
-    assert "[package] name: invalid value 'MLP'; must match ^[a-z][a-z0-9_-]*$" in error_of(
+    assert "[package] name: invalid value 'MLP'; must match ^[a-z][a-z0-9_-]{0,63}$" in error_of(
         load_package, folder
     )
     (folder / "plex.toml").write_text(MLP_TOML.replace("[graph.mlp]", '[graph."my-mlp"]'))

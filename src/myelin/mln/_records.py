@@ -27,6 +27,7 @@ from myelin.mln._layout import FORMAT_MINOR, MIN_ALIGNMENT, SECTION_ALIGNMENT, S
 from myelin.mln._manifest import ManifestInvalid
 from myelin.signature import Signature, TensorSpec
 from myelin.size_formulas import SIZE_OPS
+from myelin.untrusted import FILE_NAME_PATTERN, relative_path_problem
 
 # --- vocabularies and limits (docs/mln-format.md) ------------------------------------------------
 
@@ -139,6 +140,27 @@ def _string(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ManifestInvalid(where, f"must be a non-empty string, got {_show(value)}")
     return value
+
+
+def _file_name(value: Any, where: str) -> str:
+    """A name that becomes one file name (plex profile writes `<scope>.irpa`, `<module>.vmfb`,
+    `<backend>-plugin.so`): refused at load unless it is a plain file name."""
+    name = _string(value, where)
+    if not re.fullmatch(FILE_NAME_PATTERN, name):
+        raise ManifestInvalid(where, f"must match {FILE_NAME_PATTERN}, got {_show(name)}")
+    return name
+
+
+def _file_names(value: Any, where: str) -> tuple[str, ...]:
+    return tuple(_file_name(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where)))
+
+
+def _relative_path(value: Any, where: str) -> str:
+    text = _string(value, where)
+    problem = relative_path_problem(text)
+    if problem is not None:
+        raise ManifestInvalid(where, f"{problem}, got {_show(text)}")
+    return text
 
 
 def _is_count(value: Any) -> bool:
@@ -320,7 +342,7 @@ class BackendRecord:
     @classmethod
     def parse(cls, o: _Object) -> BackendRecord:
         return cls(
-            o.string("name"),
+            o.required("name", _file_name),
             o.count("abi"),
             o.required("ops", _strings),
             o.string("plugin"),
@@ -409,12 +431,36 @@ class ModuleRecord:
     section: str
     extras: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def host_functions(self) -> tuple[Mapping[str, Any], ...]:
+        """The ONNX nodes this module calls on the host (myelin.runtime.host_ops), each checked
+        at parse: `function`, `node`, `section` strings, `inputs`/`outputs` dtype lists."""
+        return tuple(self.extras.get("host_functions", ()))
+
     @classmethod
     def parse(cls, o: _Object) -> ModuleRecord:
-        return cls(o.string("name"), o.string("section"), o.extras())
+        record = cls(o.required("name", _file_name), o.string("section"), o.extras())
+        # kept in extras (written back as read); checked here so the runtime reads typed fields
+        if o.has("host_functions"):
+            _check_host_functions(o.data["host_functions"], o.path("host_functions"))
+        return record
 
     def to_json(self) -> dict[str, Any]:
         return _with_extras({"name": self.name, "section": self.section}, self.extras)
+
+
+def _check_host_functions(value: Any, where: str) -> None:
+    seen: set[str] = set()
+    for i, item in enumerate(_list(value, where)):
+        f = _Object(item, f"{where}[{i}]")
+        _unique(f.string("function"), seen, f.path("function"), "host function")
+        f.string("node")
+        f.string("section")
+        for key in ("inputs", "outputs"):
+            f.required(
+                key, lambda v, w: tuple(_dtype(x, f"{w}[{j}]") for j, x in enumerate(_list(v, w)))
+            )
+        f.optional("op_type", _string)
 
 
 @dataclass(frozen=True)
@@ -695,7 +741,7 @@ class VariantRecord:
             devices,
             modules,
             entrypoints,
-            o.required("parameter_scopes", _strings),
+            o.required("parameter_scopes", _file_names),
             o.optional("flags", _strings),
             o.optional("module_attributes", _string_map),
             o.extras(),
@@ -776,7 +822,7 @@ class ParameterRecord:
     @classmethod
     def parse(cls, o: _Object) -> ParameterRecord:
         return cls(
-            scope=o.string("scope"),
+            scope=o.required("scope", _file_name),
             key=o.string("key"),
             section=o.string("section"),
             offset=o.count("offset"),
@@ -825,7 +871,7 @@ class ProfileRecord:
 
     @classmethod
     def parse(cls, o: _Object) -> ProfileRecord:
-        output = o.optional("output", lambda v, w: None if v is None else _string(v, w))
+        output = o.optional("output", lambda v, w: None if v is None else _relative_path(v, w))
         timing = o.optional("device_timing", _bool)
         return cls(output, bool(timing), o.extras())
 
@@ -1107,6 +1153,9 @@ def _check_references(m: ArtifactManifest) -> None:
     for i, v in enumerate(m.variants):
         for j, module in enumerate(v.modules):
             _section_ref(module.section, f"variants[{i}].modules[{j}]", sections, "module")
+            for k, host in enumerate(module.host_functions):
+                where = f"variants[{i}].modules[{j}].host_functions[{k}]"
+                _section_ref(host["section"], where, sections, "blob")
         for j, device in enumerate(v.devices):
             if device.backend is not None:
                 where = f"variants[{i}].devices[{j}].backend"

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from myelin.errors import MemoryBudgetExceeded, MemoryNeedUnknown
+from myelin.errors import ArtifactError, MemoryBudgetExceeded, MemoryNeedUnknown
 from myelin.mln import MemoryRecord, size_formula_json
+from myelin.mln._records import MAX_COUNT
 from myelin.size_formulas import SizeExpr, compile_size
 
 
@@ -75,7 +76,24 @@ class FootprintFormula:
             )
         shapes = [getattr(v, "shape", None) for v in values]
         uploaded = sum(v.nbytes for v in values if type(v) is np.ndarray)
-        return CallNeed(uploaded, compiled[0](shapes), compiled[1](shapes))
+        transient = _bytes(entrypoint, "transient", compiled[0], shapes)
+        results = _bytes(entrypoint, "result", compiled[1], shapes)
+        return CallNeed(uploaded, transient, results)
+
+
+def _bytes(entrypoint: str, what: str, formula: Callable, shapes: list) -> int:
+    """A formula's bytes for these shapes, which a build never makes negative or beyond what an
+    int64 holds: such a value would bypass the budget (negative) or sink it, so the artifact's
+    plan is refused instead."""
+    n = formula(shapes)
+    if 0 <= n <= MAX_COUNT:
+        return n
+    problem = "is negative" if n < 0 else "exceeds 2^63 - 1"
+    dims = ", ".join("scalar" if s is None else "x".join(map(str, s)) for s in shapes)
+    raise ArtifactError(
+        f"{entrypoint}: the artifact's memory plan gives {what} bytes that {problem} for inputs "
+        f"{dims}; a build never records such a formula: the file is damaged or crafted, rebuild it"
+    )
 
 
 class CallNeed:

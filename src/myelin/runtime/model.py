@@ -443,9 +443,7 @@ class Model:
     def _host_functions(self):
         """The host functions the variant's modules import, or None (made once per model)."""
         if not hasattr(self, "_host"):
-            functions = [
-                f for m in self.variant_record.modules for f in m.extras.get("host_functions", [])
-            ]
+            functions = [f for m in self.variant_record.modules for f in m.host_functions]
             self._host = None
             if functions:
                 from myelin.runtime.host_ops import HostFunctions

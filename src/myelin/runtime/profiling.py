@@ -29,6 +29,7 @@ import numpy as np
 from myelin.errors import EntrypointNotFound, ProfilingUnavailable
 from myelin.mln import EntrypointRecord, MlnReader, ProfileRecord, VariantRecord
 from myelin.platforms import HOST_DRIVERS
+from myelin.untrusted import path_inside
 
 # HAL profiling families (iree-run-module --help). CPU drivers record host-side execution;
 # device timestamps need a GPU driver.
@@ -69,12 +70,13 @@ def capture_id() -> str:
 
 def output_path(template: str, out_dir: Path, capture: str) -> Path:
     """Where a capture goes: `template` with `{capture}` replaced (added before the suffix when
-    the template lacks it, so two captures never share a file), relative to `out_dir`."""
+    the template lacks it, so two captures never share a file), inside `out_dir`: the template
+    comes from the artifact, so an absolute path or one leading out is refused (UnsafePath)."""
     if "{capture}" not in template:
         stem, dot, suffix = template.rpartition(".")
         template = f"{stem}-{{capture}}.{suffix}" if dot and stem else f"{template}-{{capture}}"
-    path = Path(template.replace("{capture}", capture))
-    return path if path.is_absolute() else out_dir / path
+    relative = template.replace("{capture}", capture)
+    return path_inside(out_dir, relative, what="[runtime.profile] output")
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ def _command(
     args += _backend_plugins(reader, variant, work)
     # Modules in registration order, up to the entrypoint's: the tool calls into the last one.
     for m in variant.modules:
-        path = work / f"{m.name}.vmfb"
+        path = path_inside(work, f"{m.name}.vmfb", what="module name")
         path.write_bytes(reader.section_view(m.section))
         args.append(f"--module={path}")
         if m.name == entry.module:
@@ -200,7 +202,7 @@ def _command(
         for p in reader.artifact_manifest.parameters_in([scope]):
             section = reader.sections[p.section]
             index.add_from_file_handle(p.key, handle, p.length, offset=section.offset + p.offset)
-        archive = work / f"{scope}.irpa"
+        archive = path_inside(work, f"{scope}.irpa", what="parameter scope")
         index.create_archive_file(str(archive))
         args.append(f"--parameters={scope}={archive}")
     for i, value in enumerate(inputs):
@@ -236,8 +238,9 @@ def _backend_plugins(reader: MlnReader, variant: VariantRecord, work: Path) -> l
         if backend is None:
             continue
         for name in backend.libraries:
-            (work / name.rpartition("/")[2]).write_bytes(reader.section_view(name))
-        plugin = work / f"{backend.name}-plugin.so"
+            library = path_inside(work, name.rpartition("/")[2], what="backend library")
+            library.write_bytes(reader.section_view(name))
+        plugin = path_inside(work, f"{backend.name}-plugin.so", what="backend name")
         plugin.write_bytes(reader.section_view(backend.plugin))
         flags.append(f"--executable_plugin={plugin}")
     return flags

@@ -13,6 +13,7 @@ from typing import Any
 import iree.runtime as rt
 import numpy as np
 
+from myelin.dtypes import numpy_dtype
 from myelin.errors import InputError
 from myelin.runtime._cuda import CU_STREAM_LEGACY, KDL_CUDA, synchronize_legacy_stream
 from myelin.runtime._iree_private import (
@@ -28,8 +29,15 @@ def as_host_array(value: Any, spec: TensorSpec, entrypoint: str, cuda: Any = Non
     Python scalars become 0-d values. Device arrays returned by an earlier call pass through.
     With `cuda` (the entrypoint's HAL device, when it is a CUDA device), DLPack tensors on the
     GPU (torch CUDA tensors) are imported in place (`import_cuda_tensor`)."""
-    if isinstance(value, np.ndarray):
+    if type(value) is np.ndarray:
         return value
+    if isinstance(value, np.ndarray):  # a subclass: np.matrix, a masked array, a memmap
+        if isinstance(value, np.ma.MaskedArray):
+            raise InputError(
+                f"{entrypoint}: argument '{spec.name}' is a masked array; its mask would be "
+                "ignored: pass .filled(value) or .data"
+            )
+        return np.asarray(value)  # np.matrix and memmap: the same values as a plain ndarray
     if is_device_array(value):  # stays on its device
         return value
     if cuda is not None and _dlpack_device(value)[0] == KDL_CUDA:
@@ -44,12 +52,70 @@ def as_host_array(value: Any, spec: TensorSpec, entrypoint: str, cuda: Any = Non
             ) from e
     if spec.is_scalar and isinstance(value, (int, float, bool, np.generic)):
         return value
-    if isinstance(value, (list, tuple, int, float)):
-        return np.asarray(value, dtype=spec.dtype)
+    if isinstance(value, (list, tuple, int, float, bool)):
+        return from_python(value, spec, entrypoint)
     raise InputError(
         f"{entrypoint}: argument '{spec.name}' has type {type(value).__name__}; "
         "expected a numpy array or a DLPack tensor"
     )
+
+
+def from_python(value: Any, spec: TensorSpec, entrypoint: str) -> np.ndarray:
+    """A Python list (or number) as the entrypoint's dtype, by numpy's rules: numpy infers the
+    list's dtype as for `np.asarray`, which must cast to the input's dtype under `same_kind`
+    (a float list for an integer input is refused as a float array is; strings are refused),
+    and every value must survive the cast (an integer in range; a finite float that stays
+    finite: 1e40 overflows f32, 3.4028235e38 rounds to f32's max)."""
+    try:
+        inferred = np.asarray(value)
+    except (ValueError, TypeError) as e:  # ragged lists
+        raise InputError(
+            f"{entrypoint}: argument '{spec.name}' is a list numpy cannot make an array of "
+            f"({_first_line(e)})"
+        ) from None
+    target = numpy_dtype(spec.dtype)
+    floating = target.kind == "f" or "float" in target.name  # ml_dtypes' are kind "V"
+    if inferred.dtype.kind not in "biuf" or not np.can_cast(inferred.dtype, target, "same_kind"):
+        kind = {"U": "strings", "S": "bytes", "O": "Python objects"}.get(
+            inferred.dtype.kind, f"{inferred.dtype} values"
+        )
+        raise InputError(
+            f"{entrypoint}: argument '{spec.name}' is a list of {kind} ({_sample(inferred)}), "
+            f"expected {spec.dtype}: numpy's same_kind rule does not cast {inferred.dtype} to "
+            f"{spec.dtype} (it would change values), as for an array of {inferred.dtype}"
+        )
+    if not floating and target.kind != "b" and inferred.size:
+        info = _iinfo(target)
+        low, high = inferred.min(), inferred.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise InputError(
+                f"{entrypoint}: argument '{spec.name}': value {bad} is out of range for "
+                f"{spec.dtype} [{info.min}, {info.max}]"
+            )
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = inferred.astype(target)
+    if floating:
+        overflow = np.isfinite(inferred) & ~np.isfinite(converted.astype(np.float64))
+        if overflow.any():
+            bad = inferred[overflow].flat[0]
+            raise InputError(
+                f"{entrypoint}: argument '{spec.name}': value {bad} overflows {spec.dtype}; "
+                "write inf for infinity"
+            )
+    return converted
+
+
+def _iinfo(dtype: np.dtype) -> Any:
+    if dtype.kind in "iu":
+        return np.iinfo(dtype)
+    import ml_dtypes  # int4 and friends
+
+    return ml_dtypes.iinfo(dtype)
+
+
+def _sample(array: np.ndarray) -> str:
+    return repr(array.flat[0].item()) if array.size else "empty"
 
 
 def _dlpack_device(value: Any) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from plex.cli import (
     inspect_cmd,
     profile_cmd,
     run_cmd,
+    sign_cmd,
     tune_cmd,
 )
 
@@ -92,18 +93,27 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except (PlexError, MyelinError) as e:
             if _debug():
                 raise
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_printable(str(e))}", file=sys.stderr)
             raise typer.Exit(EXIT_ERROR) from None
         except Exception as e:
             if _debug():
                 raise
             print(
-                f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+                f"internal error: {type(e).__name__}: {_printable(str(e))} "
+                "(run with --debug for the traceback)",
                 file=sys.stderr,
             )
             raise typer.Exit(EXIT_INTERNAL) from None
 
     return wrapper
+
+
+def _printable(message: str) -> str:
+    """A message naming things from a file, as the terminal may show it: escape sequences and
+    lone surrogates escaped line by line (a multi-line compiler diagnostic keeps its lines)."""
+    from myelin.untrusted import printable
+
+    return "\n".join(printable(line) for line in message.split("\n"))
 
 
 def version_text() -> str:
@@ -154,6 +164,9 @@ for name, command in (
     ("accuracy", accuracy_cmd.accuracy),
     ("profile", profile_cmd.profile),
     ("tune", tune_cmd.tune),
+    ("keygen", sign_cmd.keygen),
+    ("sign", sign_cmd.sign),
+    ("verify", sign_cmd.verify),
 ):
     app.command(name)(one_line_errors(command))
 for name, command in cache_cmd.COMMANDS.items():

@@ -11,10 +11,20 @@ from plex.cli.build_cmd import _size
 from plex.cli.options import artifact_argument
 
 
+def shown(text: str) -> str:
+    """A name from the file as the terminal may show it: control characters, escape sequences
+    and lone surrogates written as Python escapes (myelin.untrusted.printable), then rich's
+    markup escaped, so `[bold]` in a name is text too."""
+    from rich.markup import escape
+
+    from myelin.untrusted import printable
+
+    return escape(printable(text))
+
+
 def _print_backends(console, manifest, sections) -> None:
     """External backends (docs/backends.md): which device hosts each, its ops, and the plugin
     and vendor libraries the artifact carries for it."""
-    from rich.markup import escape
     from rich.table import Table
 
     seen: dict = {}
@@ -29,15 +39,15 @@ def _print_backends(console, manifest, sections) -> None:
         table.add_column(col)
     for (name, device), (b, variant_names) in seen.items():
         libraries = "\n".join(
-            f"{s.rpartition('/')[2]}\n({_size(sections[s].length)})" for s in b.libraries
+            f"{shown(s.rpartition('/')[2])}\n({_size(sections[s].length)})" for s in b.libraries
         )
         table.add_row(
-            escape(name),
-            escape(device),
-            escape(", ".join(variant_names)),
-            escape("\n".join(b.ops)),  # one a line: the library names keep their width
+            shown(name),
+            shown(device),
+            shown(", ".join(variant_names)),
+            "\n".join(map(shown, b.ops)),  # one a line: the library names keep their width
             f"{_size(sections[b.plugin].length)}\nABI {b.abi}",
-            escape(libraries or "none"),
+            libraries or "none",
         )
     console.print(table)
 
@@ -75,7 +85,6 @@ def inspect(
 ) -> None:
     """Show variants, entrypoints with signatures, parameters, sizes and provenance."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from myelin.codecs import bytes_by_codec, parameter_rows
@@ -95,14 +104,14 @@ def inspect(
     app = manifest.app
     major, minor = manifest.format_version or (0, 0)
     console.print(
-        f"[bold]{escape(str(artifact))}[/bold]: app {escape(app.name)} "
-        f"{escape(app.version)}, {_size(size)}, format {major}.{minor}"
+        f"[bold]{shown(str(artifact))}[/bold]: app {shown(app.name)} "
+        f"{shown(app.version)}, {_size(size)}, format {major}.{minor}"
         + (", all section hashes verified" if verify else "")
     )
     if signature is not None:  # shown, not checked: only a trusted key can check it
         console.print(
             f"signed by key {signature.key_id.hex()[:16]} (check it: plex verify "
-            f"{escape(str(artifact))} --key PUB)"
+            f"{shown(str(artifact))} --key PUB)"
         )
     variants = Table(title="variants (the runtime picks the first whose devices exist)")
     for col in ("variant", "devices", "modules", "module bytes", "parameter scopes"):
@@ -116,11 +125,11 @@ def inspect(
         )
         module_bytes = sum(sections[m.section].length for m in v.modules)
         variants.add_row(
-            escape(v.name),
-            escape(devices),
-            escape(", ".join(m.name for m in v.modules)),
+            shown(v.name),
+            shown(devices),
+            shown(", ".join(m.name for m in v.modules)),
             _size(module_bytes),
-            escape(", ".join(v.parameter_scopes)),
+            shown(", ".join(v.parameter_scopes)),
         )
     console.print(variants)
     _print_backends(console, manifest, sections)
@@ -131,10 +140,10 @@ def inspect(
     for v in manifest.variants:
         for e in v.entrypoints:
             entry.add_row(
-                escape(v.name),
-                escape(e.name),
-                escape(", ".join(t.describe() for t in e.inputs)),
-                escape(", ".join(t.describe() for t in e.outputs)),
+                shown(v.name),
+                shown(e.name),
+                shown(", ".join(t.describe() for t in e.inputs)),
+                shown(", ".join(t.describe() for t in e.outputs)),
             )
     console.print(entry)
     params = manifest.parameters
@@ -163,24 +172,24 @@ def inspect(
         }
         for r in rows:
             table.add_row(
-                escape(r.scope),
-                escape(r.key),
+                shown(r.scope),
+                shown(r.key),
                 r.dtype,
                 "x".join(map(str, r.shape)) + stored_as.get((r.scope, r.key), ""),
                 r.codec,
                 str(r.stored_bytes),
                 str(sections[sections_of[(r.scope, r.key)]].offset + r.offset),
-                *([escape(r.rule)] if show_rule else []),
+                *([shown(r.rule)] if show_rule else []),
             )
         console.print(table)
     prov = manifest.provenance.to_json()
     console.print("[bold]provenance[/bold]")
     for key in sorted(prov):
         if key not in ("sources", "packages"):
-            console.print(escape(f"  {key}: {prov[key]}"))
+            console.print(shown(f"  {key}: {prov[key]}"))
     for ref, digest in sorted((manifest.provenance.sources or {}).items()):
-        console.print(escape(f"  source {ref}: sha256 {digest[:16]}…"))
+        console.print(shown(f"  source {ref}: sha256 {digest[:16]}…"))
     for v in manifest.variants:
-        console.print(escape(f"  flags [{v.name}]: {' '.join(v.flags or ())}"))
+        console.print(shown(f"  flags [{v.name}]: {' '.join(v.flags or ())}"))
         for name, value in (v.module_attributes or {}).items():
-            console.print(escape(f"  module attribute [{v.name}]: {name} = {value}"))
+            console.print(shown(f"  module attribute [{v.name}]: {name} = {value}"))

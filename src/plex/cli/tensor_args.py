@@ -55,7 +55,10 @@ def parse_tensor_arg(text: str) -> np.ndarray:
     dtype = numpy_dtype(dtype_name)
     shape = tuple(int(d) for d in m.group("shape").split("x") if d)
     count = math.prod(shape)
-    _check_fits_in_memory(text, shape, count, element, dtype.itemsize)
+    _check_fits_in_memory(
+        f"--input {text!r}: shape {'x'.join(map(str, shape))} is {count:,} {element} values",
+        count * dtype.itemsize,
+    )
     raw = [v for v in re.split(r"[,\s]+", m.group("values").strip()) if v]
     values = [_parse_value(text, v, element, dtype) for v in raw]
     if len(values) == 1:
@@ -101,7 +104,11 @@ def _parse_value(text: str, value: str, element: str, dtype: np.dtype) -> int | 
         ) from None
     if math.isfinite(number) or value.lower() in _SPECIAL_FLOATS:
         largest = float(_finfo(dtype).max)
-        if math.isfinite(number) and abs(number) > largest:
+        # Overflow is what the cast does, not `> largest`: 3.4028235e38 (f32's max as written)
+        # is a hair above it in f64 and rounds to it.
+        with np.errstate(over="ignore", invalid="ignore"):
+            stored = np.array(number).astype(dtype)
+        if math.isfinite(number) and not np.isfinite(stored.astype(np.float64)):
             raise TensorArgError(
                 f"--input {text!r}: value {value} overflows {element} (largest finite value "
                 f"{largest:g}); write inf for infinity"
@@ -120,15 +127,13 @@ def _finfo(dtype: np.dtype) -> object:
     return ml_dtypes.finfo(dtype)
 
 
-def _check_fits_in_memory(
-    text: str, shape: tuple[int, ...], count: int, element: str, size: int
-) -> None:
-    need = count * size
+def _check_fits_in_memory(what: str, need: int) -> None:
+    """Refuse, before anything is allocated, inputs larger than this machine's memory: numpy
+    would raise MemoryError (or the machine swap) instead of one error line."""
     have = _physical_memory()
     if have is not None and need > have:
         raise TensorArgError(
-            f"--input {text!r}: shape {'x'.join(map(str, shape))} is {count:,} {element} values "
-            f"({_size(need)}), more than this machine's memory ({_size(have)})"
+            f"{what} ({_size(need)}), more than this machine's memory ({_size(have)})"
         )
 
 
@@ -176,16 +181,29 @@ def synthetic_inputs(
             f"--dim {unknown[0]}={dims[unknown[0]]}: {entrypoint} has no dynamic dim named "
             f"'{unknown[0]}'; {has}"
         )
-    rng = np.random.default_rng(seed)
-    values = []
-    for spec in signature.inputs:
-        if spec.shape is None:
-            values.append(numpy_dtype(spec.dtype).type(1))
-            continue
-        shape = [
+    shapes = [
+        None
+        if spec.shape is None
+        else [
             d if d is not None else dims.get(str(n), dims.get("*", 1))
             for d, n in zip(spec.shape, spec.dims, strict=True)
         ]
+        for spec in signature.inputs
+    ]
+    sized = [(spec, s) for spec, s in zip(signature.inputs, shapes, strict=True) if s is not None]
+    described = ", ".join(
+        f"{spec.name}={''.join(f'{d}x' for d in s)}{NUMPY_TO_MLIR.get(spec.dtype, spec.dtype)}"
+        for spec, s in sized
+    )
+    # float64 random values are drawn first, then cast: 8 bytes per element at the peak
+    need = sum(math.prod(s) * max(8, numpy_dtype(spec.dtype).itemsize) for spec, s in sized)
+    _check_fits_in_memory(f"--dim: the random inputs of {entrypoint} ({described})", need)
+    rng = np.random.default_rng(seed)
+    values = []
+    for spec, shape in zip(signature.inputs, shapes, strict=True):
+        if shape is None:
+            values.append(numpy_dtype(spec.dtype).type(1))
+            continue
         dtype = numpy_dtype(spec.dtype)
         if dtype.kind == "f":
             values.append(rng.standard_normal(shape).astype(dtype))

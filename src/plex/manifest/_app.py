@@ -53,7 +53,13 @@ def load_app(app_toml: Path | str) -> AppSpec:
         path = path / APP_MANIFEST_NAME
     doc = TomlDocument.read(path)
     app = doc.validate(AppFile)
-    packages = _Packages(doc, path.parent, app.app.packages, os.environ.get(PLEX_PATH, ""))
+    packages = _Packages(
+        doc,
+        path.parent,
+        app.app.packages,
+        os.environ.get(PLEX_PATH, ""),
+        allow_outside_sources=app.app.allow_outside_sources,
+    )
 
     graphs = _select_graphs(doc, app, packages)
     graphs = [replace(g, weights=packages.weights_of(g)) for g in graphs]
@@ -145,7 +151,16 @@ def _tuning_specs(
 class _Packages:
     """The packages an app can refer to: those it lists, then those on PLEX_PATH (loaded lazily)."""
 
-    def __init__(self, doc: TomlDocument, folder: Path, listed: list[str], plex_path: str) -> None:
+    def __init__(
+        self,
+        doc: TomlDocument,
+        folder: Path,
+        listed: list[str],
+        plex_path: str,
+        *,
+        allow_outside_sources: bool,
+    ) -> None:
+        self._allow_outside_sources = allow_outside_sources
         self._loaded: dict[str, tuple[PackageManifest, TomlDocument]] = {}
         self._listed_at: dict[str, KeyPath] = {}
         for i, relative in enumerate(listed):
@@ -154,7 +169,7 @@ class _Packages:
             if not (package_folder / MANIFEST_NAME).is_file():
                 what = "no plex.toml in" if package_folder.is_dir() else "folder not found:"
                 raise doc.error(at, f"not a package: {what} {package_folder}")
-            package, package_doc = read_package(package_folder)
+            package, package_doc = self._read(package_folder)
             name = package.spec.name
             if name in self._loaded:
                 other = self._loaded[name][0].spec.path
@@ -181,7 +196,7 @@ class _Packages:
         table = TomlDocument.read(manifest).data.get("package")
         name = table.get("name") if isinstance(table, dict) else None
         if not isinstance(name, str):
-            name = read_package(manifest)[0].spec.name  # raises the precise error
+            name = self._read(manifest)[0].spec.name  # raises the precise error
         package_folder = manifest.parent
         if name in self._loaded and self._loaded[name][0].spec.path != package_folder:
             raise doc.error(
@@ -199,9 +214,12 @@ class _Packages:
                 hint="remove one",
             )
 
+    def _read(self, folder_or_toml: Path) -> tuple[PackageManifest, TomlDocument]:
+        return read_package(folder_or_toml, allow_outside_sources=self._allow_outside_sources)
+
     def get(self, name: str) -> PackageManifest | None:
         if name not in self._loaded and name in self._installed:
-            self._loaded[name] = read_package(self._installed[name])
+            self._loaded[name] = self._read(self._installed[name])
         loaded = self._loaded.get(name)
         return loaded[0] if loaded else None
 
@@ -274,7 +292,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
     devices: dict[str, DeviceSpec] = {}
     for name, d in tables.items():
         at = ("devices", name)
-        if not re.match(NAME, name):
+        if not re.fullmatch(NAME, name):
             raise doc.error(at, f"invalid device name {name!r}; must match {NAME}")
         options = TARGET_OPTIONS[d.target]
         given = {

@@ -27,12 +27,33 @@ _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$|\s*\(at end of
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
+# Deeper values are refused on read: no manifest key takes them, and the checks that walk a
+# value (the schema, error locations) would otherwise recurse as deep as the file says.
+MAX_NESTING = 32
+
+
+def _depth(value: Any) -> int:
+    """How deeply arrays and tables nest in `value` (iteratively: the file chooses the depth)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
 @dataclass
 class TomlDocument:
     path: Path
     text: str
     data: dict[str, Any]
     locator: KeyLocator
+    # A package's files must lie inside its folder unless the app opts in
+    # (`[app] allow_outside_sources`); the package reader sets this from the app.
+    allow_outside_sources: bool = False
 
     @classmethod
     def read(cls, path: Path) -> TomlDocument:
@@ -46,6 +67,13 @@ class TomlDocument:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise _syntax_error(path, text, str(e)) from None
+        except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+            data = None
+        if data is None or _depth(data) > MAX_NESTING:
+            raise ManifestError(
+                f"values nest more than {MAX_NESTING} levels deep; a manifest needs a few",
+                file=path,
+            )
         return cls(path, text, data, KeyLocator(text))
 
     def error(self, path: KeyPath, message: str, hint: str | None = None) -> ManifestError:

@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from plex.errors import ManifestError
@@ -14,6 +15,7 @@ from plex.manifest._schema import (
     FRONTEND_OF_SUFFIX,
     FRONTENDS,
     GRAPH_NAME,
+    MAX_NAME_LENGTH,
     NAME,
     PYTHON_FRONTENDS,
     WEIGHTS_FORMATS,
@@ -38,13 +40,17 @@ _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*$")  # a module or a function name
 
 
-def load_package(folder_or_toml: Path | str) -> PackageManifest:
+def load_package(
+    folder_or_toml: Path | str, *, allow_outside_sources: bool = False
+) -> PackageManifest:
     """Read and validate a package: a folder holding `plex.toml`, or the file itself.
 
     References to other packages (`weights = "other:name"`) are checked by `load_app`, which
-    also rejects not-implemented features the app uses; here they are only validated.
+    also rejects not-implemented features the app uses; here they are only validated. Every file
+    the package names must resolve inside its folder (symbolic links followed) unless
+    `allow_outside_sources` (an app's `[app] allow_outside_sources = true`).
     """
-    return read_package(folder_or_toml)[0]
+    return read_package(folder_or_toml, allow_outside_sources=allow_outside_sources)[0]
 
 
 def fingerprint_package(package: PackageManifest | Path | str) -> str:
@@ -57,7 +63,9 @@ def fingerprint_package(package: PackageManifest | Path | str) -> str:
     return _fingerprint(package.spec.path, package.files)
 
 
-def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocument]:
+def read_package(
+    folder_or_toml: Path | str, *, allow_outside_sources: bool = False
+) -> tuple[PackageManifest, TomlDocument]:
     """`load_package`, plus the document, for errors that `load_app` finds later."""
     path = Path(folder_or_toml).resolve()
     if path.is_dir():
@@ -66,7 +74,7 @@ def read_package(folder_or_toml: Path | str) -> tuple[PackageManifest, TomlDocum
             raise ManifestError(f"not a package: no {MANIFEST_NAME} in this folder", file=folder)
     else:
         folder, manifest = path.parent, path
-    doc = TomlDocument.read(manifest)
+    doc = replace(TomlDocument.read(manifest), allow_outside_sources=allow_outside_sources)
     model = doc.validate(PackageFile)
     name = model.package.name
 
@@ -166,8 +174,16 @@ def _backend(
     _check_name(doc, at, name, NAME)
     if bool(b.sources) == (b.library is not None):
         raise doc.error(at, "give either `sources` (C files) or `library` (a prebuilt plugin)")
-    sources = tuple(_existing(doc, (*at, "sources", i), folder, s) for i, s in enumerate(b.sources))
-    library = _existing(doc, (*at, "library"), folder, b.library) if b.library else None
+    # A backend is native code the build compiles and the runtime loads: its C can read any
+    # file (`#include`), so confining its file list would protect nothing; its sources may
+    # come from beside the package (the example backends share examples/backends/cpu_ops).
+    sources = tuple(
+        _existing(doc, (*at, "sources", i), folder, s, confined=False)
+        for i, s in enumerate(b.sources)
+    )
+    library = (
+        _existing(doc, (*at, "library"), folder, b.library, confined=False) if b.library else None
+    )
     if b.vendor_module is not None and b.vendor_distribution is not None:
         raise doc.error(
             (*at, "vendor_distribution"), "give `vendor_module` or `vendor_distribution`, not both"
@@ -468,7 +484,7 @@ def _source(
         base = folder.joinpath(*module.split("."))
         for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
             if candidate.is_file():
-                return candidate, symbol, given_frontend
+                return _inside(doc, (*at, "source"), folder, candidate), symbol, given_frontend
         raise doc.error(
             (*at, "source"),
             f"module {module!r} not found: no {base}.py or {base / '__init__.py'}",
@@ -491,17 +507,37 @@ def _source(
     return path, None, frontend
 
 
-def _existing(doc: TomlDocument, at: tuple[str, ...], folder: Path, relative: str) -> Path:
-    path = (folder / relative).resolve()
+def _existing(
+    doc: TomlDocument, at: tuple[str, ...], folder: Path, relative: str, *, confined: bool = True
+) -> Path:
+    path = (
+        _inside(doc, at, folder, folder / relative) if confined else (folder / relative).resolve()
+    )
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "not found"
         raise doc.error(at, f"file {what}: {path}")
     return path
 
 
+def _inside(doc: TomlDocument, at: tuple[str, ...], folder: Path, path: Path) -> Path:
+    """`path` resolved (symbolic links followed), refused unless it lies inside `folder`: a
+    package builds from its own files, so `source = "/etc/passwd"`, `"../../x"` or a link out
+    of the folder is an error unless the app allows outside sources."""
+    resolved = path.resolve()
+    if doc.allow_outside_sources or resolved.is_relative_to(folder.resolve()):
+        return resolved
+    raise doc.error(
+        at,
+        f"{resolved} is outside the folder {folder}",
+        "a package reads only files inside its folder: move the file there, or set "
+        "allow_outside_sources = true in the app's [app] table",
+    )
+
+
 def _check_name(doc: TomlDocument, at: tuple[str, ...], name: str, pattern: str) -> None:
-    if not re.match(pattern, name):
-        raise doc.error(at, f"invalid name {name!r}; must match {pattern}")
+    if not re.fullmatch(pattern, name):
+        length = f" ({len(name)} characters)" if len(name) > MAX_NAME_LENGTH else ""
+        raise doc.error(at, f"invalid name {name!r}{length}; must match {pattern}")
 
 
 def _check_unique(doc: TomlDocument, at: tuple[str, ...], names: list[str]) -> None:

@@ -17,6 +17,7 @@ from myelin.compiler.scheduling import FAVORS
 from myelin.platforms import DRIVERS, KERNEL_LIBRARIES, TARGETS
 from myelin.sizes import parse_size
 from myelin.tuning.layout import check_layout
+from myelin.untrusted import relative_path_problem
 from plex.manifest._executor import parse_executor
 
 # -- accepted values: one definition each ---------------------------------------------------------
@@ -36,10 +37,15 @@ WEIGHTS_FORMATS = {".safetensors": "safetensors", ".irpa": "irpa", ".gguf": "ggu
 FRONTEND_OF_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx"}
 PYTHON_FRONTENDS = ("torch", "jax")
 
-PACKAGE_NAME = r"^[a-z][a-z0-9_-]*$"
-GRAPH_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-NAME = r"^[A-Za-z_][A-Za-z0-9_.-]*$"  # apps, devices, variants, weights, tuning specs
-SCOPE = r"^[A-Za-z0-9_.-]+$"
+# Names become file names (a graph's module, a scope's `.irpa`, a backend's plugin), so each
+# pattern bounds the length well below the 255 bytes of a Linux file name and none is `.` or `..`
+# (the artifact's records check the same at load: myelin.untrusted.FILE_NAME_PATTERN).
+MAX_NAME_LENGTH = 64
+_REST = f"{{0,{MAX_NAME_LENGTH - 1}}}"  # characters after the first
+PACKAGE_NAME = rf"^[a-z][a-z0-9_-]{_REST}$"
+GRAPH_NAME = rf"^[A-Za-z_][A-Za-z0-9_]{_REST}$"
+NAME = rf"^[A-Za-z_][A-Za-z0-9_.-]{_REST}$"  # apps, devices, variants, weights, tuning specs
+SCOPE = rf"^[A-Za-z0-9_][A-Za-z0-9_.-]{_REST}$"
 
 # -- sizes: myelin.sizes is the one parser ------------------------------------------------------
 
@@ -140,6 +146,8 @@ class AppTable(_Table):
     version: str = "0.0.0"
     packages: list[str] = []
     graphs: list[str] | None = None
+    # packages may read files outside their own folders (sources, weights, tuning specs)
+    allow_outside_sources: bool = False
 
 
 class DeviceTable(_Table):
@@ -173,8 +181,16 @@ class MyelinTable(_Table):
     tuning: str | list[str] | None = None
 
 
+def _check_relative_path(text: str) -> str:
+    problem = relative_path_problem(text)
+    if problem is not None:
+        raise ValueError(f"{text!r} {problem}")
+    return text
+
+
 class ProfileTable(_Table):
-    output: str | None = None
+    # relative to `plex profile -o DIR`; the runtime confines it there again (myelin.untrusted)
+    output: Annotated[str, AfterValidator(_check_relative_path)] | None = None
     device_timing: bool = False
 
 
