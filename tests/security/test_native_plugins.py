@@ -58,6 +58,18 @@ def test_plex_verbs_refuse_a_plugin_unless_asked_for(verb, native_first, marker,
     assert not marker.exists()
 
 
+def test_a_profile_capture_refuses_a_plugin_unless_asked_for(native_first, marker, tmp_path):
+    """The library's capture runs the plugin in IREE's tool, another process: the same opt-in."""
+    import numpy as np
+
+    from myelin.runtime.profiling import capture
+
+    x = np.ones((2, 16), np.float32)
+    with pytest.raises(NativeCodeRefused, match="allow_native_code=True"):
+        capture(native_first, "forward", [x], tmp_path / "prof")
+    assert not marker.exists() and not list((tmp_path / "prof").glob("*.ireeprof"))
+
+
 def test_only_the_chosen_variant_loads_its_plugin(native_first, marker):
     done = plex("run", native_first, *RUN, "--variant", "default")
     assert done.returncode == 0, done.stderr

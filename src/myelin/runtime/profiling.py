@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from myelin.errors import EntrypointNotFound, ProfilingUnavailable
+from myelin.errors import EntrypointNotFound, NativeCodeRefused, ProfilingUnavailable
 from myelin.mln import EntrypointRecord, MlnReader, ProfileRecord, VariantRecord
 from myelin.platforms import HOST_DRIVERS
 from myelin.untrusted import path_inside
@@ -111,10 +111,12 @@ def capture(
     output: str | None = None,
     device_timing: bool | None = None,
     repeat: int = 1,
+    allow_native_code: bool = False,
 ) -> Capture:
     """Run `function` once (or `repeat` times) under HAL profiling; write the capture and
     `trace.json` into `out_dir`. `output` and `device_timing` default to the artifact's
-    `[runtime.profile]`."""
+    `[runtime.profile]`. A variant with an external backend runs its plugin (native code from
+    the file) in IREE's tool only with `allow_native_code=True`, as `Instance` does."""
     from myelin.runtime.devices import DeviceRegistry
     from myelin.runtime.model import choose_variant
 
@@ -146,6 +148,8 @@ def capture(
         work = out_dir / f".work-{ident}"
         work.mkdir()
         try:
+            if not allow_native_code:
+                _refuse_native_code(chosen, artifact)
             command = _command(reader, chosen, entry, inputs, work, profile, families, repeat)
             try:
                 _run(command, drivers)
@@ -163,6 +167,16 @@ def capture(
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _refuse_native_code(variant: VariantRecord, artifact: Path) -> None:
+    names = sorted({d.backend.name for d in variant.devices if d.backend is not None})
+    if names:
+        raise NativeCodeRefused(
+            f"{artifact}: variant '{variant.name}' carries native code (the plugin of backend "
+            f"{', '.join(names)}) that the capture would run; profile only files you trust, "
+            "with capture(..., allow_native_code=True) / plex profile --allow-native-code"
+        )
 
 
 def _entrypoint(variant: VariantRecord, name: str, artifact: Path) -> EntrypointRecord:

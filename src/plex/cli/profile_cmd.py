@@ -90,6 +90,7 @@ def profile(
             variant=variant,
             device_timing=device_timing,
             repeat=repeat,
+            allow_native_code=allow_native_code,
         )
     except OSError as e:  # e.g. the disk filled up while the capture was written
         where = f" {e.filename}" if e.filename else ""
