@@ -97,8 +97,8 @@ def tune(
     from myelin.tuning.timing import outputs_of, same_outputs
     from plex.builder import build, default_cache_dir
     from plex.builder.versions import versions
-    from plex.cli.tensor_args import parse_dims, synthetic_inputs
     from plex.manifest import load_app
+    from plex.tensor_args import parse_dims, synthetic_inputs
     from plex.tune._candidates import candidate_app
     from plex.tune._database import Database, entry_key
     from plex.tune._layouts import layout_trials

@@ -340,7 +340,7 @@ def collect(
 
 def _inputs(setup: _Setup, state: dict) -> list[np.ndarray]:
     """The random inputs of the tuned entrypoint: the same every round (seeded)."""
-    from plex.cli.tensor_args import parse_dims, synthetic_inputs
+    from plex.tensor_args import parse_dims, synthetic_inputs
 
     function = state["function"]
     signature = setup.entrypoints[function]
