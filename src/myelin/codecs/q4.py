@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from myelin.codecs import Layout, StoredPart, from_storage, permuted, to_storage
+from myelin.codecs._contract import Layout, StoredPart, from_storage, permuted, to_storage
 
 NAME = "q4"
 DEFAULT_GROUP = 32

@@ -122,7 +122,7 @@ def make_executor(
             isolate=os.environ.get("PLEX_BUILD_ISOLATE", "1") != "0",
         )
     try:
-        from synapse._ray import DEFAULT_SHARED_CACHE, RayExecutor
+        from synapse import DEFAULT_SHARED_CACHE, RayExecutor
     except ImportError:
         raise BuildError(
             "the ray executor needs Ray: pip install 'plex[ray]' (ray==2.60.0)"

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from myelin.kernels._space import (
+from myelin.kernels import (
     config_from_json,
     config_to_json,
     kernel_entry,

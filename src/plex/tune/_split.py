@@ -131,7 +131,7 @@ def _cpu_space(ir_text: str):
 
 
 def _cuda_space():
-    from myelin.tuning.cpu import _element_bytes
+    from myelin.tuning.cpu import element_bytes
     from myelin.tuning.cuda import SIMT_KNOBS, SimtTiles
 
     def propose(c, choice: dict) -> Proposal:
@@ -139,7 +139,7 @@ def _cuda_space():
         m = c.match
         if m.batch or len(m.m) != 1 or len(m.n) != 1 or len(m.k) != 1:
             return Proposal(choice, tiles.to_json(), ["only plain (M, N, K) matmuls so far"], "")
-        why = tiles.violations(m.m[0], m.n[0], m.k[0], _element_bytes(m.lhs_type))
+        why = tiles.violations(m.m[0], m.n[0], m.k[0], element_bytes(m.lhs_type))
         return Proposal(choice, tiles.to_json(), why, "" if why else tiles.compilation_info())
 
     return SIMT_KNOBS, propose
