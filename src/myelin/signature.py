@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 from myelin.dtypes import MLIR_TO_NUMPY
 
+# The VM module that runs, on the host, the ONNX nodes IREE cannot lower (the ONNX host
+# fallback): the compiled graph imports its functions by this name, the runtime registers a
+# Python module of this name (myelin.frontends._onnx_host, myelin.runtime.host_ops).
+HOST_MODULE = "plex_host"
+
 # The build exports, next to each entrypoint `f` whose results are all tensors, a twin
 # `f$into` that takes one storage argument per result after f's own arguments, then the call's
 # transient memory: the runtime hands it memory it allocated itself, so a device result lives

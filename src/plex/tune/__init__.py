@@ -34,6 +34,28 @@ if TYPE_CHECKING:
     from myelin.tuning.cpu import ConfiguredContraction, CpuTarget
     from plex.tune._database import Database
 
+# The split flow (--bundle / --collect) and kernel-config tuning, by their public names; their
+# modules load when the CLI asks for them. public name -> (module, name there)
+_SPLIT_NAMES: dict[str, tuple[str, str]] = {
+    "make_bundle": ("_split", "make_bundle"),
+    "collect_bundle_results": ("_split", "collect"),
+    "next_commands": ("_split", "next_commands"),
+    "KERNEL_BUNDLE_KIND": ("_kernels", "BUNDLE_KIND"),
+    "make_kernel_bundle": ("_kernels", "make_kernel_bundle"),
+    "collect_kernel_results": ("_kernels", "collect_kernel_results"),
+    "read_results": ("_kernels", "read_results"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _SPLIT_NAMES:
+        import importlib
+
+        module, attribute = _SPLIT_NAMES[name]
+        return getattr(importlib.import_module(f"plex.tune.{module}"), attribute)
+    raise AttributeError(f"module 'plex.tune' has no attribute {name!r}")
+
+
 PENALTY = 1e3  # told for configs that are rejected, fail to build or compute something else
 
 
