@@ -22,7 +22,7 @@ HOST_MODULE = "plex_host"
 # `f$into` that takes one storage argument per result after f's own arguments, then the call's
 # transient memory: the runtime hands it memory it allocated itself, so a device result lives
 # in memory that exports DLPack and a call allocates nothing on IREE's queue
-# (myelin.compiler.result_storage, docs/runtime.md). Twins are no entrypoints of their own: the
+# (myelin.compiler.storage_twins, docs/runtime.md). Twins are no entrypoints of their own: the
 # signatures leave them out.
 STORAGE_TWIN_SUFFIX = "$into"
 # A twin's storage arguments, marked so that the runtime finds them in its `iree.abi.declaration`:

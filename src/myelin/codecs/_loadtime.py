@@ -2,14 +2,14 @@
 
 IREE's data tiling (`--iree-global-opt-data-tiling`) packs a matmul's weight into its kernel's
 tile layout; for an fp32 parameter IREE hoists that pack into an initializer, run once at load.
-A decode fused into its consumer's dispatch (codecs._ir) cannot be data-tiled (IREE 3.13 packs
+A decode fused into its consumer's dispatch (codecs._rewrite) cannot be data-tiled (IREE 3.13 packs
 the decoded weight inside the dispatch and the CPU backend refuses it), so on MiniLM the fused
 decode + matmul ran 1.8-3x slower than data-tiled fp32.
 
 So the encode step gives such a contraction two forms, and the compile step keeps one per
 variant (`choose_forms`), since one encoded graph serves every variant:
 
-- the fused form (codecs._ir: decode inside the consumer's dispatch, no decoded weight in
+- the fused form (codecs._rewrite: decode inside the consumer's dispatch, no decoded weight in
   memory), kept when the variant does not data-tile;
 - the load-time form: the decode of the whole weight in its logical layout, then the graph's
   own layout ops and a clone of the consumer, as the fp32 graph has them with the parameter's
