@@ -31,9 +31,9 @@ from myelin.compiler.placement import (
     resolve_dispatch_affinities,
     resolve_placement,
 )
-from myelin.compiler.storage_twins import add_storage_twins
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.compiler.session import PHASES, CompilerSession
+from myelin.compiler.storage_twins import add_storage_twins
 from myelin.compiler.stream_analysis import STREAM_PHASE, CallFootprint, call_footprints
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
