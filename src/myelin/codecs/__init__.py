@@ -60,34 +60,34 @@ from myelin.codecs._rows import ParameterRow, bytes_by_codec, parameter_rows
 
 # Names whose modules import the compiler's bindings or numpy: loaded on first use
 # (`__getattr__`), so that planning a build and checking a codec name stay light.
-# public name -> (private module, its name there)
+# public name -> (module, its name there)
 _LAZY: dict[str, tuple[str, str]] = {
-    "EncodedGraph": ("_apply", "EncodedGraph"),
-    "ParameterInput": ("_apply", "ParameterInput"),
-    "ParameterRecord": ("_apply", "ParameterRecord"),
-    "StoredTensor": ("_apply", "StoredTensor"),
-    "encode_graph": ("_apply", "encode_graph"),
-    "FinalForms": ("_finalize", "FinalForms"),
-    "decodes_at_load": ("_finalize", "decodes_at_load"),
-    "finalize": ("_finalize", "finalize"),
+    "EncodedGraph": ("myelin.codecs._apply", "EncodedGraph"),
+    "ParameterInput": ("myelin.codecs._apply", "ParameterInput"),
+    "ParameterRecord": ("myelin.codecs._apply", "ParameterRecord"),
+    "StoredTensor": ("myelin.codecs._apply", "StoredTensor"),
+    "encode_graph": ("myelin.codecs._apply", "encode_graph"),
+    "FinalForms": ("myelin.codecs._finalize", "FinalForms"),
+    "decodes_at_load": ("myelin.codecs._finalize", "decodes_at_load"),
+    "finalize": ("myelin.codecs._finalize", "finalize"),
     # the q4 kernel contract the kernel library (myelin.kernels) implements
-    "Q4_KERNEL_GROUP": ("_q4_gpu", "KERNEL_GROUP"),
-    "Q4_KERNEL_MAX_M": ("_q4_gpu", "KERNEL_MAX_M"),
-    "Q4_MATMUL_ATTRIBUTE": ("_q4_gpu", "Q4_MATMUL_ATTRIBUTE"),
-    "q4_kernel_covers": ("_q4_gpu", "kernel_covers"),
-    "q4_kernel_forms": ("_q4_gpu", "kernel_forms"),
+    "Q4_KERNEL_GROUP": ("myelin.codecs._q4_gpu", "KERNEL_GROUP"),
+    "Q4_KERNEL_MAX_M": ("myelin.codecs._q4_gpu", "KERNEL_MAX_M"),
+    "Q4_MATMUL_ATTRIBUTE": ("myelin.codecs._q4_gpu", "Q4_MATMUL_ATTRIBUTE"),
+    "q4_kernel_covers": ("myelin.codecs._q4_gpu", "kernel_covers"),
+    "q4_kernel_forms": ("myelin.codecs._q4_gpu", "kernel_forms"),
     # use analysis, for the weight layout rewrite (myelin.tuning.layout)
-    "classify_use": ("_uses", "classify"),
-    "follow_use": ("_uses", "follow"),
-    "module_globals": ("_uses", "module_globals"),
-    "symbol_users": ("_uses", "symbol_users"),
+    "classify_use": ("myelin.codecs._uses", "classify"),
+    "follow_use": ("myelin.codecs._uses", "follow"),
+    "module_globals": ("myelin.codecs._uses", "module_globals"),
+    "symbol_users": ("myelin.codecs._uses", "symbol_users"),
 }
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module, attribute = _LAZY[name]
-        return getattr(importlib.import_module(f"myelin.codecs.{module}"), attribute)
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'myelin.codecs' has no attribute {name!r}")
 
 

@@ -37,13 +37,13 @@ if TYPE_CHECKING:
 # The split flow (--bundle / --collect) and kernel-config tuning, by their public names; their
 # modules load when the CLI asks for them. public name -> (module, name there)
 _SPLIT_NAMES: dict[str, tuple[str, str]] = {
-    "make_bundle": ("_split", "make_bundle"),
-    "collect_bundle_results": ("_split", "collect"),
-    "next_commands": ("_split", "next_commands"),
-    "KERNEL_BUNDLE_KIND": ("_kernels", "BUNDLE_KIND"),
-    "make_kernel_bundle": ("_kernels", "make_kernel_bundle"),
-    "collect_kernel_results": ("_kernels", "collect_kernel_results"),
-    "read_results": ("_kernels", "read_results"),
+    "make_bundle": ("plex.tune._split", "make_bundle"),
+    "collect_bundle_results": ("plex.tune._split", "collect"),
+    "next_commands": ("plex.tune._split", "next_commands"),
+    "KERNEL_BUNDLE_KIND": ("plex.tune._kernels", "BUNDLE_KIND"),
+    "make_kernel_bundle": ("plex.tune._kernels", "make_kernel_bundle"),
+    "collect_kernel_results": ("plex.tune._kernels", "collect_kernel_results"),
+    "read_results": ("plex.tune._kernels", "read_results"),
 }
 
 
@@ -52,7 +52,7 @@ def __getattr__(name: str) -> object:
         import importlib
 
         module, attribute = _SPLIT_NAMES[name]
-        return getattr(importlib.import_module(f"plex.tune.{module}"), attribute)
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'plex.tune' has no attribute {name!r}")
 
 
