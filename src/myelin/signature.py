@@ -13,11 +13,16 @@ from dataclasses import dataclass, field
 
 from myelin.dtypes import MLIR_TO_NUMPY
 
+# The VM module that runs, on the host, the ONNX nodes IREE cannot lower (the ONNX host
+# fallback): the compiled graph imports its functions by this name, the runtime registers a
+# Python module of this name (myelin.frontends._onnx_host, myelin.runtime.host_ops).
+HOST_MODULE = "plex_host"
+
 # The build exports, next to each entrypoint `f` whose results are all tensors, a twin
 # `f$into` that takes one storage argument per result after f's own arguments, then the call's
 # transient memory: the runtime hands it memory it allocated itself, so a device result lives
 # in memory that exports DLPack and a call allocates nothing on IREE's queue
-# (myelin.compiler.result_storage, docs/runtime.md). Twins are no entrypoints of their own: the
+# (myelin.compiler.storage_twins, docs/runtime.md). Twins are no entrypoints of their own: the
 # signatures leave them out.
 STORAGE_TWIN_SUFFIX = "$into"
 # A twin's storage arguments, marked so that the runtime finds them in its `iree.abi.declaration`:

@@ -48,17 +48,21 @@ from synapse.progress import (
     make_progress,
 )
 
+# The Ray executor's module imports ray: loaded only when one of its names is asked for, so local
+# builds never pay it (without Ray installed, asking raises ImportError).
+_RAY_NAMES = ("RayExecutor", "DEFAULT_SHARED_CACHE", "call_with_resources")
+
 
 def __getattr__(name: str) -> object:
-    # The Ray executor imports ray: loaded only when asked for, so local builds never pay it.
-    if name == "RayExecutor":
-        from synapse._ray import RayExecutor
+    if name in _RAY_NAMES:
+        from synapse import _ray
 
-        return RayExecutor
+        return getattr(_ray, name)
     raise AttributeError(f"module 'synapse' has no attribute {name!r}")
 
 
 __all__ = [
+    "DEFAULT_SHARED_CACHE",
     "BuildFailed",
     "Cache",
     "CacheEntryInfo",
@@ -86,6 +90,7 @@ __all__ = [
     "RunResult",
     "SynapseError",
     "bytes_digest",
+    "call_with_resources",
     "explain",
     "file_digest",
     "job_inputs",

@@ -148,14 +148,14 @@ class Encoded:
 
     def check(self, data_tiling: bool = False) -> tuple[list, str]:
         text: list[str] = []
-        flags = target_flags([_device(data_tiling)])
+        device = _device(data_tiling)
         found = check_encoded_module(
             self.graph.module_bytecode,
-            flags,
+            target_flags([device]),
             self.parts,
             self.sizes,
+            devices=[device],  # the codec's choices as the compile step makes them
             text=text,
-            load_time=data_tiling,  # as the compile step chooses for the variant
         )
         return found, text[0]
 
@@ -327,7 +327,7 @@ def _function(text: str, name: str) -> str:
     return text[start : end if end > 0 else len(text)]
 
 
-# A contraction longer than q4's chunk (_ir._CHUNK_K = 256): decoded and contracted in chunks
+# A contraction longer than q4's chunk (_chunked.CHUNK_K = 256): decoded and contracted in chunks
 # of the axis, one dispatch each, and summed.
 LONG_K, LONG_N = 320, 96
 LONG = f"""module @long {{

@@ -12,8 +12,7 @@ from test_codecs_ir import Encoded, _function
 
 from myelin import hostinfo
 from myelin.codecs import _q4_kernel as q4_kernel
-from myelin.codecs import q4
-from myelin.codecs._check import check_encoded_module
+from myelin.codecs import check_encoded_module, q4
 from myelin.compiler.targets import TargetDevice, target_flags
 
 N, K = 128, 160  # two kernel blocks of 64 outputs, five groups of 32
@@ -114,10 +113,11 @@ def test_kernel_matches_numpy_on_the_stored_bytes(encoded, host_call):
 @needs_avx2
 def test_kernel_dispatch_reads_the_encoded_parameters_and_materializes_nothing(encoded):
     text: list[str] = []
-    flags = target_flags([TargetDevice("cpu")])
+    cpu = TargetDevice("cpu")  # this host's CPU, which has AVX2: the kernel applies
+    flags = target_flags([cpu])
     parts, sizes = encoded.parts, encoded.sizes
     found = check_encoded_module(
-        encoded.graph.module_bytecode, flags, parts, sizes, text=text, q4_kernel=True
+        encoded.graph.module_bytecode, flags, parts, sizes, devices=[cpu], text=text
     )
     assert found == []
     for name, n in (("lin", N), ("mm", M)):

@@ -9,257 +9,86 @@ A codec is one module here, registered in CODECS by name. It provides:
   accuracy reports compare against it);
 - `parse_options(text) -> dict` for the part after ':' in a codec name (`q4:g64`).
 
-Everything else is generic and lives in private modules: `_policy` (which codec each parameter
-gets), `_ir` (rewriting the imported IR so each consumer decodes next to itself), `_check`
-(the no-materialization check on dispatch-creation IR). This module imports only numpy, so a
-manifest can validate codec names without the compiler installed.
+Everything else is generic and lives in private modules, one idea each, each importing only
+those listed before it:
+
+- `_contract`: the codec table, `Layout`/`StoredPart`, the helpers codec modules share;
+- `_policy`: which codec each parameter gets; `_rows`: a .mln's bytes per codec, for reports;
+- on the imported IR (the compiler's bindings): `_uses` (where each use of a parameter ends
+  up), `_emit` (building decode IR from templates), `_regions` (decode and consumer in one
+  dispatch region), `_forms` (two forms of one contraction until a variant chooses),
+  `_chunked` (q4 contractions over a long axis), `_gather` (embedding lookups),
+  `_loadtime` (decode at load under data tiling), `_q4_kernel` (the AVX2 matvec kernel),
+  `_matvec` (matvecs), `_q4_gpu` (q4's Hopper kernel form and the kernel's contract),
+  `_rewrite` (one parameter's rewrite, ordering the above), `_apply` (a graph's encode step);
+- `_finalize`: `finalize(module, devices)`, the choices left open for a variant, which the
+  compile step, the check and the kernels step all make through it;
+- `_check`: the no-materialization check on dispatch-creation IR.
+
+This module imports only what the manifest needs (no numpy, no compiler), so a manifest can
+validate codec names without the compiler installed; the IR side loads on first use.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
-import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import numpy as np
+from myelin.codecs._check import Materialization, check_encoded_module
+from myelin.codecs._contract import (
+    CODEC_FORMS,
+    CODECS,
+    FORMAT_VERSION,
+    NO_CODEC,
+    Layout,
+    StoredPart,
+    check_codec_name,
+    choose_layout,
+    codec_module,
+    decode,
+    encode,
+    from_storage,
+    identity_index,
+    kernels_key,
+    no_options,
+    parse_codec,
+    permuted,
+    to_storage,
+)
+from myelin.codecs._policy import CodecPolicy, CodecRule, choose
+from myelin.codecs._rows import ParameterRow, bytes_by_codec, parameter_rows
 
-# codec name -> module implementing it
-CODECS: dict[str, str] = {
-    "fp32": "myelin.codecs.fp32",
-    "fp16": "myelin.codecs.fp16",
-    "bf16": "myelin.codecs.bf16",
-    "int8": "myelin.codecs.int8",
-    "q4": "myelin.codecs.q4",
+# Names whose modules import the compiler's bindings or numpy: loaded on first use
+# (`__getattr__`), so that planning a build and checking a codec name stay light.
+# public name -> (module, its name there)
+_LAZY: dict[str, tuple[str, str]] = {
+    "EncodedGraph": ("myelin.codecs._apply", "EncodedGraph"),
+    "ParameterInput": ("myelin.codecs._apply", "ParameterInput"),
+    "ParameterRecord": ("myelin.codecs._apply", "ParameterRecord"),
+    "StoredTensor": ("myelin.codecs._apply", "StoredTensor"),
+    "encode_graph": ("myelin.codecs._apply", "encode_graph"),
+    "FinalForms": ("myelin.codecs._finalize", "FinalForms"),
+    "decodes_at_load": ("myelin.codecs._finalize", "decodes_at_load"),
+    "finalize": ("myelin.codecs._finalize", "finalize"),
+    # the q4 kernel contract the kernel library (myelin.kernels) implements
+    "Q4_KERNEL_GROUP": ("myelin.codecs._q4_gpu", "KERNEL_GROUP"),
+    "Q4_KERNEL_MAX_M": ("myelin.codecs._q4_gpu", "KERNEL_MAX_M"),
+    "Q4_MATMUL_ATTRIBUTE": ("myelin.codecs._q4_gpu", "Q4_MATMUL_ATTRIBUTE"),
+    "q4_kernel_covers": ("myelin.codecs._q4_gpu", "kernel_covers"),
+    "q4_kernel_forms": ("myelin.codecs._q4_gpu", "kernel_forms"),
+    # use analysis, for the weight layout rewrite (myelin.tuning.layout)
+    "classify_use": ("myelin.codecs._uses", "classify"),
+    "follow_use": ("myelin.codecs._uses", "follow"),
+    "module_globals": ("myelin.codecs._uses", "module_globals"),
+    "symbol_users": ("myelin.codecs._uses", "symbol_users"),
 }
-NO_CODEC = "fp32"
 
 
-@functools.cache
-def kernels_key() -> str:
-    """The q4 AVX2 kernel a compile links into q4 matvecs (myelin.codecs._q4_kernel), as part of
-    the compile key: its source and flags' digest, and the C compiler that builds it (a build
-    machine without gcc keeps the grouped matvec: another artifact, so another key)."""
-    from myelin.backends import compiler_version
-    from myelin.codecs._q4_kernel import digest
-
-    return f"{digest()} {compiler_version() or '(no gcc)'}"
-
-
-# Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 11
-# How codec names read in messages: the options each codec takes, after ':'.
-CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
-
-
-@dataclass(frozen=True)
-class StoredPart:
-    """One tensor a codec stores for a parameter: its IR global and its bytes in the .mln.
-
-    `index` says, per dim of the IR global, which element of the part the logical element
-    (d0, d1, ...) reads: an affine expression over the logical dims, e.g. "d1 floordiv 32".
-    """
-
-    role: str  # "data" | "scale" | "zero"
-    suffix: str  # appended to the parameter's key; "" for the data part
-    element: str  # MLIR element type of the IR global: f32, f16, bf16, i8, i4
-    shape: tuple[int, ...]  # shape of the IR global
-    index: tuple[str, ...]
-    storage_dtype: str  # as the .mln records it: float16, int8, uint4, ...
-    storage_shape: tuple[int, ...]  # as the .mln records it (q4 data: its 4-bit values)
-
-    @property
-    def nbytes(self) -> int:
-        bits = {"i4": 4, "i8": 8, "f16": 16, "bf16": 16, "f32": 32}[self.element]
-        return math.prod(self.shape) * bits // 8
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How one parameter is stored (its parts) and decoded (`decode`: MLIR lines that compute
-    `%r : f32` from `%p0`, `%p1`, ... the parts' scalars, in part order)."""
-
-    codec: str  # the full codec name, options included: "q4:g32"
-    logical_dtype: str  # numpy dtype name of the parameter the graph sees
-    logical_shape: tuple[int, ...]
-    reduce_axes: tuple[int, ...]  # the logical axes a consumer contracts (scales are per the rest)
-    parts: tuple[StoredPart, ...]
-    decode: tuple[str, ...]
-    description: str  # one line for people: what is stored
-    options: dict[str, Any] = field(default_factory=dict)
-    # The logical axes in the order the data part stores them: the order its consumer reads
-    # (a torch Linear's [out, in] weight is read as [in, out]), so the decode inside the
-    # consumer's dispatch streams the stored bytes contiguously. () means the logical order.
-    order: tuple[int, ...] = ()
-    # (logical axis, group size) when parts are read per group along that axis (q4): the
-    # decode then iterates the axis as (group, element in group), see _ir._emit_tensor_decode.
-    split: tuple[int, int] | None = None
-    # For a grouped codec (q4): (lines computing `%r : f32`, the element's code, from `%p0`;
-    # lines computing the group's `%s` and `%b` from `%p1`, ... the other parts), so that
-    # `decode` equals `%r * %s + %b`; a matvec then folds %s and %b in once per group
-    # (myelin.codecs._matvec.emit_grouped).
-    grouped: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-    # For a codec with one scale per output (int8): lines computing `%r : f32`, the code, from
-    # `%p0`, so that `decode` equals `%r * %p1`; a matvec then scales each output once, after
-    # the dot product (myelin.codecs._matvec.emit_scaled).
-    scaled: tuple[str, ...] | None = None
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    @property
-    def logical_bytes(self) -> int:
-        from myelin.dtypes import itemsize
-
-        return math.prod(self.logical_shape) * itemsize(self.logical_dtype)
-
-
-def codec_module(name: str) -> ModuleType:
-    base = name.partition(":")[0]
-    if base not in CODECS:
-        raise ValueError(_unknown(name))
-    return importlib.import_module(CODECS[base])
-
-
-def _unknown(text: str) -> str:
-    return f"unknown codec {text!r}; accepted: {', '.join(CODEC_FORMS)} (e.g. 'q4:g64')"
-
-
-def parse_codec(text: str) -> tuple[str, dict[str, Any]]:
-    """("q4", {"group": 64}) for "q4:g64"; raises ValueError naming the accepted forms."""
-    if not isinstance(text, str):
-        raise ValueError(_unknown(str(text)))
-    base, sep, rest = text.partition(":")
-    module = codec_module(base)
-    try:
-        options = module.parse_options(rest if sep else None)
-    except ValueError as e:
-        raise ValueError(f"invalid codec {text!r}: {e}") from None
-    return base, options
-
-
-def check_codec_name(text: str) -> str:
-    """`text` if it names a codec (with valid options), else ValueError; for manifest checks."""
-    parse_codec(text)
-    return text
-
-
-def choose_layout(
-    codec: str,
-    shape: tuple[int, ...],
-    dtype: str,
-    reduce_axes: tuple[int, ...],
-    order: tuple[int, ...] | None = None,
-) -> Layout | str:
-    """The layout `codec` gives a parameter of this shape and dtype, or why it cannot.
-    `order` asks for the data stored with its axes permuted (the order its consumer reads)."""
-    base, options = parse_codec(codec)
-    identity = tuple(range(len(shape)))
-    options = {**options, "order": tuple(order) if order else identity}
-    return codec_module(base).layout(tuple(shape), dtype, tuple(reduce_axes), options)
-
-
-def permuted(
-    shape: tuple[int, ...], order: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(the IR shape, the index expressions) of data stored with its axes in `order`."""
-    return tuple(shape[a] for a in order), tuple(f"d{a}" for a in order)
-
-
-def to_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
-    """The data in its stored axis order."""
-    import numpy as np
-
-    return np.ascontiguousarray(np.transpose(array, layout.order) if layout.order else array)
-
-
-def from_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
-    """Stored data back in the logical axis order."""
-    import numpy as np
-
-    return np.transpose(array, np.argsort(layout.order)) if layout.order else array
-
-
-def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
-    import numpy as np
-
-    return codec_module(layout.codec).encode(np.asarray(array), layout)
-
-
-def decode(parts: list[np.ndarray], layout: Layout) -> np.ndarray:
-    return codec_module(layout.codec).decode(parts, layout)
-
-
-@dataclass(frozen=True)
-class ParameterRow:
-    """One logical parameter of a .mln, its stored parts summed (for reports)."""
-
-    scope: str
-    key: str
-    codec: str
-    dtype: str  # logical
-    shape: tuple[int, ...]  # logical
-    stored_bytes: int
-    rule: str  # why it has this codec ("" when the build applied no codec policy)
-    offset: int  # of its data part, relative to its section
-
-
-def parameter_rows(parameters: list[dict]) -> list[ParameterRow]:
-    """The `parameters` of a .mln manifest grouped by logical parameter: a scale or zero part
-    (`of`) adds its bytes to the parameter it belongs to."""
-    rows: dict[tuple[str, str], dict] = {}
-    extra: dict[tuple[str, str], int] = {}
-    for p in parameters:
-        if "of" in p:
-            key = (p["scope"], p["of"])
-            extra[key] = extra.get(key, 0) + p["length"]
-        else:
-            rows[(p["scope"], p["key"])] = p
-    return [
-        ParameterRow(
-            p["scope"],
-            p["key"],
-            p["codec"],
-            p["dtype"],
-            tuple(p["shape"]),
-            p["length"] + extra.get(k, 0),
-            p.get("rule", ""),
-            p["offset"],
-        )
-        for k, p in rows.items()
-    ]
-
-
-def bytes_by_codec(parameters: list[dict]) -> dict[str, tuple[int, int]]:
-    """codec -> (stored bytes, number of parameters), largest first."""
-    totals: dict[str, list[int]] = {}
-    for row in parameter_rows(parameters):
-        t = totals.setdefault(row.codec, [0, 0])
-        t[0] += row.stored_bytes
-        t[1] += 1
-    return {c: (b, n) for c, (b, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])}
-
-
-def decodes_at_load(devices: Sequence[Any]) -> bool:
-    """Whether a variant on these devices (myelin.compiler.targets.TargetDevice) decodes its
-    encoded matmul weights once at load into data tiling's packed layout instead of inside
-    each call (myelin.codecs._loadtime): every device a data-tiled llvm-cpu one."""
-    return bool(devices) and all(d.target == "llvm-cpu" and d.data_tiling for d in devices)
-
-
-def identity_index(rank: int) -> tuple[str, ...]:
-    return tuple(f"d{i}" for i in range(rank))
-
-
-def no_options(text: str | None) -> dict[str, Any]:
-    if text is not None:
-        raise ValueError("this codec takes no options")
-    return {}
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'myelin.codecs' has no attribute {name!r}")
 
 
 __all__ = [
@@ -267,46 +96,27 @@ __all__ = [
     "CODEC_FORMS",
     "FORMAT_VERSION",
     "NO_CODEC",
+    "CodecPolicy",
+    "CodecRule",
     "Layout",
+    "Materialization",
     "ParameterRow",
     "StoredPart",
     "bytes_by_codec",
     "check_codec_name",
+    "check_encoded_module",
+    "choose",
     "choose_layout",
     "codec_module",
     "decode",
-    "decodes_at_load",
     "encode",
+    "from_storage",
+    "identity_index",
     "kernels_key",
+    "no_options",
     "parameter_rows",
     "parse_codec",
-]
-
-# The pipeline entry points load numpy and the encoders on first use (`__getattr__`), so that
-# planning a build and checking a codec name stay light.
-_APPLY_NAMES = ("EncodedGraph", "ParameterInput", "ParameterRecord", "StoredTensor", "encode_graph")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _APPLY_NAMES:
-        from myelin.codecs import _apply
-
-        return getattr(_apply, name)
-    raise AttributeError(f"module 'myelin.codecs' has no attribute {name!r}")
-
-
-from myelin.codecs._check import Materialization, check_encoded_module  # noqa: E402
-from myelin.codecs._policy import CodecPolicy, CodecRule, choose  # noqa: E402
-
-__all__ += [
-    "CodecPolicy",
-    "CodecRule",
-    "EncodedGraph",
-    "Materialization",
-    "ParameterInput",
-    "ParameterRecord",
-    "StoredTensor",
-    "check_encoded_module",
-    "choose",
-    "encode_graph",
+    "permuted",
+    "to_storage",
+    *_LAZY,
 ]

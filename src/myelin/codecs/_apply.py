@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from myelin.codecs import NO_CODEC, Layout, choose_layout, encode
+from myelin.codecs._contract import NO_CODEC, Layout, choose_layout, encode
 from myelin.codecs._policy import Choice, CodecPolicy, choose
 from myelin.errors import CompileError
 
@@ -91,7 +91,8 @@ def encode_graph(
     """Apply `policy` to the graph's parameters. `load_value` returns a parameter's array (None
     when its data is not known here; such a parameter is left as it is)."""
 
-    from myelin.codecs import _ir
+    from myelin.codecs._rewrite import rewrite
+    from myelin.codecs._uses import analyze, reduce_axes_of, storage_order_of
     from myelin.compiler.session import CompilerSession
 
     choices: dict[ParameterInput, Choice] = {
@@ -112,15 +113,15 @@ def encode_graph(
     ):
         module = session.parse(module_bytecode, what=what)
         with session.context:
-            analysis = _ir.analyze(module, [p.global_name for p in wanted])
+            analysis = analyze(module, [p.global_name for p in wanted])
             for p in wanted:
                 codec = choices[p].codec
                 uses = analysis[p.global_name]
                 if isinstance(uses, str):
                     problems.setdefault((codec, uses), []).append(f"{p.scope}::{p.key}")
                     continue
-                axes = _ir.reduce_axes_of(uses, len(p.shape))
-                order = _ir.storage_order_of(uses, len(p.shape))
+                axes = reduce_axes_of(uses, len(p.shape))
+                order = storage_order_of(uses, len(p.shape))
                 layout = choose_layout(codec, p.shape, p.dtype, axes, order)
                 if isinstance(layout, str):
                     problems.setdefault((codec, layout), []).append(f"{p.scope}::{p.key}")
@@ -139,7 +140,7 @@ def encode_graph(
                     taken.add((p.scope, p.key + part.suffix))
                 array = np.asarray(value).reshape(p.shape)
                 pending.append((p, layout, pool.submit(encode, array, layout)))
-                report = _ir.rewrite(module, p.global_name, p.scope, p.key, layout, session.context)
+                report = rewrite(module, p.global_name, p.scope, p.key, layout, session.context)
                 records[p] = _encoded(p, layout, choices[p].reason, report)
             for p, layout, future in pending:  # in graph order: the same .mln every time
                 stored += [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _NAMED = re.compile(
     r'#(?:flow|stream)\.parameter\.named<(?:"(?P<scope>[^"]*)"::)?"(?P<key>[^"]*)">'
@@ -142,29 +143,23 @@ def check_encoded_module(
     parts: Mapping[tuple[str, str], str],
     sizes: Mapping[str, int],
     *,
+    devices: Sequence[Any] = (),
     what: str = "graph",
     text: list[str] | None = None,
-    load_time: bool = False,
-    q4_kernel: bool = False,
 ) -> list[Materialization]:
     """Compile an encoded input-phase module to dispatch-creation with a variant's flags and
-    return the dispatches that materialize a decoded weight. `load_time` keeps the load-time
-    form of contractions (a data-tiled variant, as the compile step chooses: see
-    myelin.codecs._loadtime); their decodes in initializers come back marked `at_load`.
-    `q4_kernel` puts the AVX2 kernel in place of q4 matvecs, as the compile step does for a
-    variant it applies to (myelin.codecs._q4_kernel). With `text`, the dispatch-creation IR
-    is appended to it as text (tests and debugging read it)."""
-    from myelin.codecs._loadtime import choose_forms
-    from myelin.codecs._q4_gpu import choose_kernel_forms
-    from myelin.codecs._q4_kernel import apply_kernel
+    return the dispatches that materialize a decoded weight. The codec's choices are made for
+    the variant's `devices` as the compile step makes them (`myelin.codecs.finalize`): on a
+    data-tiled variant the load-time forms stay, and their decodes in initializers come back
+    marked `at_load`; where the AVX2 kernel applies it takes the q4 matvecs. With `text`, the
+    dispatch-creation IR is appended to it as text (tests and debugging read it)."""
+    from myelin.codecs._finalize import finalize
     from myelin.compiler.session import CompilerSession
 
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
         with session.context:
-            apply_kernel(module, q4_kernel)
-            choose_kernel_forms(module, False)  # the kernels step's IR has none left
-            at_load = frozenset(choose_forms(module, load_time))
+            at_load = frozenset(finalize(module, devices).decoded_at_load)
         ir_bytes, _ = session.compile(
             module, compile_from="input", compile_to="dispatch-creation", what=what
         )

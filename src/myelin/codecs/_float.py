@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from myelin.codecs import Layout, StoredPart, from_storage, permuted, to_storage
+from myelin.codecs._contract import Layout, StoredPart, from_storage, permuted, to_storage
 from myelin.dtypes import numpy_dtype
 
 

@@ -2,14 +2,14 @@
 
 IREE's data tiling (`--iree-global-opt-data-tiling`) packs a matmul's weight into its kernel's
 tile layout; for an fp32 parameter IREE hoists that pack into an initializer, run once at load.
-A decode fused into its consumer's dispatch (codecs._ir) cannot be data-tiled (IREE 3.13 packs
+A decode fused into its consumer's dispatch (codecs._rewrite) cannot be data-tiled (IREE 3.13 packs
 the decoded weight inside the dispatch and the CPU backend refuses it), so on MiniLM the fused
 decode + matmul ran 1.8-3x slower than data-tiled fp32.
 
 So the encode step gives such a contraction two forms, and the compile step keeps one per
 variant (`choose_forms`), since one encoded graph serves every variant:
 
-- the fused form (codecs._ir: decode inside the consumer's dispatch, no decoded weight in
+- the fused form (codecs._rewrite: decode inside the consumer's dispatch, no decoded weight in
   memory), kept when the variant does not data-tile;
 - the load-time form: the decode of the whole weight in its logical layout, then the graph's
   own layout ops and a clone of the consumer, as the fp32 graph has them with the parameter's
@@ -34,16 +34,15 @@ from dataclasses import replace
 
 from iree.compiler import ir
 
-from myelin.codecs import Layout
-from myelin.compiler.placement import find_ops
+from myelin.codecs._contract import Layout
+from myelin.codecs._emit import decode_ops
+from myelin.codecs._forms import choose_marked_forms, join_forms
 
 # On the arith.select joining the two forms: "scope::key" of the parameter.
 LOAD_TIME_ATTRIBUTE = "plex.load_time_decode"
 # Consumers that IREE 3.13's data tiling packs (its SetEncoding pass: matmul-like contractions);
 # a conv or a generic reduction keeps the fused decode.
 DATA_TILED_CONSUMERS = frozenset({"linalg.matmul", "linalg.batch_matmul"})
-# Ops the cleanup after `choose_forms` may erase when nothing reads their results.
-_PURE_PREFIXES = ("linalg.", "tensor.", "arith.", "flow.dispatch.region", "util.global.load")
 
 
 def wants_load_time_form(chain, matvec: tuple[int, int] | None) -> bool:
@@ -64,13 +63,11 @@ def emit_load_time_form(
     The decode produces the parameter's logical tensor (q4 without its split loops: at load the
     speed of the decode does not matter and a reshape between decode and pack is one more
     thing for IREE to propagate); the layout ops and the consumer are cloned on top of it."""
-    from myelin.codecs._ir import _decode_ops
-
     consumer = chain.consumer
     logical = ir.RankedTensorType(load.type)
     plain_layout = replace(layout, split=None)
     identity = list(range(logical.rank))
-    placed = _decode_ops(plain_layout, parts, logical, identity, parts[0], consumer, what, context)
+    placed = decode_ops(plain_layout, parts, logical, identity, parts[0], consumer, what, context)
     old, new = load, placed[-1].results[0]
     for op in chain.ops:
         clone = op.clone(ip=ir.InsertionPoint(consumer))
@@ -83,77 +80,9 @@ def emit_load_time_form(
     join_forms(consumer, clone.results[0], LOAD_TIME_ATTRIBUTE, what, context)
 
 
-def join_forms(
-    consumer: ir.Operation, marked: ir.Value, attribute: str, what: str, context: ir.Context
-) -> None:
-    """Carry two forms of `consumer`'s result until a later step chooses
-    (`choose_marked_forms`): every use of the fused result now reads an `arith.select` of a
-    false flag between `marked` (the other form's result) and the fused one, marked with
-    `attribute` = `what`."""
-    fused = consumer.results[0]
-    i1 = ir.IntegerType.get_signless(1, context)
-    with ir.InsertionPoint(consumer), ir.Location.unknown(context):
-        flag = ir.Operation.create(
-            "arith.constant", results=[i1], attributes={"value": ir.IntegerAttr.get(i1, 0)}
-        )
-        select = ir.Operation.create(
-            "arith.select",
-            results=[fused.type],
-            operands=[flag.results[0], marked, fused],
-            attributes={attribute: ir.StringAttr.get(what, context)},
-        )
-    select.move_after(consumer)
-    fused.replace_all_uses_with(select.results[0])
-    select.operands[2] = fused
-
-
 def choose_forms(module: ir.Operation, load_time: bool) -> list[str]:
     """Keep one form of every contraction that has two: the load-time form if `load_time`
     (a data-tiled llvm-cpu variant: myelin.codecs.decodes_at_load), else the fused one; erase
     the other. Returns "scope::key" of each parameter that decodes at load (one entry per
     use), in IR order."""
     return choose_marked_forms(module, LOAD_TIME_ATTRIBUTE, load_time)
-
-
-def choose_marked_forms(module: ir.Operation, attribute: str, keep_marked: bool) -> list[str]:
-    """Resolve every `arith.select` marked with `attribute` (the codec's way of carrying two
-    forms of one contraction until a later step chooses): keep its first operand (the marked
-    form) if `keep_marked`, else its second (the fused decode), and erase the select, its
-    flag and whatever only the other form used. Returns the marks' values ("scope::key") of
-    the kept marked forms, in IR order (none when `keep_marked` is false)."""
-    selects = find_ops(module, lambda op: op.name == "arith.select" and attribute in op.attributes)
-    kept_marked = []
-    blocks = []
-    for select in selects:
-        if keep_marked:
-            kept_marked.append(ir.StringAttr(select.attributes[attribute]).value)
-        kept = select.operands[1] if keep_marked else select.operands[2]
-        flag = select.operands[0].owner
-        select.results[0].replace_all_uses_with(kept)
-        block = select.parent.regions[0].blocks[0] if select.parent is not None else None
-        if block is not None and all(b != block for b in blocks):
-            blocks.append(block)
-        select.erase()
-        flag_op = flag.operation if hasattr(flag, "operation") else flag
-        if not list(flag_op.results[0].uses):
-            flag_op.erase()
-    for block in blocks:
-        _erase_unused(block)
-    return kept_marked
-
-
-def _erase_unused(block: ir.Block) -> None:
-    """Erase the pure ops of `block` whose results nothing reads (the form not kept), last
-    first, until none is left."""
-    while True:
-        dead = [
-            op
-            for op in block.operations
-            if len(op.results) > 0
-            and op.name.startswith(_PURE_PREFIXES)
-            and not any(list(r.uses) for r in op.results)
-        ]
-        if not dead:
-            return
-        for op in reversed(dead):
-            op.erase()

@@ -28,10 +28,20 @@ import math
 from dataclasses import replace
 
 from iree.compiler import ir
-from iree.compiler.dialects import linalg
 
-from myelin.codecs import Layout
 from myelin.codecs import _q4_kernel as q4_kernel
+from myelin.codecs._contract import Layout
+from myelin.codecs._emit import (
+    DECODE_ATTRIBUTE,
+    decode_ops,
+    parse_template,
+    remap,
+    split_of,
+    template_body,
+    zeros,
+)
+from myelin.codecs._regions import wrap_in_dispatch_region
+from myelin.codecs._uses import dps_inputs, indexing_maps, map_dims, reduction_loops
 from myelin.compiler.placement import find_ops
 
 # A discardable attribute on a contraction: the llvm-cpu lowering config PLeX wants for it.
@@ -58,13 +68,6 @@ def matvec_tiles(outputs: int) -> tuple[int, int] | None:
 _PIPELINE = "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>"
 
 
-def _maps(op: ir.Operation) -> list[ir.AffineMap] | None:
-    try:
-        return [ir.AffineMapAttr(m).value for m in linalg.get_indexing_maps(op.opview)]
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def _static(value: ir.Value) -> list[int] | None:
     t = ir.RankedTensorType(value.type)
     if not t.has_static_shape:
@@ -76,18 +79,17 @@ def matvec_loops(consumer: ir.Operation, weight_operand: int) -> tuple[int, int]
     """(output loop, contracted loop) of a contraction that reads one activation row (every
     size static, the activation's non-contracted sizes all 1, f32 result) with a rank-2 weight
     behind `weight_operand`; None for anything else (IREE's own tiles then)."""
-    from myelin.codecs._ir import _dps_inputs, _map_dims, _reduction_loops
 
-    if _dps_inputs(consumer) != 2 or len(consumer.results) != 1 or weight_operand > 1:
+    if dps_inputs(consumer) != 2 or len(consumer.results) != 1 or weight_operand > 1:
         return None
-    maps = _maps(consumer)
+    maps = indexing_maps(consumer)
     if maps is None:
         return None
-    dims = [_map_dims(m) for m in maps]
+    dims = [map_dims(m) for m in maps]
     if any(d is None for d in dims):
         return None
     weight, activation, out = dims[weight_operand], dims[1 - weight_operand], dims[2]
-    reductions = _reduction_loops(consumer)
+    reductions = reduction_loops(consumer)
     if reductions is None or len(reductions) != 1:
         return None
     (k,) = reductions
@@ -108,16 +110,15 @@ def matvec_loops(consumer: ir.Operation, weight_operand: int) -> tuple[int, int]
 
 
 def _out_dim(out_map: ir.AffineMap, loop: int) -> int:
-    from myelin.codecs._ir import _map_dims
 
-    dims = _map_dims(out_map)
+    dims = map_dims(out_map)
     assert dims is not None
     return dims.index(loop)
 
 
 def mark_matvec(op: ir.Operation, n_loop: int, k_loop: int, context: ir.Context) -> None:
     """Give `op` (all loops parallel but `k_loop`) the matvec tiles as CPU_TILES_ATTRIBUTE."""
-    maps = _maps(op)
+    maps = indexing_maps(op)
     assert maps is not None
     loops = maps[0].n_dims
     outputs = ir.RankedTensorType(op.results[0].type).get_dim_size(
@@ -176,18 +177,8 @@ def _generic(maps: list[str], iterators: str, ins: list[tuple[str, str]], out: t
 def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, context) -> bool:
     """Replace a q4 matvec (`chain.consumer`, see matvec_loops) by the grouped matvec (module
     docstring). False (nothing changed) if the consumer is not one."""
-    from myelin.codecs._ir import (
-        DECODE_ATTRIBUTE,
-        _decode_ops,
-        _map_dims,
-        _parse_template,
-        _remap,
-        _split_of,
-        _template_body,
-        _wrap_in_dispatch_region,
-    )
 
-    if layout.grouped is None or _split_of(layout) is None:
+    if layout.grouped is None or split_of(layout) is None:
         return False
     consumer = chain.consumer
     loops_nk = matvec_loops(consumer, chain.operand)
@@ -195,9 +186,9 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
         return False
     n_loop, k = loops_nk
     axis, group = layout.split
-    maps = _maps(consumer)
+    maps = indexing_maps(consumer)
     assert maps is not None
-    w_dims, a_dims, o_dims = (_map_dims(maps[i]) for i in (chain.operand, 1 - chain.operand, 2))
+    w_dims, a_dims, o_dims = (map_dims(maps[i]) for i in (chain.operand, 1 - chain.operand, 2))
     activation, init = consumer.operands[1 - chain.operand], consumer.operands[2]
     if str(ir.RankedTensorType(activation.type).element_type) != "f32":
         return False  # the sums below are f32 throughout (an f16 model takes the chunked form)
@@ -211,7 +202,7 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
 
     # 1. the 4-bit codes as floats, over the weight operand's dims with K as (group, element)
     codes = replace(layout, parts=layout.parts[:1], decode=layout.grouped[0])
-    unpack, collapse = _decode_ops(
+    unpack, collapse = decode_ops(
         codes, parts[:1], target, chain.src, chain.value, consumer, what, context
     )
     collapse.erase()
@@ -308,12 +299,12 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
   }} -> {init_t}
   return %out : {init_t}
 }}"""
-    template = _parse_template(context, text)  # owns the ops until they are moved
-    block, ops = _template_body(template)
+    template = parse_template(context, text)  # owns the ops until they are moved
+    block, ops = template_body(template)
     body = ops[:-1]  # without the return
     for op in body:
         op.move_before(consumer)
-    _remap(body, [*zip(block.arguments, [activation, codes_value, *parts[1:], init], strict=True)])
+    remap(body, [*zip(block.arguments, [activation, codes_value, *parts[1:], init], strict=True)])
     total = body[-1]
     total.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
     mark_matvec(total, n_loop, k, context)
@@ -323,7 +314,7 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
     consumer.results[0].replace_all_uses_with(total.results[0])
     # all but the constant and the activation's reshape: one dispatch (xs in it is recomputed
     # per workgroup, K additions, cheaper than a dispatch of its own)
-    _wrap_in_dispatch_region([*body[2:5], unpack, *body[5:]], context)
+    wrap_in_dispatch_region([*body[2:5], unpack, *body[5:]], context)
     consumer.erase()
     for op in reversed(chain.ops):
         op.erase()
@@ -335,16 +326,6 @@ def emit_scaled(chain, layout: Layout, parts: list[ir.Value], what: str, context
     codes as floats, then one multiply by the output's scale (and the add of the consumer's
     init), in one dispatch: the per-weight multiply by the scale goes. False (nothing
     changed) if the consumer is not one."""
-    from myelin.codecs._ir import (
-        DECODE_ATTRIBUTE,
-        _decode_ops,
-        _map_dims,
-        _parse_template,
-        _remap,
-        _template_body,
-        _wrap_in_dispatch_region,
-        _zeros,
-    )
 
     if layout.scaled is None:
         return False
@@ -353,18 +334,18 @@ def emit_scaled(chain, layout: Layout, parts: list[ir.Value], what: str, context
     if loops_nk is None or consumer.name not in ("linalg.matmul", "linalg.batch_matmul"):
         return False
     n_loop, k = loops_nk
-    maps = _maps(consumer)
+    maps = indexing_maps(consumer)
     assert maps is not None
-    w_dims, o_dims = _map_dims(maps[chain.operand]), _map_dims(maps[2])
+    w_dims, o_dims = map_dims(maps[chain.operand]), map_dims(maps[2])
     init = consumer.operands[2]
     target = ir.RankedTensorType(chain.value.type)
     codes = replace(layout, parts=layout.parts[:1], decode=layout.scaled)
-    (unpack,) = _decode_ops(
+    (unpack,) = decode_ops(
         codes, parts[:1], target, chain.src, chain.value, consumer, what, context
     )
     consumer.operands[chain.operand] = unpack.results[0]
-    zeros = _zeros(init, consumer, context)
-    consumer.operands[2] = zeros
+    zeroed = zeros(init, consumer, context)
+    consumer.operands[2] = zeroed
     # the scale, read per output: its logical dims -> the dims of the consumer's result
     scale_index = [f"d{o_dims.index(w_dims[chain.src[int(x[1:])]])}" for x in layout.parts[1].index]
     rank = len(o_dims)
@@ -387,17 +368,17 @@ func.func private @scaled(%p: {result_t}, %s: {scale_t}, %init: {result_t}) -> {
   }} -> {result_t}
   return %out : {result_t}
 }}"""
-    template = _parse_template(context, text)  # owns the ops until they are moved
-    block, ops = _template_body(template)
+    template = parse_template(context, text)  # owns the ops until they are moved
+    block, ops = template_body(template)
     empty, scale = ops[0], ops[1]
     empty.move_before(consumer)
     scale.move_after(consumer)
     consumer.results[0].replace_all_uses_with(scale.results[0])
-    _remap([scale], [*zip(block.arguments, [consumer.results[0], parts[1], init], strict=True)])
+    remap([scale], [*zip(block.arguments, [consumer.results[0], parts[1], init], strict=True)])
     scale.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
     mark_matvec(consumer, n_loop, k, context)
-    fill = zeros.owner
-    _wrap_in_dispatch_region([unpack, fill.operands[1].owner, fill, consumer, scale], context)
+    fill = zeroed.owner
+    wrap_in_dispatch_region([unpack, fill.operands[1].owner, fill, consumer, scale], context)
     for op in reversed(chain.ops):
         op.erase()
     return True

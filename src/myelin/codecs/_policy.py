@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from myelin.codecs import NO_CODEC
+from myelin.codecs._contract import NO_CODEC
 
 PRECISE_MAX_ELEMENTS = 4096
 _PRECISE_NAME = re.compile(r"norm|bias|(^|[._])ln(f|_?[0-9]*)?([._]|$)", re.IGNORECASE)

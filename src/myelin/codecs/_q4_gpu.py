@@ -4,14 +4,14 @@ library (myelin.kernels._q4) turns into its skinny-M q4 kernel.
 One encoded graph serves every variant, and only the kernels step of a CUDA device with
 `kernels = "triton"` (or "triton-attention") can put a Triton kernel in it. So the encode step
 gives every q4 matmul the kernel covers (M <= 16 rows, static sizes, a K-major g32 weight:
-myelin.kernels._q4.covers) two forms joined by an `arith.select` on a constant marked with
-KERNEL_FORM_ATTRIBUTE:
+`kernel_covers`, the contract myelin.kernels._q4 implements) two forms joined by an
+`arith.select` on a constant marked with KERNEL_FORM_ATTRIBUTE:
 
 - the kernel form: one `linalg.generic` over (rows, outputs, group, element) that reads the
   stored parts and the activation directly and decodes in its body (a correct, if slow,
   contraction on any target), marked with Q4_MATMUL_ATTRIBUTE; the kernels step replaces it by
   the kernel's external dispatch;
-- the fused form the codec emits everywhere else (myelin.codecs._ir, _matvec).
+- the fused form the codec emits everywhere else (myelin.codecs._rewrite, _matvec).
 
 The kernels step keeps the kernel form (`choose_kernel_forms(module, True)`); every compile
 keeps the fused one otherwise (the constant `false` folds to it even if nothing chose).
@@ -23,14 +23,38 @@ import math
 
 from iree.compiler import ir
 
-from myelin.codecs import Layout
+from myelin.codecs._contract import Layout
+from myelin.codecs._emit import parse_template, remap, template_body
+from myelin.codecs._forms import choose_marked_forms, join_forms
+from myelin.codecs._uses import indexing_maps, map_dims, reduction_loops
 from myelin.compiler.placement import find_ops
 
 # On the arith.select joining the forms, and on the kernel form's contraction: "scope::key".
 KERNEL_FORM_ATTRIBUTE = "plex.q4_kernel_form"
 Q4_MATMUL_ATTRIBUTE = "plex.q4_matmul"
 _CONSUMERS = ("linalg.matmul", "linalg.batch_matmul")
-_ACTIVATIONS = {"f16", "bf16"}
+
+# The q4 kernel contract: the matmuls a kernel form is made for, which the kernel library
+# (myelin.kernels._q4) must then run. It lives here, on the codec's side, so that the encode
+# step never waits on the kernel library and the library imports the codec, never the reverse.
+KERNEL_GROUP = 32  # the kernel's q4 group size (the codec's default)
+KERNEL_MAX_M = 16  # rows per program: decode steps (one token per sequence, at most 16)
+KERNELKERNEL_ACTIVATIONS = ("f16", "bf16")
+
+
+def kernel_covers(dtype: str, m: int | None, n: int, k: int, group: int) -> str | None:
+    """Why the q4 kernel does not cover this matmul, or None when it does."""
+    if dtype not in KERNELKERNEL_ACTIVATIONS:
+        return f"activation {dtype}: the q4 kernel takes f16 or bf16"
+    if m is None or m > KERNEL_MAX_M:
+        return f"M = {m}: the q4 kernel takes a static M of at most {KERNEL_MAX_M} (decode steps)"
+    if group != KERNEL_GROUP:
+        return f"group {group}: the q4 kernel takes q4:g{KERNEL_GROUP}"
+    if n % 64:
+        return f"N = {n}: the q4 kernel needs N % 64 == 0"
+    if k % (KERNEL_GROUP * 4):
+        return f"K = {k}: the q4 kernel needs K % {KERNEL_GROUP * 4} == 0"
+    return None
 
 
 def _static(value: ir.Value) -> list[int] | None:
@@ -43,21 +67,17 @@ def kernel_shape(chain, layout: Layout) -> tuple[int, int, int] | None:
     reading the weight as its second operand with [K, N] dims (broadcast batch dims allowed),
     an activation [rows..., K] of f16/bf16 and a result [rows..., N] of f32, every size static,
     the weight stored K-major; None for anything else."""
-    from myelin.codecs._ir import _map_dims, _reduction_loops
-    from myelin.codecs._matvec import _maps
-    from myelin.kernels._q4 import covers
-
     consumer = chain.consumer
     if consumer.name not in _CONSUMERS or chain.operand != 1 or layout.split is None:
         return None
     axis, group = layout.split
     if (layout.order or (0, 1))[0] != axis or len(consumer.results) != 1:
         return None
-    maps = _maps(consumer)
-    reductions = _reduction_loops(consumer)
+    maps = indexing_maps(consumer)
+    reductions = reduction_loops(consumer)
     if maps is None or reductions is None or len(reductions) != 1:
         return None
-    a_dims, w_dims, o_dims = (_map_dims(m) for m in maps)
+    a_dims, w_dims, o_dims = (map_dims(m) for m in maps)
     if a_dims is None or w_dims is None or o_dims is None:
         return None
     (k,) = reductions
@@ -75,7 +95,7 @@ def kernel_shape(chain, layout: Layout) -> tuple[int, int, int] | None:
     if o_el != "f32":
         return None
     m, n_size, k_size = math.prod(a_shape[:-1]), o_shape[-1], a_shape[-1]
-    if covers(a_el, m, n_size, k_size, group) is not None:
+    if kernel_covers(a_el, m, n_size, k_size, group) is not None:
         return None
     return m, n_size, k_size
 
@@ -86,8 +106,6 @@ def emit_kernel_form(
     """Place the kernel form of this use before its consumer, joined to the consumer's result
     by the marked select (the fused form is built afterwards from the same chain). False
     (nothing changed) when the kernel does not cover the contraction."""
-    from myelin.codecs._ir import _parse_template, _remap, _template_body
-
     shape = kernel_shape(chain, layout)
     if shape is None:
         return False
@@ -150,16 +168,14 @@ func.func private @q4(%x: {x_t}, {", ".join(f"%a{i}: {t}" for i, t in enumerate(
   }} -> {r_t}
 {back}  return %q4out : {init_t}
 }}"""
-    template = _parse_template(context, text)
-    block_, ops = _template_body(template)
+    template = parse_template(context, text)
+    block_, ops = template_body(template)
     placed = ops[:-1]
     for op in placed:
         op.move_before(consumer)
-    _remap(placed, [*zip(block_.arguments, [x, *parts, init], strict=True)])
+    remap(placed, [*zip(block_.arguments, [x, *parts, init], strict=True)])
     contraction = next(op for op in placed if op.name == "linalg.generic")
     contraction.attributes[Q4_MATMUL_ATTRIBUTE] = ir.StringAttr.get(what, context)
-    from myelin.codecs._loadtime import join_forms
-
     join_forms(consumer, placed[-1].results[0], KERNEL_FORM_ATTRIBUTE, what, context)
     return True
 
@@ -175,6 +191,4 @@ def choose_kernel_forms(module: ir.Operation, kernel: bool) -> list[str]:
     """Keep one form of every q4 contraction that has two: the kernel form if `kernel` (the
     kernels step, which then puts the kernel in its place), else the fused one; erase the
     other. Returns "scope::key" of each kept kernel form, in IR order."""
-    from myelin.codecs._loadtime import choose_marked_forms
-
     return choose_marked_forms(module, KERNEL_FORM_ATTRIBUTE, kernel)

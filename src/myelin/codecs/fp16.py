@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from myelin.codecs import Layout, _float, no_options
+from myelin.codecs import _float
+from myelin.codecs._contract import Layout, no_options
 
 NAME = "fp16"
 parse_options = no_options

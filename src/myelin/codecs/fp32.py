@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from myelin.codecs import Layout, StoredPart, identity_index, no_options
+from myelin.codecs._contract import Layout, StoredPart, identity_index, no_options
 
 NAME = "fp32"
 parse_options = no_options

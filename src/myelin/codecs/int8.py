@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from myelin.codecs import Layout, StoredPart, from_storage, no_options, permuted, to_storage
+from myelin.codecs._contract import (
+    Layout,
+    StoredPart,
+    from_storage,
+    no_options,
+    permuted,
+    to_storage,
+)
 
 NAME = "int8"
 parse_options = no_options

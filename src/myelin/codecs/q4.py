@@ -20,7 +20,8 @@ layout); `decode` reads its parts through `format4_layout` (their recorded data 
 
 The IR sees the data as [..., groups, group, ...] (the same bytes) and decodes over those two
 loop dims, so every part is read through a plain projection and IREE vectorizes the unpacking
-(myelin.codecs._ir: `Layout.split`, and the chunks a long contracted axis is cut into).
+(myelin.codecs._emit: `Layout.split`; myelin.codecs._chunked: the chunks a long contracted
+axis is cut into).
 
 The group scales and offsets are themselves quantized (as in llama.cpp's k-quants): an unsigned
 8-bit scale and a signed 8-bit offset per group, each times a float32 factor per output. Per
@@ -41,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from myelin.codecs import Layout, StoredPart, from_storage, permuted, to_storage
+from myelin.codecs._contract import Layout, StoredPart, from_storage, permuted, to_storage
 
 NAME = "q4"
 DEFAULT_GROUP = 32

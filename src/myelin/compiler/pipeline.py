@@ -14,12 +14,7 @@ from pathlib import Path
 
 from iree.compiler import ir
 
-from myelin.codecs import decodes_at_load
-from myelin.codecs._loadtime import choose_forms
-from myelin.codecs._matvec import apply_cpu_tiles
-from myelin.codecs._q4_gpu import choose_kernel_forms
-from myelin.codecs._q4_kernel import applies as q4_kernel_applies
-from myelin.codecs._q4_kernel import apply_kernel as apply_q4_kernel
+from myelin.codecs import finalize
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
@@ -36,9 +31,9 @@ from myelin.compiler.placement import (
     resolve_dispatch_affinities,
     resolve_placement,
 )
-from myelin.compiler.result_storage import add_storage_twins
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
 from myelin.compiler.session import PHASES, CompilerSession
+from myelin.compiler.storage_twins import add_storage_twins
 from myelin.compiler.stream_analysis import STREAM_PHASE, CallFootprint, call_footprints
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
@@ -367,14 +362,9 @@ def compile_module(
                 # `f$into` twins that write results into runtime-allocated storage (DLPack out)
                 if any(d.result_storage for d in devices):
                     add_storage_twins(module)
-                # codec matvec tiles: IREE's compilation_info on llvm-cpu, dropped elsewhere
-                apply_cpu_tiles(module, all(d.target == "llvm-cpu" for d in devices))
-                # q4 matvecs: the AVX2 kernel where the CPU has it, else the grouped matvec
-                apply_q4_kernel(module, q4_kernel_applies(devices))
-                # q4 kernel forms left (not a kernels variant): the fused decode
-                choose_kernel_forms(module, False)
-                # codecs under data tiling: decode at load into the packed layout, else fused
-                decoded_at_load = choose_forms(module, decodes_at_load(devices))
+                # the codec's choices for these devices (CPU tiles, the q4 AVX2 kernel, load-time
+                # decode under data tiling; q4 kernel forms left: the fused decode)
+                decoded_at_load = list(finalize(module, devices).decoded_at_load)
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
                     host = [d.name for d in devices if d.target in ("llvm-cpu", "vmvx")]
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)

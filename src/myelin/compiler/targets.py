@@ -33,7 +33,7 @@ class TargetDevice:
     # MiniLM's 40.5 MiB of matrices), and an encoded matmul weight is decoded into them at load
     # (myelin.codecs._loadtime). Off by default: PLeX's default keeps weights zero-copy.
     data_tiling: bool = False
-    # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.result_storage)
+    # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.storage_twins)
     result_storage: bool = False
 
 

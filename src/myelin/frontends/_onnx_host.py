@@ -11,12 +11,22 @@ with a warning.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import onnx
 from iree.compiler import ir
 
-HOST_MODULE = "plex_host"
+from myelin.signature import HOST_MODULE
+
+# An op's location as the ONNX importer writes it: the name of the node it came from.
+_NODE_LOCATION = re.compile(r'loc\("([^"]*)"')
+
+
+def node_of(location: ir.Location) -> str | None:
+    """The ONNX node an op (or a diagnostic) came from, by its location; None if unnamed."""
+    m = _NODE_LOCATION.search(str(location))
+    return m.group(1) if m else None
 
 
 @dataclass(frozen=True)
@@ -88,9 +98,7 @@ def replace_with_host_calls(
     block = module.regions[0].blocks[0]
     with module.context:
         for i, op in enumerate(found):
-            from myelin.frontends._onnx_import import _node_of
-
-            name = _node_of(op.location) or ""
+            name = node_of(op.location) or ""
             node = nodes.get(name)
             if node is None or name not in wanted:
                 continue  # not a node of the main graph (a subgraph's): left to fail loudly

@@ -25,6 +25,7 @@ from iree.compiler.extras import onnx_importer
 from onnx import numpy_helper
 
 from myelin.errors import CompileError
+from myelin.frontends._onnx_host import node_of, replace_with_host_calls
 from myelin.frontends._onnx_torch_ops import rewrite_onnx_ops
 from myelin.frontends._torch_lowering import torch_to_linalg_pipeline
 
@@ -274,8 +275,6 @@ def _import_model(
     rewrite_onnx_ops(module)
     host_nodes: list = []
     if host is not None and host[1]:
-        from myelin.frontends._onnx_host import replace_with_host_calls
-
         host_nodes = replace_with_host_calls(module, model, host[0], host[1])
     unlowered = _unlowered_onnx_ops(module)
     if not unlowered:
@@ -327,7 +326,7 @@ def _unlowered_onnx_ops(module: ir.Operation) -> dict[str, str]:
         if op.name == "torch.operator":
             op_name = ir.StringAttr(op.attributes["name"]).value
             if op_name.startswith("onnx."):
-                found[_node_of(op.location) or "?"] = op_name[len("onnx.") :]
+                found[node_of(op.location) or "?"] = op_name[len("onnx.") :]
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
@@ -352,17 +351,9 @@ def _run(module: ir.Operation, pipeline: str, op_types: dict[str, str]) -> None:
             raise error from e
 
 
-_LOC = re.compile(r'loc\("([^"]*)"')
-
-
-def _node_of(location: ir.Location) -> str | None:
-    m = _LOC.search(str(location))
-    return m.group(1) if m else None
-
-
 def _failing_node(error: ir.MLIRError) -> str | None:
     for diagnostic in error.error_diagnostics:
-        node = _node_of(diagnostic.location)
+        node = node_of(diagnostic.location)
         if node:
             return node
     return None
@@ -382,7 +373,7 @@ def _sole_op_node(module: ir.Operation, op_types: dict[str, str] | None = None) 
     nodes: set[str] = set()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        node = _node_of(op.location)
+        node = node_of(op.location)
         if node and (
             op_types.get(node, "Constant") != "Constant"
             or op.name.startswith(("torch.aten.", "torch.prims.", "torch.operator"))
@@ -398,7 +389,7 @@ def _describe(error: ir.MLIRError, op_types: dict[str, str]) -> str:
     """The first error diagnostic, with the ONNX node it came from."""
     for diagnostic in error.error_diagnostics:
         message = diagnostic.message.splitlines()[0]
-        node = _node_of(diagnostic.location)
+        node = node_of(diagnostic.location)
         if node in op_types:
             return f"node {node!r} ({op_types[node]}): {message}"
         return message

@@ -15,6 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from myelin.kernels._coverage import coverage_line, left_to_codegen
+from myelin.kernels._space import (
+    config_from_json,
+    config_to_json,
+    kernel_entry,
+    matmul_space,
+    site_key,
+    spread_sample,
+    tuned_configs,
+)
 from myelin.kernels._triton import MatmulConfig
 from myelin.platforms import KERNEL_LIBRARIES, KERNELS_CUDA_ARCH
 
@@ -23,9 +32,17 @@ __all__ = [
     "KERNELS_CUDA_ARCH",
     "KERNEL_LIBRARIES",
     "KernelizedGraph",
+    "MatmulConfig",
     "apply_kernels",
+    "config_from_json",
+    "config_to_json",
     "coverage_line",
+    "kernel_entry",
     "left_to_codegen",
+    "matmul_space",
+    "site_key",
+    "spread_sample",
+    "tuned_configs",
 ]
 
 # The library value that also rewrites attention (flash for prefill, split-KV for decode; one
@@ -117,7 +134,7 @@ def apply_kernels(
     rewrite them into external dispatches. Ops no kernel covers are left to IREE; every
     contraction is in the sites, matched or not, with the reason.
 
-    `tuned`: configs a tuning package recorded per shape (`myelin.kernels._space.site_key`),
+    `tuned`: configs a tuning package recorded per shape (`site_key`),
     taken before the library's own choice; a site that got one says so in its reason.
 
     With the "triton-attention" library, `iree_linalg_ext.attention` ops go to the
@@ -125,11 +142,12 @@ def apply_kernels(
     mask or an additive one) too (docs/kernels.md).
 
     Both libraries put the q4 kernel (myelin.kernels._q4) in place of the q4 contractions the
-    codec gave a kernel form (myelin.codecs._q4_gpu: decode steps, M <= 16), and turn a concat
-    of elementwise results into one elementwise op (myelin.kernels._concat: the rotary
+    codec gave a kernel form (decode steps, M <= 16: myelin.codecs.q4_kernel_covers), and turn
+    a concat of elementwise results into one elementwise op (myelin.kernels._concat: the rotary
     embedding's, which IREE would otherwise compute in parts and copy together)."""
-    from myelin.codecs._loadtime import choose_forms
+    from myelin.codecs import finalize
     from myelin.compiler.session import CompilerSession
+    from myelin.compiler.targets import TargetDevice
     from myelin.errors import CompileError
     from myelin.kernels import _attention, _concat, _coverage, _q4, _rewrite, _space, _triton
 
@@ -141,9 +159,10 @@ def apply_kernels(
     with CompilerSession(flags) as session:
         module = session.parse(module_bytecode, what=what)
         with session.context:
-            # A CUDA variant never decodes at load (myelin.codecs.decodes_at_load): drop the
-            # load-time forms, whose matmuls would be matched for nothing
-            choose_forms(module, False)
+            # the codec's choices for this CUDA device, as its compile would make them, but
+            # keeping the q4 kernel forms: no load-time forms are left whose matmuls would be
+            # matched for nothing
+            finalize(module, [TargetDevice("kernels", target="cuda", arch=arch)], kernel_forms=True)
             # q4 decode-step matmuls first: their fused forms (erased here) hold matmuls too
             q4_sites, q4_kernels = _q4.rewrite_q4(module, arch)
             choose = _space.with_tuned(choose_matmul_config, tuned or {})

@@ -2,7 +2,7 @@
 unpacking fused, for the encoded matmuls of a decode step.
 
 Without it, a CUDA variant decodes q4 into floats inside each contraction's dispatch (IREE
-codegen, the contracted axis cut into chunks of 256 and summed: myelin.codecs._ir), which on a
+codegen, the contracted axis cut into chunks of 256 and summed: myelin.codecs._chunked), which on a
 decode step reads the 4-bit weight through many small dispatches and spends its time decoding.
 This kernel reads the stored parts in place (format 7: codes [K, N] two per byte along N, group
 factors [K / g, N], output factors [N]) once per call:
@@ -21,7 +21,8 @@ factors [K / g, N], output factors [N]) once per call:
 - at the end `part[s, m, n] = acc_s * row_scale[n] + acc_o * row_offset[n]` in f32.
 
 IREE sums the shares, adds the consumer's init and narrows to the consumer's result type in one
-codegen dispatch after the kernel (myelin.codecs._q4_gpu builds that IR).
+codegen dispatch after the kernel (myelin.codecs._q4_gpu builds that IR and states which matmuls
+the kernel takes: `covers`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from dataclasses import dataclass
 
 from iree.compiler import ir
 
+from myelin.codecs import Q4_KERNEL_GROUP as GROUP
+from myelin.codecs import Q4_KERNEL_MAX_M as MAX_M
+from myelin.codecs import Q4_MATMUL_ATTRIBUTE, q4_kernel_forms
+from myelin.codecs import q4_kernel_covers as covers  # noqa: F401  (the contract, here too)
 from myelin.kernels._triton import CompiledKernel, compile_triton
 
-GROUP = 32  # the kernel's q4 group size (the codec's default)
-MAX_M = 16  # rows per program: decode steps (one token per sequence, at most 16 sequences)
 # The split-K rule, from the H200 sweep (docs/kernels.md): at least about two programs per SM of
 # an H200 (132 SMs), each with at most 16 groups of the contracted axis (a longer share runs
 # alone at the end), and at least 4.
@@ -66,21 +69,6 @@ class Q4Config:
     @property
     def grid(self) -> tuple[int, int]:
         return self.n // self.block_n, self.split
-
-
-def covers(dtype: str, m: int | None, n: int, k: int, group: int) -> str | None:
-    """Why the kernel does not cover this matmul, or None when it does."""
-    if dtype not in _TYPES:
-        return f"activation {dtype}: the q4 kernel takes f16 or bf16"
-    if m is None or m > MAX_M:
-        return f"M = {m}: the q4 kernel takes a static M of at most {MAX_M} (decode steps)"
-    if group != GROUP:
-        return f"group {group}: the q4 kernel takes q4:g{GROUP}"
-    if n % 64:
-        return f"N = {n}: the q4 kernel needs N % 64 == 0"
-    if k % (GROUP * 4):
-        return f"K = {k}: the q4 kernel needs K % {GROUP * 4} == 0"
-    return None
 
 
 def choose(dtype: str, n: int, k: int) -> Q4Config:
@@ -202,17 +190,16 @@ util.func private @{name}(%x: {x_t}, %q: {q_t}, %s: {s_t}, %o: {o_t}, %rs: {rs_t
 
 
 def rewrite_q4(module: ir.Operation, arch: str) -> tuple[list[Q4Site], dict[str, CompiledKernel]]:
-    """Keep the kernel form of every q4 contraction (myelin.codecs._q4_gpu) and replace each by
-    a call of its kernel's wrapper; returns the sites and the kernels compiled."""
-    from myelin.codecs._q4_gpu import Q4_MATMUL_ATTRIBUTE, choose_kernel_forms, kernel_forms
+    """Replace the kernel form of every q4 contraction (myelin.codecs._q4_gpu; kept by
+    `myelin.codecs.finalize` for a kernels build) by a call of its kernel's wrapper; returns the
+    sites and the kernels compiled."""
     from myelin.kernels._rewrite import _function_name, add_functions, call_in_place_of
 
-    choose_kernel_forms(module, True)
     body = module.regions[0].blocks[0]
     sites: list[Q4Site] = []
     kernels: dict[str, CompiledKernel] = {}
     wrappers: dict[tuple[str, ...], str] = {}
-    for op in kernel_forms(module):
+    for op in q4_kernel_forms(module):
         expand = op.operands[0].owner
         expand = getattr(expand, "operation", expand)
         x = expand.operands[0]  # the activation as [M, K]

@@ -50,9 +50,8 @@ from myelin.mln._signing import (
     key_id,
     load_private_key,
     load_public_key,
-    sign_file,
 )
-from myelin.mln._writer import MlnWriter
+from myelin.mln._writer import MlnWriter, sign_file
 
 __all__ = [
     "FLAG_SIGNED",

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from myelin.errors import SigningKeyError
-from myelin.mln._layout import CHUNK_SIZE, FLAG_SIGNED, HEADER_SIZE, Header
 
 SIGNATURE_MAGIC = b"\x89MLNSIG\n"
 ED25519 = 1
@@ -188,52 +187,3 @@ def verify_signature(public_key: Any, trailer: SignatureTrailer, message: bytes)
     except InvalidSignature:
         return False
     return True
-
-
-# --- signing a file ------------------------------------------------------------------------------
-
-
-def sign_file(
-    path: str | os.PathLike[str], key: KeySource, output: str | os.PathLike[str] | None = None
-) -> Path:
-    """Sign a .mln: write it to `output` (default: in place) with FLAG_SIGNED set and a trailer.
-
-    The file is fully verified first (a damaged file is never signed), a signature already
-    there is replaced, and the result goes through a temporary sibling and an atomic rename, so
-    a process that has the old file mapped keeps reading the old bytes.
-    """
-    from myelin.mln._reader import MlnReader
-
-    private = load_private_key(key)
-    source = Path(path)
-    target = Path(output) if output is not None else source
-    with MlnReader(source) as reader:
-        header = Header.unpack(reader.mmap[:HEADER_SIZE])
-        signed_header = Header(
-            header.major,
-            header.minor,
-            header.flags | FLAG_SIGNED,
-            header.manifest_offset,
-            header.manifest_length,
-            header.manifest_sha256,
-        ).pack()
-        digests = [s.sha256 for s in reader.artifact_manifest.sections or ()]
-        message = signed_message(signed_header, header.manifest_sha256, digests)
-        trailer = SignatureTrailer(key_id(private.public_key()), private.sign(message))
-        end = header.manifest_offset + header.manifest_length
-        _write_atomically(target, signed_header, reader.mmap, end, trailer.pack())
-    return target
-
-
-def _write_atomically(target: Path, header: bytes, mapping: Any, end: int, trailer: bytes) -> None:
-    from myelin.mln._writer import atomic_file
-
-    with atomic_file(target) as out:
-        out.write(header)
-        view = memoryview(mapping)
-        try:
-            for start in range(HEADER_SIZE, end, CHUNK_SIZE):
-                out.write(view[start : min(start + CHUNK_SIZE, end)])
-        finally:
-            view.release()
-        out.write(trailer)

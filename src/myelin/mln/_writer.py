@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 from myelin.errors import ArtifactError
 from myelin.mln._layout import (
     CHUNK_SIZE,
+    FLAG_SIGNED,
     FORMAT_MAJOR,
     FORMAT_MINOR,
     HEADER_SIZE,
@@ -36,7 +37,15 @@ from myelin.mln._layout import (
     check_layout,
 )
 from myelin.mln._manifest import ManifestInvalid, decode_manifest, encode_manifest
+from myelin.mln._reader import MlnReader
 from myelin.mln._records import ArtifactManifest, section_json, validate_manifest
+from myelin.mln._signing import (
+    KeySource,
+    SignatureTrailer,
+    key_id,
+    load_private_key,
+    signed_message,
+)
 
 SectionData = Union[bytes, bytearray, memoryview, "np.ndarray", os.PathLike[str]]
 _WRITER_FILLS = ("format", "sections")
@@ -296,3 +305,48 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
                 temp.unlink()
                 removed.append(temp)
     return removed
+
+
+# --- signing a file (sign_file) ------------------------------------------------------------
+
+
+def sign_file(
+    path: str | os.PathLike[str], key: KeySource, output: str | os.PathLike[str] | None = None
+) -> Path:
+    """Sign a .mln: write it to `output` (default: in place) with FLAG_SIGNED set and a trailer.
+
+    The file is fully verified first (a damaged file is never signed), a signature already
+    there is replaced, and the result goes through a temporary sibling and an atomic rename, so
+    a process that has the old file mapped keeps reading the old bytes.
+    """
+    private = load_private_key(key)
+    source = Path(path)
+    target = Path(output) if output is not None else source
+    with MlnReader(source) as reader:
+        header = Header.unpack(reader.mmap[:HEADER_SIZE])
+        signed_header = Header(
+            header.major,
+            header.minor,
+            header.flags | FLAG_SIGNED,
+            header.manifest_offset,
+            header.manifest_length,
+            header.manifest_sha256,
+        ).pack()
+        digests = [s.sha256 for s in reader.artifact_manifest.sections or ()]
+        message = signed_message(signed_header, header.manifest_sha256, digests)
+        trailer = SignatureTrailer(key_id(private.public_key()), private.sign(message))
+        end = header.manifest_offset + header.manifest_length
+        _write_atomically(target, signed_header, reader.mmap, end, trailer.pack())
+    return target
+
+
+def _write_atomically(target: Path, header: bytes, mapping: Any, end: int, trailer: bytes) -> None:
+    with atomic_file(target) as out:
+        out.write(header)
+        view = memoryview(mapping)
+        try:
+            for start in range(HEADER_SIZE, end, CHUNK_SIZE):
+                out.write(view[start : min(start + CHUNK_SIZE, end)])
+        finally:
+            view.release()
+        out.write(trailer)

@@ -21,8 +21,8 @@ import numpy as np
 from iree.runtime.dtypes import map_dtype_to_hal_element_type
 
 from myelin.errors import DeviceUnavailable
+from myelin.signature import HOST_MODULE
 
-HOST_MODULE = "plex_host"
 # ops run with ONNX's reference implementation even where ONNX Runtime takes them: ORT's f32 DFT
 # differs from the reference (numpy's FFT) beyond rtol 1e-3 on values near zero (measured on
 # onnx's DFT node tests); the reference is slower and exact to f32

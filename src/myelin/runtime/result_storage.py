@@ -5,7 +5,7 @@ a result IREE allocated itself cannot reach torch without a copy. So, for `outpu
 the runtime allocates each result's memory (`cuMemAlloc` on a GPU, aligned host memory on a CPU
 device), wraps it in a DLPack capsule of its own, imports that into a HAL buffer view
 (`HalDevice.from_dlpack_capsule`, IREE's public import) and passes it to the entrypoint's storage
-twin (`f$into`, myelin.compiler.result_storage), which writes the result into it. The result's
+twin (`f$into`, myelin.compiler.storage_twins), which writes the result into it. The result's
 buffer is then imported memory, which IREE exports.
 
 Lifetime: a `Storage` frees its memory when the last reference goes. The capsule IREE imports

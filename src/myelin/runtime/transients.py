@@ -2,7 +2,7 @@
 
 Why: without it, every call of an IREE function takes its intermediates with
 `hal.device.queue.alloca` and gives them back with a `queue.dealloca` that waits on the host for
-the call's work (docs/runtime.md, "Overhead"). A twin (myelin.compiler.result_storage) takes that
+the call's work (docs/runtime.md, "Overhead"). A twin (myelin.compiler.storage_twins) takes that
 memory as its last argument instead, and IREE compiles a function that says how much it needs
 for given inputs (named in the twin's `iree.abi.transients.size` reflection, with the value
 itself in `...size.constant` when no input changes it). IREE does not check the buffer's size

@@ -66,7 +66,7 @@ class CpuTiles:
         why = []
         if len(op.m) != 1 or len(op.n) != 1 or len(op.k) != 1:
             return ["only contractions with one M, N and K dimension are tuned"]
-        lanes = target.lanes(_element_bytes(op.out_type))
+        lanes = target.lanes(element_bytes(op.out_type))
         (m,), (n,), (k,) = op.m, op.n, op.k
         if self.vm > self.dm or self.dm % self.vm:
             why.append(f"vector M tile {self.vm} does not divide distribution {self.dm}")
@@ -116,7 +116,7 @@ def space() -> dict[str, tuple]:
 
 
 def tiles_from_choice(choice: dict, op: ContractionMatch, target: CpuTarget) -> CpuTiles:
-    lanes = target.lanes(_element_bytes(op.out_type))
+    lanes = target.lanes(element_bytes(op.out_type))
     return CpuTiles(
         choice["dm"],
         choice["dn"],
@@ -134,7 +134,7 @@ def _ceil_pow2(n: int) -> int:
     return p
 
 
-def _element_bytes(type_name: str) -> int:
+def element_bytes(type_name: str) -> int:
     bits = re.search(r"(\d+)$", type_name)
     return max(1, int(bits.group(1)) // 8) if bits else 4
 

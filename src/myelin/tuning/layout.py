@@ -106,14 +106,14 @@ def apply_layouts(
 def _apply_one(module, request: LayoutRequest, context) -> LayoutResult:
     from iree.compiler import ir
 
-    from myelin.codecs import _ir as codec_ir
+    from myelin.codecs import classify_use, follow_use, module_globals, symbol_users
 
     result = LayoutResult(request.scope, request.key, request.layout)
     if len(request.shape) != 2:
         result.reason = f"rank {len(request.shape)}; only 2-D weights have an N x K layout"
         return result
-    old = codec_ir.module_globals(module).get(request.global_name)
-    users = codec_ir.symbol_users(module).get(request.global_name, [])
+    old = module_globals(module).get(request.global_name)
+    users = symbol_users(module).get(request.global_name, [])
     if old is None or not users:
         result.reason = "the graph does not read it"
         return result
@@ -123,8 +123,8 @@ def _apply_one(module, request: LayoutRequest, context) -> LayoutResult:
     chains = []
     for load in users:
         for use in list(load.results[0].uses):
-            chain = codec_ir._follow(load.results[0], use.owner, use.operand_number, 2)
-            found = codec_ir.classify(chain)
+            chain = follow_use(load.results[0], use.owner, use.operand_number, 2)
+            found = classify_use(chain)
             result.uses.append(f"{found.kind} {found.consumer}")
             if found.kind != "contraction" or chain.consumer.name not in _REWRITABLE:
                 result.reason = f"a use is {found.kind} {found.consumer}, not a contraction"

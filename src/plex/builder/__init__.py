@@ -123,7 +123,7 @@ def make_executor(
             isolate=os.environ.get("PLEX_BUILD_ISOLATE", "1") != "0",
         )
     try:
-        from synapse._ray import DEFAULT_SHARED_CACHE, RayExecutor
+        from synapse import DEFAULT_SHARED_CACHE, RayExecutor
     except ImportError:
         raise BuildError(
             "the ray executor needs Ray: pip install -e '.[ray]' (ray==2.60.0)"

@@ -20,14 +20,13 @@ from myelin.codecs import (
     NO_CODEC,
     ParameterInput,
     check_encoded_module,
-    decodes_at_load,
     encode_graph,
 )
-from myelin.codecs._q4_kernel import applies as q4_kernel_applies
 from myelin.compiler.index_ranges import index_ranges, input_range
 from myelin.compiler.phases import HEADER_PREFIX, PHASES, phase_file_name, render_phase_file
 from myelin.compiler.pipeline import CompiledModule, compile_module, import_graph
 from myelin.compiler.scheduling import DEFAULT_FAVOR, favor_attributes
+from myelin.compiler.targets import TargetDevice
 from myelin.dtypes import numpy_dtype
 from myelin.errors import CompileError
 from myelin.frontends import DIRECT_INPUT_TYPES, FrontendRequest, frontend
@@ -384,8 +383,7 @@ def run_kernels(job: KernelsJob, ctx: NodeContext) -> None:
     """Library kernels for one graph (myelin.kernels): writes the source node's `import.json`
     with `kernel_sites` added (every matmul: where, shape, its kernel or why none) and the
     rewritten IR. Parameters stay where the source node has them (link reads them there)."""
-    from myelin.kernels import apply_kernels
-    from myelin.kernels._space import tuned_configs
+    from myelin.kernels import apply_kernels, tuned_configs
 
     source_dir = ctx.output(job.source)
     meta = read_import_meta(source_dir)
@@ -414,12 +412,12 @@ def run_kernels(job: KernelsJob, ctx: NodeContext) -> None:
 
 
 def _codec_check(
-    meta: dict, imported_dir: Path, flags: list[str], what: str, load_time: bool, q4_kernel: bool
+    meta: dict, imported_dir: Path, flags: list[str], what: str, devices: tuple[TargetDevice, ...]
 ) -> tuple[list[str], list[str]]:
-    """The no-materialization check of an encoded graph for one variant's flags: one message
-    per dispatch that writes a decoded weight on its own, and ("scope::key") the parameters
-    decoded at load into data tiling's packed layout, as `load_time` variants do by design
-    (myelin.codecs._loadtime)."""
+    """The no-materialization check of an encoded graph for one variant (its flags and
+    devices): one message per dispatch that writes a decoded weight on its own, and
+    ("scope::key") the parameters decoded at load into data tiling's packed layout, as
+    data-tiled variants do by design (myelin.codecs.finalize)."""
     parts = {
         key: f"{v['record']['scope']}::{v['record']['key']}"
         for key, v in codec_parts(meta).items()
@@ -437,9 +435,8 @@ def _codec_check(
         flags,
         parts,
         sizes,
+        devices=devices,
         what=what,
-        load_time=load_time,
-        q4_kernel=q4_kernel,
     )
     at_load = sorted({p for m in found if m.at_load for p in m.parameters})
     return [f"graph {what}: {m.message()}" for m in found if not m.at_load], at_load
@@ -504,8 +501,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 imported_dir,
                 list(compiled.flags),
                 what,
-                decodes_at_load(job.devices),
-                q4_kernel_applies(job.devices),
+                job.devices,
             )
             if stop_at is None and resume is None and meta.get("codecs")
             else ([], [])

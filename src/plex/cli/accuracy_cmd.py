@@ -58,9 +58,9 @@ def accuracy(
     from plex.builder.plan import codec_policy
     from plex.cli.build_cmd import quiet_model_progress_bars
     from plex.cli.paths import resolve_app
-    from plex.cli.tensor_args import parse_tensor_arg
     from plex.extras import require_for_app
     from plex.manifest import load_app
+    from plex.tensor_args import parse_tensor_arg
 
     app_toml = resolve_app(app_toml)
     args = [parse_tensor_arg(text) for text in inputs]  # a typo fails before any build

@@ -51,7 +51,7 @@ def bench(
     from rich.table import Table
 
     import myelin
-    from plex.cli.tensor_args import cli_inputs, describe_inputs
+    from plex.tensor_args import cli_inputs, describe_inputs
 
     model = myelin.Instance(allow_native_code=allow_native_code).load(artifact, variant=variant)
     entry = model.entrypoint(function)

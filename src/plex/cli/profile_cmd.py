@@ -69,8 +69,8 @@ def profile(
     import myelin
     from myelin.runtime.profiling import capture
     from plex.cli.paths import check_writable_dir
-    from plex.cli.tensor_args import cli_inputs, describe_inputs
     from plex.errors import PlexError
+    from plex.tensor_args import cli_inputs, describe_inputs
 
     model = myelin.Instance(allow_native_code=allow_native_code).load(artifact, variant=variant)
     try:

@@ -44,8 +44,8 @@ def run(
 
     import myelin
     from plex.cli.paths import check_writable_file
-    from plex.cli.tensor_args import check_dtypes, format_tensor, parse_tensor_arg
     from plex.errors import PlexError
+    from plex.tensor_args import check_dtypes, format_tensor, parse_tensor_arg
 
     args = [parse_tensor_arg(text) for text in inputs]
     for path in outputs:  # before the call: a long call must not end in an unwritable path

@@ -123,33 +123,42 @@ def _split(
     jobs: int | None,
 ) -> None:
     """--bundle / --collect: one step of the split flow, then the exact next commands."""
-    from plex.tune import _kernels, _split
+    from plex.tune import (
+        collect_bundle_results,
+        collect_kernel_results,
+        make_bundle,
+        make_kernel_bundle,
+        next_commands,
+        read_results,
+    )
 
     echo = typer.echo
     if _tunes_kernels(path, device, collect):
         if collect is not None:
-            results = _kernels.read_results(collect)
-            _kernels.collect_kernel_results(results, device, out_dir, log=echo)
+            results = read_results(collect)
+            collect_kernel_results(results, device, out_dir, log=echo)
             echo("plex tune: kernel configs collected; the package is final")
             return
         assert bundle is not None
-        _kernels.make_kernel_bundle(
+        make_kernel_bundle(
             path, device, out_dir, bundle, trials=trials, rounds=rounds, jobs=jobs, log=echo
         )
-        first, _ = _split.next_commands(path, device, out_dir, bundle)
+        first, _ = next_commands(path, device, out_dir, bundle)
         echo("next, on the device's machine (runtime wheel only; copy BUNDLE there):")
         echo(f"  {first}")
         echo("then here, with that results folder copied back: the same command with --collect")
         return
     if collect is not None:
-        written = _split.collect(path, device, out_dir, collect, bundle, jobs=jobs, log=echo)
+        written = collect_bundle_results(
+            path, device, out_dir, collect, bundle, jobs=jobs, log=echo
+        )
         if written is None:
             echo("plex tune: every dispatch has its trials; the package is final")
             return
         bundle = written
     else:
         assert bundle is not None
-        _split.make_bundle(
+        make_bundle(
             path,
             device,
             out_dir,
@@ -163,7 +172,7 @@ def _split(
             jobs=jobs,
             log=echo,
         )
-    first, second = _split.next_commands(path, device, out_dir, bundle)
+    first, second = next_commands(path, device, out_dir, bundle)
     echo("next, on the device's machine, from a copy of this repository with the")
     echo("iree-base-runtime wheel installed (no compiler needed; copy BUNDLE there):")
     echo(f"  {first}")
@@ -175,9 +184,9 @@ def _tunes_kernels(path: Path, device: str, collect: Path | None) -> bool:
     """Whether this split step tunes kernel-library configs: a cuda device with `kernels` (for
     --bundle), or results of a kernel-config bundle (for --collect)."""
     from plex.manifest import load_app
-    from plex.tune import _kernels
+    from plex.tune import KERNEL_BUNDLE_KIND, read_results
 
     if collect is not None:
-        return _kernels.read_results(collect)["bundle"].get("kind") == _kernels.BUNDLE_KIND
+        return read_results(collect)["bundle"].get("kind") == KERNEL_BUNDLE_KIND
     spec = next((d for d in load_app(path).devices if d.name == device), None)
     return spec is not None and spec.target == "cuda" and bool(spec.kernels)

@@ -44,7 +44,7 @@ class DeviceSpec:
     backend: BackendSpec | None = None  # the device of an external backend
     data_tiling: bool = False  # llvm-cpu only: IREE packs weights for its matmul kernels
     kernels: str | None = None  # cuda only: a kernel library (myelin.kernels), e.g. "triton"
-    # cuda, llvm-cpu: storage twins: device results export DLPack (myelin.compiler.result_storage)
+    # cuda, llvm-cpu: storage twins: device results export DLPack (myelin.compiler.storage_twins)
     result_storage: bool = False
 
 

@@ -41,7 +41,7 @@ def make_timer(executor: str, log: Callable[[str], None]) -> Timer:
     def timer(
         artifacts: Sequence[Path], function: str, inputs: Sequence[np.ndarray], rounds: int
     ) -> list[Timing]:
-        from synapse._ray import call_with_resources
+        from synapse import call_with_resources
 
         blobs = [Path(a).read_bytes() for a in artifacts]
         timings, placement = call_with_resources(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from myelin.kernels._space import (
+from myelin.kernels import (
     config_from_json,
     config_to_json,
     kernel_entry,
@@ -34,7 +34,8 @@ from myelin.kernels._space import (
     site_key,
     spread_sample,
 )
-from plex.tune import TuneError, package_name
+from plex.tune._local import package_name
+from plex.tune._search import TuneError
 
 BUNDLE_KIND = "kernel-configs"
 REFERENCE = "reference.mln"
@@ -200,7 +201,7 @@ def make_kernel_bundle(
     from myelin.mln import MlnReader
     from plex.builder import default_cache_dir
     from plex.manifest import load_app
-    from plex.tune import _Candidates, _device_app
+    from plex.tune._local import _Candidates, _device_app
 
     app = load_app(app_path)
     spec = next((d for d in app.devices if d.name == device), None)

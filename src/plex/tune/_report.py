@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from plex.tune import TuneResult
+    from plex.tune._local import TuneResult
 
 
 def plot(result: TuneResult, path: Path) -> None:

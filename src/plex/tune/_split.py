@@ -28,20 +28,18 @@ from pathlib import Path
 import numpy as np
 
 from myelin.tuning.time_bundle import BUNDLE_JSON, INPUTS_NPZ, RESULTS_JSON
-from plex.tune import (
-    PENALTY,
+from plex.tune._local import _Candidates, _device_app, _symbol, _write_package
+from plex.tune._search import (
     DispatchResult,
     Proposal,
     TuneError,
-    _Candidates,
-    _device_app,
-    _symbol,
-    _write_package,
-    ask,
+    completed,
     cpu_proposal,
     entry_of,
-    make_optimizer,
+    next_batch,
     record,
+    round_seed,
+    trial_of,
 )
 
 SCHEMA = 1
@@ -71,7 +69,7 @@ def _setup(app_path: Path, device: str, out_dir: Path, cache_dir: Path | None, j
     from plex.builder import build, default_cache_dir
     from plex.builder.versions import versions
     from plex.manifest import load_app
-    from plex.tune import _cpu_arch
+    from plex.tune._local import _cpu_arch
 
     app = load_app(app_path)
     spec_device = next((d for d in app.devices if d.name == device), None)
@@ -131,7 +129,7 @@ def _cpu_space(ir_text: str):
 
 
 def _cuda_space():
-    from myelin.tuning.cpu import _element_bytes
+    from myelin.tuning.cpu import element_bytes
     from myelin.tuning.cuda import SIMT_KNOBS, SimtTiles
 
     def propose(c, choice: dict) -> Proposal:
@@ -139,7 +137,7 @@ def _cuda_space():
         m = c.match
         if m.batch or len(m.m) != 1 or len(m.n) != 1 or len(m.k) != 1:
             return Proposal(choice, tiles.to_json(), ["only plain (M, N, K) matmuls so far"], "")
-        why = tiles.violations(m.m[0], m.n[0], m.k[0], _element_bytes(m.lhs_type))
+        why = tiles.violations(m.m[0], m.n[0], m.k[0], element_bytes(m.lhs_type))
         return Proposal(choice, tiles.to_json(), why, "" if why else tiles.compilation_info())
 
     return SIMT_KNOBS, propose
@@ -216,19 +214,16 @@ def _write_round(
         c = setup.contractions[case["dispatch"]]
         result = DispatchResult(c.dispatch, c.match.describe(), case["key"], 0.0, c.default_config)
         result.trials = case["trials"]
-        done = sum(1 for t in result.trials if t["status"] != "rejected")
         case["candidates"] = []
-        if done >= state["trials"]:
-            continue
-        seed = state["seed"] + index + 7919 * state["round"]  # a new stream each round
-        optimizer = make_optimizer(
-            setup.knobs, state["trials"], state["batch"], seed, result.trials
+        proposals = next_batch(
+            result,
+            setup.knobs,
+            lambda ch, c=c: setup.propose(c, ch),
+            state["trials"],
+            state["batch"],
+            round_seed(state["seed"] + index, state["round"]),
         )
-        wanted = min(state["batch"], state["trials"] - done)
-        asked, _ = ask(
-            optimizer, lambda ch, c=c: setup.propose(c, ch), wanted, state["trials"] * 200, result
-        )
-        pending += [(case, proposal) for _, proposal in asked]
+        pending += [(case, proposal) for proposal in proposals]
     specs = [
         render_spec(
             [
@@ -246,13 +241,13 @@ def _write_round(
     np.savez(bundle_dir / INPUTS_NPZ, *inputs)
     count = 0
     for (case, p), artifact in zip(pending, built, strict=True):
-        trial = {"choice": p.choice, "config": p.config, "info": p.info}
         if artifact is None:  # told as failed at collect time, with the others
-            case["trials"].append({**trial, "status": "failed", "value": PENALTY})
+            case["trials"].append(trial_of(p, "failed", info=True))
             continue
         name = f"r{state['round']}_c{count:03d}"
         count += 1
         shutil.copyfile(artifact, bundle_dir / f"{name}.mln")
+        trial = {"choice": p.choice, "config": p.config, "info": p.info}
         case["candidates"].append({"name": name, "file": f"{name}.mln", **trial})
     state["reference"] = REFERENCE
     state["bundle"] = str(bundle_dir.resolve())  # where --collect writes the next round
@@ -304,32 +299,29 @@ def collect(
             record(result, old)
         for cand in case.pop("candidates"):
             row = results["candidates"].get(cand["name"], {"status": "not timed"})
-            trial = {k: cand[k] for k in ("choice", "config", "info")}
+            asked = Proposal(cand["choice"], cand["config"], [], cand["info"])
             if row["status"] == "ok":
-                trial.update(
-                    status="ok",
-                    value=row["relative"],
+                trial = trial_of(
+                    asked,
+                    "ok",
                     relative=row["relative"],
                     median_s=row["median_s"],
                     spread=row["spread"],
                     default_s=base,
+                    info=True,
                 )
             else:
-                trial.update(status=row["status"].split(":")[0], value=PENALTY)
+                trial = trial_of(asked, row["status"].split(":")[0], info=True)
             record(result, trial)
         case["trials"] = result.trials
         database.entries[result.key] = entry_of(result, c, setup.target_key, setup.iree)
         finished.append(result)
         best = f"{result.best['relative']:.3f}x the default's time" if result.best else "none"
-        done = sum(1 for t in result.trials if t["status"] != "rejected")
-        log(f"  {c.dispatch}: trials {done}/{state['trials']}, best {best}")
+        log(f"  {c.dispatch}: trials {completed(result)}/{state['trials']}, best {best}")
     database.save()
     package = _package(setup, out_dir, device, finished)
     log(f"plex tune: wrote {package}")
-    remaining = any(
-        sum(1 for t in case["trials"] if t["status"] != "rejected") < state["trials"]
-        for case in state["cases"]
-    )
+    remaining = any(completed(r) < state["trials"] for r in finished)
     if not remaining:
         return None
     state["round"] += 1
@@ -340,7 +332,7 @@ def collect(
 
 def _inputs(setup: _Setup, state: dict) -> list[np.ndarray]:
     """The random inputs of the tuned entrypoint: the same every round (seeded)."""
-    from plex.cli.tensor_args import parse_dims, synthetic_inputs
+    from plex.tensor_args import parse_dims, synthetic_inputs
 
     function = state["function"]
     signature = setup.entrypoints[function]
