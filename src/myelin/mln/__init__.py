@@ -19,8 +19,9 @@ from myelin.mln._layout import (
     parameter_section_name,
 )
 from myelin.mln._manifest import ManifestInvalid
-from myelin.mln._reader import MlnReader
+from myelin.mln._reader import MlnReader, sealed_memfd, sha256_of
 from myelin.mln._records import (
+    MAX_COUNT,
     MAX_RANK,
     MAX_TENSOR_BYTES,
     RESIDENCY_MODES,
@@ -59,6 +60,7 @@ __all__ = [
     "FORMAT_MINOR",
     "HEADER_SIZE",
     "MAGIC",
+    "MAX_COUNT",
     "MAX_MANIFEST_SIZE",
     "MAX_RANK",
     "MAX_TENSOR_BYTES",
@@ -93,6 +95,8 @@ __all__ = [
     "load_public_key",
     "module_section_name",
     "parameter_section_name",
+    "sealed_memfd",
+    "sha256_of",
     "sign_file",
     "size_formula_json",
 ]

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from myelin.errors import ArtifactError, MemoryBudgetExceeded, MemoryNeedUnknown
-from myelin.mln import MemoryRecord, size_formula_json
-from myelin.mln._records import MAX_COUNT
+from myelin.mln import MAX_COUNT, MemoryRecord, size_formula_json
 from myelin.size_formulas import SizeExpr, compile_size
 
 

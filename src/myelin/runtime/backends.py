@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 from myelin.backends import ABI_VERSION
 from myelin.errors import ArtifactError, DeviceUnavailable
-from myelin.mln import BackendRecord, MlnReader
-from myelin.mln._reader import sealed_memfd, sha256_of
+from myelin.mln import BackendRecord, MlnReader, sealed_memfd, sha256_of
 
 _LOCK = threading.Lock()
 # plugin sha256 -> the loaded backend; a plugin is loaded once per process
