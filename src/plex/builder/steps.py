@@ -581,7 +581,9 @@ def _index_ranges(
     job: CompileJob, compiled: CompiledModule, imported_dir: Path, functions: list[str], what: str
 ) -> dict:
     """Entrypoint -> `ranges` (per input, the [lo, hi) its values must lie in because they index
-    a table, or None) and `unchecked` (indices the runtime cannot check at the boundary), from
+    a table, or None), `limits` (per input and axis, None or [largest size, why] of a dynamic
+    dim whose positions index a table) and `unchecked` (indices the runtime cannot check at the
+    boundary), from
     the imported IR (myelin.compiler.index_ranges); the link step writes them into the .mln."""
     if job.resume is not None or job.stop_at is not None:
         why = "resumed from a phase file: indices were not analysed"
@@ -607,7 +609,16 @@ def _index_ranges(
                 unchecked.append(f"input '{spec.name}': {e}")
                 bounds = None
             ranges.append(list(bounds) if bounds is not None else None)
-        records[fn] = {"ranges": ranges, "unchecked": unchecked}
+        limits = [
+            [
+                list(result.dim_bounds[(position, axis)])
+                if result is not None and (position, axis) in result.dim_bounds
+                else None
+                for axis in range(len(spec.shape or ()))
+            ]
+            for position, spec in enumerate(inputs)
+        ]
+        records[fn] = {"ranges": ranges, "unchecked": unchecked, "limits": limits}
     return records
 
 
