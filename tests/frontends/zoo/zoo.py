@@ -97,16 +97,18 @@ def segformer():
     return transformers.SegformerForSemanticSegmentation(config).eval(), _pixels()
 
 
-def _timm(name: str, **kwargs):
+def _timm(name: str, image: int = IMAGE, **kwargs):
     import timm  # needs torchvision, or the test's placeholder for it
 
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval()
-    return model, (torch.randn(1, 3, IMAGE, IMAGE),)
+    return model, (torch.randn(1, 3, image, image),)
 
 
 def timm_resnet50():
-    return _timm("resnet50", layers=(1, 1, 1, 1))  # one block per stage: the same layer kinds
+    # one block per stage: the same layer kinds. 64 pixels: at 32, the last stage's 3x3 conv
+    # runs on a 1x1 map, which IREE 3.13 fails to compile with a dynamic batch
+    return _timm("resnet50", image=64, layers=(1, 1, 1, 1))
 
 
 def timm_vit_base():
