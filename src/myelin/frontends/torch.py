@@ -54,8 +54,11 @@ from myelin.frontends._torch_source import (
 # when the build runs several import nodes in threads.
 _EXPORT_LOCK = threading.Lock()
 
-# How many times torch's suggested ranges for a dynamic dim are applied before giving up.
-_MAX_REFINEMENTS = 4
+# torch.export's message when a dim marked Dim.DYNAMIC is fixed by the model
+_SPECIALIZED = re.compile(
+    r"L\[(?P<where>[^\n]*?)\]\.size\(\)\[(?P<axis>\d+)\] as dynamic but your code "
+    r"specialized it to be a constant \((?P<size>-?\d+)\)"
+)
 
 # A compiler session only hosts the passes here; the target is never used.
 _SESSION_FLAGS = (
@@ -211,11 +214,18 @@ def _size(value: Any, index: int) -> int | None:
 
 
 def _dynamic_shapes(entry: Entry, dims: dict[str, dict[int, str]], what: str) -> dict | None:
-    """torch.export `dynamic_shapes`: one `Dim` per name, so equal names are equal sizes; keyed
-    by the arguments the example gives (torch.export refuses keys for the others)."""
+    """torch.export `dynamic_shapes`, keyed by the arguments the example gives (torch.export
+    refuses keys for the others): `Dim.DYNAMIC` for every declared dim.
+
+    Not one named `Dim` per name: a named Dim must come with the range the model allows, and
+    when the model bounds it (BERT: seq <= 512 positions) torch.export fails and suggests the
+    range, so every such model was exported twice. `Dim.DYNAMIC` lets torch.export derive the
+    range in one export, and still fails when the model fixes the size. Dims of one name are
+    then separate symbols where the model does not relate them: the graph is at least as
+    general, and MyeLiN refuses calls whose dims of one name differ.
+    """
     if not dims:
         return None
-    symbols: dict[str, Any] = {}
     spec: dict[str, Any] = {}
     for arg in entry.used_args():
         arg_dims = dims.get(arg)
@@ -237,7 +247,7 @@ def _dynamic_shapes(entry: Entry, dims: dict[str, dict[int, str]], what: str) ->
                     f"{index} ({name!r}); torch.export specializes sizes 0 and 1, so give an "
                     "example of size >= 1"
                 )
-        spec[arg] = {i: symbols.setdefault(n, torch.export.Dim(n)) for i, n in arg_dims.items()}
+        spec[arg] = {i: torch.export.Dim.DYNAMIC for i in arg_dims}
     return spec
 
 
@@ -283,49 +293,36 @@ def _export(entry: Entry, request: FrontendRequest, what: str) -> torch.export.E
         program = entry.target
         _check_exported_dims(program, dims, entry, what)
     else:
-        program = _trace(entry, _dynamic_shapes(entry, dims, what), request.source.parent, what)
+        program = _trace(
+            entry, _dynamic_shapes(entry, dims, what), dims, request.source.parent, what
+        )
     program = program.run_decompositions(decomposition_table())
     float_scalar_comparisons(program)
     return program
 
 
 def _trace(
-    entry: Entry, dynamic_shapes: dict | None, folder: Path, what: str
+    entry: Entry,
+    dynamic_shapes: dict | None,
+    dims: dict[str, dict[int, str]],
+    folder: Path,
+    what: str,
 ) -> torch.export.ExportedProgram:
-    """torch.export one entrypoint, widening dynamic dims to the ranges the model implies.
-
-    A model often bounds a dim (BERT: seq <= 512 positions). torch.export then refuses an
-    unbounded `Dim` and suggests a range; we accept its suggestion but refuse one that turns a
-    declared dynamic dim into a constant.
-    """
-    from torch._dynamo.exc import UserError
-    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
-
-    for _ in range(_MAX_REFINEMENTS):
-        try:
-            return _trace_once(entry, dynamic_shapes)
-        except UserError as e:
-            if dynamic_shapes is None or "Suggested fixes" not in str(e):
-                raise _export_error(e, entry, folder, what) from e
-            refined = refine_dynamic_shapes_from_suggested_fixes(
-                _suggested_fixes(str(e)), dynamic_shapes
-            )
-            _check_still_dynamic(dynamic_shapes, refined, entry, what)
-            dynamic_shapes = refined
-        except Exception as e:
-            raise _export_error(e, entry, folder, what) from e
-    raise CompileError(f"{what}: torch.export of {entry.name} kept refining its dynamic dims")
-
-
-def _suggested_fixes(message: str) -> str:
-    """The "Suggested fixes:" block of a torch.export error, without the text torch appends
-    after it (which its own parser would choke on)."""
-    fixes = []
-    for line in message.split("Suggested fixes:", 1)[1].strip().splitlines():
-        if not line.strip():
-            break
-        fixes.append(line)
-    return "Suggested fixes:\n" + "\n".join(fixes)
+    """torch.export one entrypoint; a declared dynamic dim that the model fixes is refused."""
+    try:
+        return _trace_once(entry, dynamic_shapes)
+    except Exception as e:
+        fixed = _SPECIALIZED.search(str(e))
+        if fixed is not None:
+            arg = next((a for a in dims if f"'{a}'" in fixed["where"]), fixed["where"].strip("'"))
+            axis = int(fixed["axis"])
+            name = dims.get(arg, {}).get(axis, f"{arg}.{axis}")
+            raise CompileError(
+                f"{what}: dim {axis} of {entry.name}({arg}) is declared dynamic ({name!r}) but "
+                f"the model fixes it to {fixed['size']}; remove it from `dynamic` or make the "
+                "model shape-generic"
+            ) from e
+        raise _export_error(e, entry, folder, what) from e
 
 
 def _trace_once(entry: Entry, dynamic_shapes: dict | None) -> torch.export.ExportedProgram:
@@ -350,17 +347,6 @@ def _trace_once(entry: Entry, dynamic_shapes: dict | None) -> torch.export.Expor
             strict=False,
             name=entry.name,
         )
-
-
-def _check_still_dynamic(before: dict, after: dict, entry: Entry, what: str) -> None:
-    for arg, dims in before.items():
-        for index, dim in (dims or {}).items():
-            if not isinstance(after[arg][index], torch.export.Dim):
-                raise CompileError(
-                    f"{what}: dim {index} of {entry.name}({arg}) is declared dynamic "
-                    f"({dim.__name__!r}) but the model fixes it to {after[arg][index]}; remove it "
-                    "from `dynamic` or make the model shape-generic"
-                )
 
 
 def _check_exported_dims(
