@@ -186,3 +186,24 @@ def test_inspect_shows_the_limit_and_run_refuses_in_one_line(zoo):
         run.output.strip().splitlines()[-1].startswith("error: gpt2.forward: argument 'input_ids'")
     )
     assert "at most 128" in run.output
+
+
+@pytest.mark.slow
+def test_a_range_torch_export_derives_is_a_limit_too(zoo_model, zoo_source):
+    """BERT slices its position ids from a 64-row buffer: torch.export bounds seq <= 64 while
+    tracing (no table lookup at an iota in the IR shows it); torch fails past it."""
+    import torch
+
+    with zoo_model.session() as s:
+        forward = s.resolve("bert.forward")
+        assert [i.limits[1][0] for i in forward.signature.inputs] == [64, 64]
+        ids = np.full((2, 64), 7, dtype=np.int64)
+        got = forward(ids, np.ones_like(ids))
+        with pytest.raises(InputError, match=r"size 65 in dimension 1 \('seq'\).*at most 64"):
+            forward(np.full((2, 65), 7, dtype=np.int64), np.ones((2, 65), dtype=np.int64))
+    model, _ = zoo_source.bert()
+    with torch.no_grad():
+        want = model(input_ids=torch.from_numpy(ids)).last_hidden_state.numpy()
+        with pytest.raises(RuntimeError):
+            model(input_ids=torch.full((2, 65), 7))
+    assert np.abs(got[0] - want).max() / np.abs(want).max() < 1e-4

@@ -101,7 +101,31 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         input_type=LOWERED_INPUT_TYPE,
         parameters=_values(keys, tensors, request, what),
         warnings=notes,
+        dim_limits={name: _derived_limits(p) for name, p in programs.items()},
     )
+
+
+def _derived_limits(program: torch.export.ExportedProgram) -> dict[str, dict[int, list]]:
+    """Input name -> {axis -> [largest size, why]} for dynamic dims whose range torch.export
+    bounded above while tracing (BERT's positions: `seq <= 512`, from slicing a 512-row buffer):
+    the graph is valid only there."""
+    from torch.utils._sympy.numbers import int_oo
+
+    limits: dict[str, dict[int, list]] = {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for name in program.graph_signature.user_inputs:
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        for axis, size in enumerate(getattr(value, "shape", ())):
+            if not isinstance(size, torch.SymInt):
+                continue
+            bounds = program.range_constraints.get(size.node.expr)
+            if bounds is None or bounds.upper == int_oo:
+                continue
+            limits.setdefault(_abi_name(name), {})[axis] = [
+                int(bounds.upper),
+                "torch.export found that the model supports no larger size (while tracing it)",
+            ]
+    return limits
 
 
 class _quiet_export_warnings(warnings.catch_warnings):

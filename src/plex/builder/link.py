@@ -293,16 +293,31 @@ def _with_ranges(inputs: list[dict], ranges: list[list[int] | None]) -> list[dic
     ]
 
 
-def _with_limits(inputs: list[dict], limits: list[list[list | None]]) -> list[dict]:
+def _with_limits(
+    inputs: list[dict], limits: list[list[list | None]], from_source: Mapping[str, Mapping]
+) -> list[dict]:
     """The inputs with `limits` (per axis, null or [largest size, why]) where the compile step
-    found a dynamic dim whose positions index a table. The smallest limit of a dim name holds
-    for every dim of that name: the runtime requires them equal."""
+    found a dynamic dim whose positions index a table, or the source bounds it (`from_source`:
+    input -> {axis: limit}, torch.export's ranges). The smallest limit of a dim name holds for
+    every dim of that name: the runtime requires them equal."""
     by_name: dict[str, list] = {}
-    for spec, axes in zip(inputs, limits, strict=False):
-        for axis, limit in enumerate(axes or ()):
-            name = spec.get("dims", [None] * (axis + 1))[axis]
-            if limit is not None and (name not in by_name or limit[0] < by_name[name][0]):
-                by_name[name] = limit
+    found = [
+        (spec, axis, limit)
+        for spec, axes in zip(inputs, limits, strict=False)
+        for axis, limit in enumerate(axes or ())
+    ]
+    found += [
+        (spec, int(axis), limit)
+        for spec in inputs
+        for axis, limit in from_source.get(spec["name"], {}).items()
+    ]
+    for spec, axis, limit in found:
+        dims = spec.get("dims", [])
+        name = dims[axis] if axis < len(dims) else None
+        if (limit is not None and name is not None) and (
+            name not in by_name or limit[0] < by_name[name][0]
+        ):
+            by_name[name] = limit
     if not by_name:
         return inputs
     out = []
@@ -362,6 +377,10 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
         m.name: read_import_meta(outputs.dir(m.imported.node_id)).get("dim_names", {})
         for m in modules
     }
+    source_limits = {
+        m.name: read_import_meta(outputs.dir(m.imported.node_id)).get("dim_limits", {})
+        for m in modules
+    }
     for index, variant in enumerate(job.variants):
         records, entrypoints, scopes = [], [], []
         metas = {m.name: read_compile_meta(outputs.dir(m.compiled[index].node_id)) for m in modules}
@@ -398,6 +417,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                             meta.get("index_ranges", {}).get(fn, {}).get("ranges", []),
                         ),
                         meta.get("index_ranges", {}).get(fn, {}).get("limits", []),
+                        source_limits[module.name].get(fn, {}),
                     ),
                     "outputs": sig["outputs"],
                     "memory": meta["footprints"].get(fn, {"unknown": "no memory plan"}),

@@ -72,6 +72,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
     frontend_warnings: list[str] = []
     host_nodes: tuple = ()
     dim_names: dict[str, dict[int, str]] = {}
+    dim_limits: dict[str, dict[str, dict[int, list]]] = {}
     try:
         if frontend_name in DIRECT_INPUT_TYPES:
             _refuse_phase_file(request.source, what)
@@ -86,6 +87,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
             # cached or not: a warned-about graph never builds silently.
             frontend_warnings = list(result.warnings)
             dim_names = result.dim_names
+            dim_limits = result.dim_limits
             host_nodes = result.host_nodes
         imported = import_graph(
             source,
@@ -120,6 +122,8 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         "warnings": frontend_warnings,
         # JSON keys are strings: {"image": {"0": "N"}}
         "dim_names": dim_names,
+        # function -> input -> {axis: [largest size, why]} the source bounds (JSON keys: strings)
+        "dim_limits": dim_limits,
         # host fallback: one-node ONNX models the runtime's host module runs (host/<fn>.onnx)
         "host_nodes": _write_host_nodes(out_dir, host_nodes),
     }
