@@ -69,7 +69,10 @@ class Entry:
         return names
 
     def used_args(self) -> list[str]:
-        """The arguments the example gives, in call order: these, and only these, are inputs."""
+        """The arguments the example gives, in call order: these, and only these, are inputs
+        (an ExportedProgram's are fixed by its export)."""
+        if isinstance(self.target, torch.export.ExportedProgram):
+            return self.arg_names() or []
         names = self.arg_names() or [f"arg{i}" for i in range(len(self.args))]
         return [*names[: len(self.args)], *self.kwargs]
 
