@@ -35,13 +35,17 @@ TWIN_TRANSIENTS_ATTRIBUTE = "myelin.transients"
 class TensorSpec:
     """One argument or result. `shape` entries are None for dynamic dims; `dims` names them.
     `valid_range` is [lo, hi) for an integer input whose values index a table (found at build
-    time, myelin.compiler.index_ranges): the runtime refuses other values before the call."""
+    time, myelin.compiler.index_ranges): the runtime refuses other values before the call.
+    `limits` holds, per axis, None or (the largest size the graph supports, why): a dynamic dim
+    whose positions index a fixed-size table (GPT-2's 128 position embeddings); the runtime
+    refuses larger sizes, which IREE would read past the table with."""
 
     name: str
     dtype: str
     shape: tuple[int | None, ...] | None  # None for a scalar
     dims: tuple[int | str, ...] = ()
     valid_range: tuple[int, int] | None = None
+    limits: tuple[tuple[int, str] | None, ...] = ()
 
     @property
     def is_scalar(self) -> bool:
@@ -53,6 +57,9 @@ class TensorSpec:
         dims = [
             str(d) if d is not None else str(n) for d, n in zip(self.shape, self.dims, strict=True)
         ]
+        for axis, limit in enumerate(self.limits):
+            if limit is not None and axis < len(dims):
+                dims[axis] += f"<={limit[0]}"
         return f"{self.name}: {self.dtype}[{', '.join(dims)}]"
 
     def to_json(self) -> dict:
@@ -64,6 +71,8 @@ class TensorSpec:
         }
         if self.valid_range is not None:
             data["range"] = list(self.valid_range)
+        if any(limit is not None for limit in self.limits):
+            data["limits"] = [list(limit) if limit is not None else None for limit in self.limits]
         return data
 
     @classmethod
@@ -76,6 +85,10 @@ class TensorSpec:
             shape=tuple(shape) if shape is not None else None,
             dims=tuple(data.get("dims", ())),
             valid_range=tuple(valid_range) if valid_range is not None else None,
+            limits=tuple(
+                (int(limit[0]), str(limit[1])) if limit is not None else None
+                for limit in data.get("limits", ())
+            ),
         )
 
 

@@ -16,6 +16,13 @@ lines up with one element of the argument) and reshapes. It computes the exact p
 follow to exactly one argument (computed from weights or activations, from two arguments, from a
 slice, narrowed by a truncation, into a dynamic dimension) is reported as unchecked, with where
 it is, and the runtime checks nothing for it.
+
+The same walk bounds dynamic dimensions. An index that is an iteration index (an iota, arange)
+plus a constant, over a loop whose extent is a dynamic dim of an argument, reads the table at
+positions up to that size: GPT-2's position embedding `wpe[arange(seq)]` is valid only for
+`seq <= 128`. IREE reads past the table silently (torch raises IndexError), so such a bound is
+recorded per (argument, axis) and the runtime refuses larger sizes. Where the position is
+clamped, computed from values, or the loop's extent is not an argument's dim, no bound is known.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ class FunctionIndexRanges:
     valid: dict[int, Intervals] = field(default_factory=dict)
     widths: dict[int, int] = field(default_factory=dict)  # element bits of each argument
     unchecked: list[str] = field(default_factory=list)
+    # (argument position, axis) -> (largest size the graph supports, why): a dynamic dim whose
+    # positions index a fixed-size table.
+    dim_bounds: dict[tuple[int, int], tuple[int, str]] = field(default_factory=dict)
 
 
 # --- interval sets -------------------------------------------------------------------------------
@@ -113,7 +123,9 @@ class _Expr:
     args: tuple = ()
     value: int = 0  # const value, or the cmp predicate index
     bits: int = 64  # width of the result
-    source: tuple | None = None  # for "arg": (argument position, alignment token)
+    # for "arg": (argument position, alignment token); for "iter": (argument position, axis)
+    # whose size is the loop's extent, or None when that is not an argument's dim
+    source: tuple | None = None
 
     def leaves(self) -> Iterator[_Expr]:
         if self.op in ("arg", "iter", "const"):
@@ -166,7 +178,8 @@ class _Walker:
             except ValueError:
                 raise _Opaque("a non-integer constant") from None
         if name == "linalg.index":
-            return _Expr("iter", bits=bits)
+            dim = ir.IntegerAttr(op.attributes["dim"]).value
+            return _Expr("iter", bits=bits, source=_loop_extent(op.parent, dim))
         if name in _CASTS:
             return self.scalar(operands[0])
         if name in _UNSIGNED_CASTS:
@@ -235,7 +248,8 @@ def _with_token(expr: _Expr, token: tuple) -> _Expr:
     if expr.op == "arg":
         assert expr.source is not None
         return _Expr("arg", bits=expr.bits, source=(expr.source[0], (*token, *expr.source[1])))
-    return _Expr(expr.op, tuple(_with_token(a, token) for a in expr.args), expr.value, expr.bits)
+    args = tuple(_with_token(a, token) for a in expr.args)
+    return _Expr(expr.op, args, expr.value, expr.bits, expr.source)
 
 
 def _product(shape: Sequence[int]) -> int:
@@ -264,6 +278,88 @@ def _elementwise(op: ir.Operation) -> bool:
         and all(str(ir.AffineMapAttr(m).value) == str(first) for m in maps)
         and str(first) == str(ir.AffineMap.get_identity(first.n_dims))
     )
+
+
+def _loop_extent(generic: ir.Operation | None, dim: int) -> tuple[int, int] | None:
+    """(argument position, axis) whose size is loop `dim` of `generic`, or None."""
+    if generic is None or _name(generic) != "linalg.generic":
+        return None
+    maps = ir.ArrayAttr(generic.attributes["indexing_maps"])
+    for operand, attr in zip(generic.operands, maps, strict=False):
+        for axis, expr in enumerate(ir.AffineMapAttr(attr).value.results):
+            expr = expr.maybe_downcast()
+            if isinstance(expr, ir.AffineDimExpr) and expr.position == dim:
+                shape = ir.RankedTensorType(operand.type).shape
+                if shape[axis] >= 0:
+                    return None  # a static extent: any table bound is checked at build time
+                return _size_source(operand, axis)
+    return None
+
+
+def _size_source(tensor: ir.Value, axis: int) -> tuple[int, int] | None:
+    """(argument position, axis) whose size is dim `axis` of `tensor`: a function argument
+    itself, or a `tensor.empty` / generic result sized by `tensor.dim` of one."""
+    for _ in range(16):
+        arg = _block_argument(tensor)
+        if arg is not None:
+            owner = arg.owner.owner
+            return (arg.arg_number, axis) if owner is None or _is_function(owner) else None
+        op = tensor.owner
+        if _name(op) == "tensor.empty":
+            shape = ir.RankedTensorType(tensor.type).shape
+            dynamic_before = sum(1 for d in shape[:axis] if d < 0)
+            return _scalar_size_source(list(op.operands)[dynamic_before])
+        if _name(op) == "linalg.generic":
+            outputs = list(op.operands)[len(_generic_inputs(op)) :]
+            tensor = outputs[list(op.results).index(tensor)]
+            continue
+        return None
+    return None
+
+
+def _scalar_size_source(value: ir.Value) -> tuple[int, int] | None:
+    for _ in range(16):
+        if _block_argument(value) is not None:
+            return None
+        op = value.owner
+        if _name(op) in ("arith.index_cast", "arith.index_castui"):
+            value = op.operands[0]
+            continue
+        if _name(op) == "tensor.dim":
+            index = op.operands[1].owner
+            if _name(index) != "arith.constant":
+                return None
+            return _size_source(op.operands[0], ir.IntegerAttr(index.attributes["value"]).value)
+        return None
+    return None
+
+
+def _is_function(op: ir.Operation) -> bool:
+    return _name(op) in ("func.func", "util.func")
+
+
+def _table_name(table: ir.Value) -> str:
+    """A table's weight name (`transformer.wpe.weight`), else its type."""
+    if _block_argument(table) is None and _name(table.owner) == "util.global.load":
+        name = ir.FlatSymbolRefAttr(table.owner.attributes["global"]).value
+        return name.removeprefix("__auto.")
+    return str(table.type)
+
+
+def _dim_bound(expr: _Expr) -> tuple[tuple[int, int], int] | None:
+    """((argument, axis), offset) for an index `iteration + offset` whose loop runs over an
+    argument's dim: positions 0..size-1 read the table at offset..offset+size-1."""
+    offset = 0
+    if expr.op == "add":
+        a, b = expr.args
+        if a.op == "const":
+            a, b = b, a
+        if b.op != "const":
+            return None
+        expr, offset = a, b.value
+    if expr.op != "iter" or expr.source is None or offset < 0:
+        return None
+    return expr.source, offset
 
 
 # --- preimages -----------------------------------------------------------------------------------
@@ -398,7 +494,19 @@ def analyze_function(function: ir.Operation) -> FunctionIndexRanges:
                 leaves = list(expr.leaves())
                 sources = {leaf.source for leaf in leaves if leaf.op == "arg"}
                 if not sources:
-                    continue  # an iteration index or a constant: in range by construction
+                    # an iteration index or a constant: in range by construction, unless the
+                    # loop runs over a dynamic dim and reads a fixed table at its positions
+                    bound = _dim_bound(expr) if size is not None else None
+                    if bound is not None:
+                        dim, offset = bound
+                        limit = size - offset
+                        why = (
+                            f"positions along it index dimension {position} of "
+                            f"{_table_name(op.operands[0])}, which has {size} entries"
+                        )
+                        if dim not in result.dim_bounds or limit < result.dim_bounds[dim][0]:
+                            result.dim_bounds[dim] = (limit, why)
+                    continue
                 if len(sources) > 1:
                     raise _Opaque("a value combining several inputs (or misaligned elements)")
                 if any(leaf.op == "iter" for leaf in leaves):

@@ -73,6 +73,9 @@ class FrontendResult:
     dim_names: dict[str, dict[int, str]] = field(default_factory=dict)
     # ONNX host fallback: nodes that run in a host VM module (myelin.frontends._onnx_host)
     host_nodes: tuple = ()
+    # function -> input name -> {dimension index -> [largest size, why]}: sizes the source
+    # itself bounds (torch.export's derived ranges); the build adds those its IR analysis finds
+    dim_limits: dict[str, dict[str, dict[int, list]]] = field(default_factory=dict)
 
 
 def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:

@@ -2,7 +2,9 @@
 what it returns into named entrypoints.
 
 Accepted return values (documented in docs/frontends.md):
-  (module, example_args)                   one entrypoint
+  (module, example_args)                   one entrypoint; example_args a tuple of tensors
+                                           (positional) or a dict argument name -> tensor
+                                           (keywords: only those become inputs)
   torch.export.ExportedProgram             one entrypoint
   {name: (module_or_method, example_args) | ExportedProgram, ...}   several entrypoints
 
@@ -18,8 +20,8 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,9 @@ class Entry:
     name: str
     target: torch.nn.Module | Callable[..., Any] | torch.export.ExportedProgram
     args: tuple[Any, ...] = ()
+    # Example tensors passed by keyword: a library model (Hugging Face, timm) takes many optional
+    # arguments; the ones named here become inputs, the others keep their defaults.
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def root(self) -> torch.nn.Module | None:
@@ -62,6 +67,22 @@ class Entry:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
                 names.append(p.name)
         return names
+
+    def used_args(self) -> list[str]:
+        """The arguments the example gives, in call order: these, and only these, are inputs
+        (an ExportedProgram's are fixed by its export)."""
+        if isinstance(self.target, torch.export.ExportedProgram):
+            return self.arg_names() or []
+        names = self.arg_names() or [f"arg{i}" for i in range(len(self.args))]
+        return [*names[: len(self.args)], *self.kwargs]
+
+    def example(self, arg: str) -> Any:
+        """The example value of argument `arg` (None when the example does not give it)."""
+        if arg in self.kwargs:
+            return self.kwargs[arg]
+        names = self.arg_names() or []
+        index = names.index(arg) if arg in names else len(self.args)
+        return self.args[index] if index < len(self.args) else None
 
 
 def where(source: Path, symbol: str) -> str:
@@ -185,12 +206,21 @@ def _entry(name: str, value: Any, *, what: str) -> Entry:
     target, args = value
     if isinstance(args, torch.Tensor):
         args = (args,)
-    if not isinstance(args, tuple | list) or not all(_is_arg(a) for a in args):
+    kwargs: dict[str, Any] = {}
+    if isinstance(args, Mapping):
+        kwargs, args = {str(k): v for k, v in args.items()}, ()
+    if not isinstance(args, tuple | list) or not all(_is_arg(a) for a in (*args, *kwargs.values())):
         raise CompileError(
-            f"{what}: example_args of entrypoint {name!r} must be a tuple of tensors, "
-            f"got {_describe(args)}"
+            f"{what}: example_args of entrypoint {name!r} must be a tuple of tensors or a dict "
+            f"of argument name -> tensor, got {_describe(args)}"
         )
-    entry = Entry(name, target, _unaliased(args))
+    unaliased = _unaliased((*args, *kwargs.values()))
+    entry = Entry(
+        name,
+        target,
+        unaliased[: len(args)],
+        dict(zip(kwargs, unaliased[len(args) :], strict=True)),
+    )
     if not isinstance(target, torch.nn.Module) and entry.root is None:
         raise CompileError(
             f"{what}: entrypoint {name!r} is {_describe(target)}; it must be a torch.nn.Module "

@@ -17,6 +17,7 @@ import re
 import threading
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,11 @@ from myelin.frontends._torch_source import (
 # when the build runs several import nodes in threads.
 _EXPORT_LOCK = threading.Lock()
 
-# How many times torch's suggested ranges for a dynamic dim are applied before giving up.
-_MAX_REFINEMENTS = 4
+# torch.export's message when a dim marked Dim.DYNAMIC is fixed by the model
+_SPECIALIZED = re.compile(
+    r"L\[(?P<where>[^\n]*?)\]\.size\(\)\[(?P<axis>\d+)\] as dynamic but your code "
+    r"specialized it to be a constant \((?P<size>-?\d+)\)"
+)
 
 # A compiler session only hosts the passes here; the target is never used.
 _SESSION_FLAGS = (
@@ -69,10 +73,13 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
             f"the torch frontend needs a Python source 'file.py:function', got {request.source}"
         )
     what = where(request.source, request.symbol)
+    notes: list[str] = []
     with _EXPORT_LOCK, _quiet_export_warnings(), imported_source(request.source) as module:
         value = call_source(module, request.source, request.symbol)
         found = entries(value, what=what, entrypoints=request.entrypoints)
         _check_dynamic_args(found, request.dynamic, what)
+        notes += _caches_off(found)
+        found = [_widened(e, _dims_for(e, request.dynamic), notes) for e in found]
         programs = {e.name: _export(e, request, what) for e in found}
         wrapped = {
             e.name
@@ -81,16 +88,44 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         }
         tensors = _externalize(programs, wrapped, request.scope, what)
         torch_mlir = _import(programs)
-        arg_names = {
-            name: [_abi_name(n) for n in p.graph_signature.user_inputs]
+        names = {
+            name: (
+                [_abi_name(n) for n in p.graph_signature.user_inputs],
+                [_abi_name(n) for n in output_names(p)],
+            )
             for name, p in programs.items()
         }
-    mlir, keys = _lower(torch_mlir, programs, arg_names, request, what)
+    mlir, keys = _lower(torch_mlir, programs, names, request, what)
     return FrontendResult(
         mlir=mlir,
         input_type=LOWERED_INPUT_TYPE,
         parameters=_values(keys, tensors, request, what),
+        warnings=notes,
+        dim_limits={name: _derived_limits(p) for name, p in programs.items()},
     )
+
+
+def _derived_limits(program: torch.export.ExportedProgram) -> dict[str, dict[int, list]]:
+    """Input name -> {axis -> [largest size, why]} for dynamic dims whose range torch.export
+    bounded above while tracing (BERT's positions: `seq <= 512`, from slicing a 512-row buffer):
+    the graph is valid only there."""
+    from torch.utils._sympy.numbers import int_oo
+
+    limits: dict[str, dict[int, list]] = {}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for name in program.graph_signature.user_inputs:
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        for axis, size in enumerate(getattr(value, "shape", ())):
+            if not isinstance(size, torch.SymInt):
+                continue
+            bounds = program.range_constraints.get(size.node.expr)
+            if bounds is None or bounds.upper == int_oo:
+                continue
+            limits.setdefault(_abi_name(name), {})[axis] = [
+                int(bounds.upper),
+                "torch.export found that the model supports no larger size (while tracing it)",
+            ]
+    return limits
 
 
 class _quiet_export_warnings(warnings.catch_warnings):
@@ -108,42 +143,120 @@ class _quiet_export_warnings(warnings.catch_warnings):
 def _check_dynamic_args(
     found: list[Entry], dynamic: Mapping[str, Mapping[int, str]], what: str
 ) -> None:
-    """Every `dynamic` key must name an argument: `arg` (any entrypoint) or `entry.arg`."""
-    known = set()
+    """Every `dynamic` key must name an argument the example gives: `arg` (any entrypoint) or
+    `entry.arg`. An argument the function has but the example leaves out keeps its default and
+    is no input, so it cannot have dynamic dims."""
+    used, known = set(), set()
     for e in found:
+        for name in e.used_args():
+            used.update((name, f"{e.name}.{name}"))
         for name in e.arg_names() or ():
             known.update((name, f"{e.name}.{name}"))
     for key in dynamic:
-        if key not in known:
+        if key in used:
+            continue
+        if key in known:
             raise CompileError(
-                f"{what}: dynamic names argument {key!r}, which no entrypoint has; arguments: "
-                f"{', '.join(sorted(k for k in known if '.' not in k)) or 'none'}"
+                f"{what}: dynamic names argument {key!r}, which the example inputs do not give "
+                f"(they give {', '.join(sorted(k for k in used if '.' not in k)) or 'none'}); "
+                "add it to the example, or drop it from `dynamic`"
             )
+        raise CompileError(
+            f"{what}: dynamic names argument {key!r}, which no entrypoint has; arguments: "
+            f"{', '.join(sorted(k for k in known if '.' not in k)) or 'none'}"
+        )
 
 
 def _dims_for(entry: Entry, dynamic: Mapping[str, Mapping[int, str]]) -> dict[str, dict[int, str]]:
     """arg name -> {dim index -> dim name} for one entrypoint (`entry.arg` overrides `arg`)."""
     out: dict[str, dict[int, str]] = {}
-    for arg in entry.arg_names() or ():
+    for arg in entry.used_args():
         dims = {**dynamic.get(arg, {}), **dynamic.get(f"{entry.name}.{arg}", {})}
         if dims:
             out[arg] = {int(i): n for i, n in dims.items()}
     return out
 
 
+def _caches_off(found: list[Entry]) -> list[str]:
+    """Turn off a Hugging Face model's key/value cache (`config.use_cache`) for the export.
+
+    With it on, the model returns a `DynamicCache`, which is no tensor and fails the export. A
+    graph of one call has no use for it; a model that does want a cache takes it as example
+    inputs (`past_key_values`) and keeps the setting.
+    """
+    notes = []
+    for e in found:
+        config = getattr(e.root, "config", None)
+        if getattr(config, "use_cache", None) is not True or "past_key_values" in e.used_args():
+            continue
+        config.use_cache = False
+        notes.append(
+            f"{e.name}: {type(e.root).__name__} has config.use_cache = True; turned off for the "
+            "export (the graph returns no key/value cache)"
+        )
+    return notes
+
+
+def _widened(entry: Entry, dims: dict[str, dict[int, str]], notes: list[str]) -> Entry:
+    """The entry with example tensors of size 1 in a dynamic dim repeated to size 2.
+
+    torch.export specializes sizes 0 and 1 (the graph would only take that size), yet a batch of
+    one is the example users have. Repeating it keeps the values valid for the model; every
+    argument that has the dim (by name) is widened together, so equal names stay equal sizes.
+    """
+    ones = {
+        name
+        for arg, arg_dims in dims.items()
+        for index, name in arg_dims.items()
+        if _size(entry.example(arg), index) == 1
+    }
+    if not ones:
+        return entry
+
+    def widen(arg: str, value: Any) -> Any:
+        for index, name in dims.get(arg, {}).items():
+            if name in ones and _size(value, index) == 1:
+                value = torch.cat([value, value], dim=index)
+        return value
+
+    names = entry.arg_names() or []
+    args = tuple(widen(n, a) for n, a in zip(names, entry.args, strict=False))
+    args += entry.args[len(args) :]
+    kwargs = {k: widen(k, v) for k, v in entry.kwargs.items()}
+    for name in sorted(ones):
+        notes.append(
+            f"{entry.name}: the example has size 1 in dynamic dim {name!r}; repeated to size 2 "
+            "for the export (torch.export specializes size 1)"
+        )
+    return replace(entry, args=args, kwargs=kwargs)
+
+
+def _size(value: Any, index: int) -> int | None:
+    if isinstance(value, torch.Tensor) and index < value.dim():
+        return int(value.shape[index])
+    return None
+
+
 def _dynamic_shapes(entry: Entry, dims: dict[str, dict[int, str]], what: str) -> dict | None:
-    """torch.export `dynamic_shapes`: one `Dim` per name, so equal names are equal sizes."""
+    """torch.export `dynamic_shapes`, keyed by the arguments the example gives (torch.export
+    refuses keys for the others): `Dim.DYNAMIC` for every declared dim.
+
+    Not one named `Dim` per name: a named Dim must come with the range the model allows, and
+    when the model bounds it (BERT: seq <= 512 positions) torch.export fails and suggests the
+    range, so every such model was exported twice. `Dim.DYNAMIC` lets torch.export derive the
+    range in one export, and still fails when the model fixes the size. Dims of one name are
+    then separate symbols where the model does not relate them: the graph is at least as
+    general, and MyeLiN refuses calls whose dims of one name differ.
+    """
     if not dims:
         return None
-    names = entry.arg_names() or []
-    symbols: dict[str, Any] = {}
     spec: dict[str, Any] = {}
-    for arg in names:
+    for arg in entry.used_args():
         arg_dims = dims.get(arg)
         if not arg_dims:
             spec[arg] = None
             continue
-        example = entry.args[names.index(arg)] if names.index(arg) < len(entry.args) else None
+        example = entry.example(arg)
         if not isinstance(example, torch.Tensor):
             raise CompileError(f"{what}: dynamic argument {arg!r} of {entry.name} is not a tensor")
         for index, name in arg_dims.items():
@@ -152,14 +265,47 @@ def _dynamic_shapes(entry: Entry, dims: dict[str, dict[int, str]], what: str) ->
                     f"{what}: dynamic dim {index} ({name!r}) of {entry.name}({arg}) is out of "
                     f"range: the example has rank {example.dim()}"
                 )
-            if example.shape[index] < 2:
+            if example.shape[index] < 1:
                 raise CompileError(
-                    f"{what}: the example for {entry.name}({arg}) has size "
-                    f"{example.shape[index]} in dynamic dim {index} ({name!r}); torch.export "
-                    "specializes sizes 0 and 1, so give an example of size >= 2"
+                    f"{what}: the example for {entry.name}({arg}) has size 0 in dynamic dim "
+                    f"{index} ({name!r}); torch.export specializes sizes 0 and 1, so give an "
+                    "example of size >= 1"
                 )
-        spec[arg] = {i: symbols.setdefault(n, torch.export.Dim(n)) for i, n in arg_dims.items()}
+        spec[arg] = {i: torch.export.Dim.DYNAMIC for i in arg_dims}
     return spec
+
+
+def output_names(program: torch.export.ExportedProgram) -> list[str]:
+    """The names of a program's flattened outputs, as the model names them.
+
+    A `ModelOutput` or dict gives its keys (`logits`, `last_hidden_state`), nested tuples their
+    positions (`hidden_states.0`); outputs in a top-level tuple, or a single tensor, are
+    `output0`, `output1`, ... as IREE names them.
+    """
+    spec = program.call_spec.out_spec
+    if spec is None:
+        return []
+    names: list[str] = []
+
+    def walk(node: Any, path: list[str]) -> None:
+        if node.is_leaf():
+            names.append(".".join(path))
+            return
+        children = node.children()
+        keys = node.context
+        if isinstance(keys, list | tuple) and len(keys) == len(children):
+            labels = [str(k) for k in keys]
+        else:
+            labels = [str(i) for i in range(len(children))]
+        if not path and not all(isinstance(k, str) for k in keys or ()):
+            labels = [f"output{i}" for i in range(len(children))]
+        for label, child in zip(labels, children, strict=True):
+            walk(child, [*path, label])
+
+    walk(spec, [])
+    if names == [""]:
+        return ["output0"]
+    return names
 
 
 # -- export ---------------------------------------------------------------------------------------
@@ -171,55 +317,46 @@ def _export(entry: Entry, request: FrontendRequest, what: str) -> torch.export.E
         program = entry.target
         _check_exported_dims(program, dims, entry, what)
     else:
-        program = _trace(entry, _dynamic_shapes(entry, dims, what), request.source.parent, what)
+        program = _trace(
+            entry, _dynamic_shapes(entry, dims, what), dims, request.source.parent, what
+        )
     program = program.run_decompositions(decomposition_table())
     float_scalar_comparisons(program)
     return program
 
 
 def _trace(
-    entry: Entry, dynamic_shapes: dict | None, folder: Path, what: str
+    entry: Entry,
+    dynamic_shapes: dict | None,
+    dims: dict[str, dict[int, str]],
+    folder: Path,
+    what: str,
 ) -> torch.export.ExportedProgram:
-    """torch.export one entrypoint, widening dynamic dims to the ranges the model implies.
-
-    A model often bounds a dim (BERT: seq <= 512 positions). torch.export then refuses an
-    unbounded `Dim` and suggests a range; we accept its suggestion but refuse one that turns a
-    declared dynamic dim into a constant.
-    """
-    from torch._dynamo.exc import UserError
-    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
-
-    for _ in range(_MAX_REFINEMENTS):
-        try:
-            return _trace_once(entry, dynamic_shapes)
-        except UserError as e:
-            if dynamic_shapes is None or "Suggested fixes" not in str(e):
-                raise _export_error(e, entry, folder, what) from e
-            refined = refine_dynamic_shapes_from_suggested_fixes(
-                _suggested_fixes(str(e)), dynamic_shapes
-            )
-            _check_still_dynamic(dynamic_shapes, refined, entry, what)
-            dynamic_shapes = refined
-        except Exception as e:
-            raise _export_error(e, entry, folder, what) from e
-    raise CompileError(f"{what}: torch.export of {entry.name} kept refining its dynamic dims")
-
-
-def _suggested_fixes(message: str) -> str:
-    """The "Suggested fixes:" block of a torch.export error, without the text torch appends
-    after it (which its own parser would choke on)."""
-    fixes = []
-    for line in message.split("Suggested fixes:", 1)[1].strip().splitlines():
-        if not line.strip():
-            break
-        fixes.append(line)
-    return "Suggested fixes:\n" + "\n".join(fixes)
+    """torch.export one entrypoint; a declared dynamic dim that the model fixes is refused."""
+    try:
+        return _trace_once(entry, dynamic_shapes)
+    except Exception as e:
+        fixed = _SPECIALIZED.search(str(e))
+        if fixed is not None:
+            arg = next((a for a in dims if f"'{a}'" in fixed["where"]), fixed["where"].strip("'"))
+            axis = int(fixed["axis"])
+            name = dims.get(arg, {}).get(axis, f"{arg}.{axis}")
+            raise CompileError(
+                f"{what}: dim {axis} of {entry.name}({arg}) is declared dynamic ({name!r}) but "
+                f"the model fixes it to {fixed['size']}; remove it from `dynamic` or make the "
+                "model shape-generic"
+            ) from e
+        raise _export_error(e, entry, folder, what) from e
 
 
 def _trace_once(entry: Entry, dynamic_shapes: dict | None) -> torch.export.ExportedProgram:
     if isinstance(entry.target, torch.nn.Module):
         return torch.export.export(
-            entry.target, entry.args, dynamic_shapes=dynamic_shapes, strict=False
+            entry.target,
+            entry.args,
+            kwargs=dict(entry.kwargs),
+            dynamic_shapes=dynamic_shapes,
+            strict=False,
         )
     # A method of a module: turbine's builder wraps it in a module whose forward keeps the
     # method's signature (dynamic_shapes refer to arguments by name). The empty decomposition
@@ -229,21 +366,11 @@ def _trace_once(entry: Entry, dynamic_shapes: dict | None) -> torch.export.Expor
         return builder.export_program(
             entry.target.__func__,
             args=entry.args,
+            kwargs=dict(entry.kwargs),
             dynamic_shapes=dynamic_shapes,
             strict=False,
             name=entry.name,
         )
-
-
-def _check_still_dynamic(before: dict, after: dict, entry: Entry, what: str) -> None:
-    for arg, dims in before.items():
-        for index, dim in (dims or {}).items():
-            if not isinstance(after[arg][index], torch.export.Dim):
-                raise CompileError(
-                    f"{what}: dim {index} of {entry.name}({arg}) is declared dynamic "
-                    f"({dim.__name__!r}) but the model fixes it to {after[arg][index]}; remove it "
-                    "from `dynamic` or make the model shape-generic"
-                )
 
 
 def _check_exported_dims(
@@ -348,7 +475,7 @@ def _abi_name(name: str) -> str:
 def _lower(
     torch_mlir: bytes,
     programs: dict[str, torch.export.ExportedProgram],
-    arg_names: dict[str, list[str]],
+    names: dict[str, tuple[list[str], list[str]]],
     request: FrontendRequest,
     what: str,
 ) -> tuple[bytes, list[tuple[str, str]]]:
@@ -357,7 +484,7 @@ def _lower(
     parameter it reads."""
     with CompilerSession(_SESSION_FLAGS) as session:
         module = session.parse(torch_mlir, what=what)
-        _name_arguments(module, arg_names)
+        _name_signature(module, names)
         try:
             lower_torch(module)
         except CompileError as e:
@@ -370,15 +497,25 @@ def _lower(
     return buffer.getvalue(), keys
 
 
-def _name_arguments(module: ir.Operation, arg_names: dict[str, list[str]]) -> None:
-    """`iree.abi.name` on each argument, so the signature says `input_ids`, not `input0`."""
+def _name_signature(module: ir.Operation, names: dict[str, tuple[list[str], list[str]]]) -> None:
+    """`iree.abi.name` on each argument and result, so the signature says `input_ids` and
+    `logits`, not `input0` and `output0`."""
     with module.context:
         for op in module.regions[0].blocks[0].operations:
             if op.operation.name != "func.func":
                 continue
-            names = arg_names.get(ir.StringAttr(op.operation.attributes["sym_name"]).value)
-            if names is None or len(names) != len(op.regions[0].blocks[0].arguments):
+            found = names.get(ir.StringAttr(op.operation.attributes["sym_name"]).value)
+            if found is None:
                 continue
-            op.operation.attributes["arg_attrs"] = ir.ArrayAttr.get(
-                [ir.DictAttr.get({"iree.abi.name": ir.StringAttr.get(n)}) for n in names]
+            function_type = ir.FunctionType(
+                ir.TypeAttr(op.operation.attributes["function_type"]).value
             )
+            for attribute, wanted, count in (
+                ("arg_attrs", found[0], len(function_type.inputs)),
+                ("res_attrs", found[1], len(function_type.results)),
+            ):
+                if len(wanted) != count:
+                    continue
+                op.operation.attributes[attribute] = ir.ArrayAttr.get(
+                    [ir.DictAttr.get({"iree.abi.name": ir.StringAttr.get(n)}) for n in wanted]
+                )

@@ -609,7 +609,39 @@ def parse_tensor(value: Any, where: str) -> TensorSpec:
         dims = tuple(d if d is not None else f"{name}.{a}" for a, d in enumerate(shape or ()))
     # optional (files before it have none): the values an index input may take
     valid_range = o.optional("range", lambda v, w: _valid_range(v, w, dtype))
-    return TensorSpec(name=name, dtype=dtype, shape=shape, dims=dims, valid_range=valid_range)
+    limits = o.optional("limits", lambda v, w: _limits(v, w, shape)) or ()
+    return TensorSpec(
+        name=name, dtype=dtype, shape=shape, dims=dims, valid_range=valid_range, limits=limits
+    )
+
+
+def _limits(
+    value: Any, where: str, shape: tuple[int | None, ...] | None
+) -> tuple[tuple[int, str] | None, ...]:
+    """Per axis, null or [largest size >= 1, why], on dynamic axes only."""
+    entries = _list(value, where)
+    if len(entries) != len(shape or ()):
+        raise ManifestInvalid(where, f"has {len(entries)} entries but shape has {len(shape or ())}")
+    out: list[tuple[int, str] | None] = []
+    for i, limit in enumerate(entries):
+        if limit is None:
+            out.append(None)
+            continue
+        if not (
+            isinstance(limit, list)
+            and len(limit) == 2
+            and _is_count(limit[0])
+            and limit[0] >= 1
+            and isinstance(limit[1], str)
+            and shape is not None
+            and shape[i] is None
+        ):
+            raise ManifestInvalid(
+                f"{where}[{i}]",
+                f"must be null or [size >= 1, why] on a dynamic dim, got {_show(limit)}",
+            )
+        out.append((limit[0], limit[1]))
+    return tuple(out)
 
 
 def _valid_range(value: Any, where: str, dtype: str) -> tuple[int, int]:

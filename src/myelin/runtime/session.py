@@ -55,8 +55,10 @@ from myelin.runtime.tensors import (
     NO_STORAGE_TWIN,
     DeviceTensor,
     as_host_array,
+    check_dim_limits,
     check_index_ranges,
     check_inputs,
+    dim_limits,
     index_checks,
     output_arguments,
     shared_dims,
@@ -363,6 +365,8 @@ class ResolvedCall:
         # Integer inputs that index a table, with the [lo, hi) the build found (IREE reads out
         # of bounds, or faults, on any other value).
         self._index_checks = index_checks(self.signature.inputs)
+        # Dynamic dims past whose largest size the graph would read outside a table.
+        self._dim_limits = dim_limits(self.signature.inputs)
         # Device arrays that passed the fast check, by (input, id), with their shape: a serving
         # loop passes the same weights every call, and a buffer view's element type and shape
         # never change. Only a weak reference: the memory holds no buffer alive, and it tells a
@@ -376,7 +380,10 @@ class ResolvedCall:
         # and IREE's own work (no index ranges to check, no memory budget, weights resident:
         # the model fixes its budget and residency at load), so the call skips the rest.
         self._plain = (
-            not self._index_checks and model.budget is None and model.residency.policy == "resident"
+            not self._index_checks
+            and not self._dim_limits
+            and model.budget is None
+            and model.residency.policy == "resident"
         )
         # A CUDA submission waits for nothing where the call is one queue execution, whose own
         # waits IREE meets on the host before the invocation returns; with more, or where the
@@ -557,6 +564,8 @@ class ResolvedCall:
             # IREE's packer takes a DeviceArray subclass for a numpy-like object and copies it
             # through the host; its buffer view is what it passes without a copy.
             ready = [buffer_view_of(v) if isinstance(v, DeviceTensor) else v for v in values]
+        if self._dim_limits:
+            check_dim_limits(self.name, self.signature.inputs, self._dim_limits, values)
         if self._index_checks:
             check_index_ranges(self.name, self._index_checks, values)
         return values, ready

@@ -358,6 +358,34 @@ def check_input(entrypoint: str, spec: TensorSpec, value: Any) -> None:
             )
 
 
+DimLimit = tuple[int, int, int, str]  # input position, axis, largest size, why
+
+
+def dim_limits(specs: Sequence[TensorSpec]) -> tuple[DimLimit, ...]:
+    """The dynamic dims the build found a largest size for (myelin.compiler.index_ranges)."""
+    return tuple(
+        (i, axis, limit[0], limit[1])
+        for i, s in enumerate(specs)
+        for axis, limit in enumerate(s.limits)
+        if limit is not None
+    )
+
+
+def check_dim_limits(
+    entrypoint: str, specs: Sequence[TensorSpec], limits: Sequence[DimLimit], values: Sequence[Any]
+) -> None:
+    """Refuse a size past the largest the graph supports: IREE would read past a table (torch
+    raises IndexError there)."""
+    for position, axis, largest, why in limits:
+        size = int(values[position].shape[axis])
+        if size > largest:
+            spec = specs[position]
+            raise InputError(
+                f"{entrypoint}: argument '{spec.name}' has size {size} in dimension {axis} "
+                f"('{spec.dims[axis]}'), but the model supports at most {largest} there: {why}"
+            )
+
+
 IndexCheck = tuple[int, str, int, int]  # input position, name, lo, hi
 
 

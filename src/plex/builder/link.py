@@ -310,6 +310,43 @@ def _with_ranges(inputs: list[dict], ranges: list[list[int] | None]) -> list[dic
     ]
 
 
+def _with_limits(
+    inputs: list[dict], limits: list[list[list | None]], from_source: Mapping[str, Mapping]
+) -> list[dict]:
+    """The inputs with `limits` (per axis, null or [largest size, why]) where the compile step
+    found a dynamic dim whose positions index a table, or the source bounds it (`from_source`:
+    input -> {axis: limit}, torch.export's ranges). The smallest limit of a dim name holds for
+    every dim of that name: the runtime requires them equal."""
+    by_name: dict[str, list] = {}
+    found = [
+        (spec, axis, limit)
+        for spec, axes in zip(inputs, limits, strict=False)
+        for axis, limit in enumerate(axes or ())
+    ]
+    found += [
+        (spec, int(axis), limit)
+        for spec in inputs
+        for axis, limit in from_source.get(spec["name"], {}).items()
+    ]
+    for spec, axis, limit in found:
+        dims = spec.get("dims", [])
+        name = dims[axis] if axis < len(dims) else None
+        if (limit is not None and name is not None) and (
+            name not in by_name or limit[0] < by_name[name][0]
+        ):
+            by_name[name] = limit
+    if not by_name:
+        return inputs
+    out = []
+    for spec in inputs:
+        axes = [
+            by_name.get(name) if size is None else None
+            for size, name in zip(spec["shape"] or (), spec.get("dims", ()), strict=False)
+        ]
+        out.append({**spec, "limits": axes} if any(a is not None for a in axes) else spec)
+    return out
+
+
 def ordered_modules(job: LinkJob, outputs: _Outputs) -> list[ModuleLink]:
     """The app's modules in VM registration order: each after the modules it imports functions
     from (a shard calling `@other_shard.fn`), otherwise in manifest order."""
@@ -357,6 +394,10 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
         m.name: read_import_meta(outputs.dir(m.imported.node_id)).get("dim_names", {})
         for m in modules
     }
+    source_limits = {
+        m.name: read_import_meta(outputs.dir(m.imported.node_id)).get("dim_limits", {})
+        for m in modules
+    }
     for index, variant in enumerate(job.variants):
         records, entrypoints, scopes = [], [], []
         metas = {m.name: read_compile_meta(outputs.dir(m.compiled[index].node_id)) for m in modules}
@@ -385,9 +426,15 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                     "name": name,
                     "module": module.name,
                     "function": fn,
-                    "inputs": _with_ranges(
-                        _named_dims(fn, sig["inputs"], module.dynamic, source_dims[module.name]),
-                        meta.get("index_ranges", {}).get(fn, {}).get("ranges", []),
+                    "inputs": _with_limits(
+                        _with_ranges(
+                            _named_dims(
+                                fn, sig["inputs"], module.dynamic, source_dims[module.name]
+                            ),
+                            meta.get("index_ranges", {}).get(fn, {}).get("ranges", []),
+                        ),
+                        meta.get("index_ranges", {}).get(fn, {}).get("limits", []),
+                        source_limits[module.name].get(fn, {}),
                     ),
                     "outputs": sig["outputs"],
                     "memory": meta["footprints"].get(fn, {"unknown": "no memory plan"}),

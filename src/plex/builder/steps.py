@@ -74,6 +74,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
     frontend_warnings: list[str] = []
     host_nodes: tuple = ()
     dim_names: dict[str, dict[int, str]] = {}
+    dim_limits: dict[str, dict[str, dict[int, list]]] = {}
     try:
         if frontend_name in DIRECT_INPUT_TYPES:
             _refuse_phase_file(request.source, what)
@@ -88,6 +89,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
             # cached or not: a warned-about graph never builds silently.
             frontend_warnings = list(result.warnings)
             dim_names = result.dim_names
+            dim_limits = result.dim_limits
             host_nodes = result.host_nodes
         imported = import_graph(
             source,
@@ -126,6 +128,8 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         "warnings": frontend_warnings,
         # JSON keys are strings: {"image": {"0": "N"}}
         "dim_names": dim_names,
+        # function -> input -> {axis: [largest size, why]} the source bounds (JSON keys: strings)
+        "dim_limits": dim_limits,
         # host fallback: one-node ONNX models the runtime's host module runs (host/<fn>.onnx)
         "host_nodes": _write_host_nodes(out_dir, host_nodes),
     }
@@ -592,7 +596,9 @@ def _index_ranges(
     job: CompileJob, compiled: CompiledModule, imported_dir: Path, functions: list[str], what: str
 ) -> dict:
     """Entrypoint -> `ranges` (per input, the [lo, hi) its values must lie in because they index
-    a table, or None) and `unchecked` (indices the runtime cannot check at the boundary), from
+    a table, or None), `limits` (per input and axis, None or [largest size, why] of a dynamic
+    dim whose positions index a table) and `unchecked` (indices the runtime cannot check at the
+    boundary), from
     the imported IR (myelin.compiler.index_ranges); the link step writes them into the .mln."""
     if job.resume is not None or job.stop_at is not None:
         why = "resumed from a phase file: indices were not analysed"
@@ -618,7 +624,16 @@ def _index_ranges(
                 unchecked.append(f"input '{spec.name}': {e}")
                 bounds = None
             ranges.append(list(bounds) if bounds is not None else None)
-        records[fn] = {"ranges": ranges, "unchecked": unchecked}
+        limits = [
+            [
+                list(result.dim_bounds[(position, axis)])
+                if result is not None and (position, axis) in result.dim_bounds
+                else None
+                for axis in range(len(spec.shape or ()))
+            ]
+            for position, spec in enumerate(inputs)
+        ]
+        records[fn] = {"ranges": ranges, "unchecked": unchecked, "limits": limits}
     return records
 
 
