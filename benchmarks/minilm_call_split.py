@@ -80,7 +80,7 @@ def main() -> None:
         else:
             app = minilm_cpu.untiled_app(folder)
         build(app, folder / "model.mln")
-        model = myelin.Instance().load(folder / "model.mln")
+        model = myelin.Instance(allow_native_code=True).load(folder / "model.mln")
         if args.app == "blas" and args.threads:
             from myelin.runtime.backends import set_backend_threads
 

@@ -69,7 +69,7 @@ def plex_session(app: Path, out: Path):
     from plex.builder import build
 
     build(app, out)
-    model = myelin.Instance().load(out)
+    model = myelin.Instance(allow_native_code=True).load(out)  # its backend plugins: our own build
     return model, model.session()
 
 

@@ -19,6 +19,13 @@ Harnesses (each input is one test case; seeds are committed under tools/fuzz_cor
   with a correct hash: every mutation reaches the typed records and the loader.
 - `manifest`: a `plex.toml` or an `app.toml` (the first byte picks which) in a folder that holds
   the files examples/mlp refers to, read through `plex.manifest`.
+- `mln-backend`: a backend section and its record (`backend_input`: a flag byte, the record's
+  JSON, the plugin's bytes) in examples/mlp's artifact, as the device of a variant listed first.
+  Flag bit 0 set: a crafted file (the record and plugin as given, every hash recomputed), loaded
+  without `allow_native_code`; clear: a damaged one (the seed file, its plugin section's bytes
+  replaced, hashes as built), loaded with `allow_native_code=True` and `verify=False`. Either
+  way no native code may load: the process's dynamic loading is watched, and a plugin handed to
+  it is a finding (`NativeCodeLoaded`), as is any error but the documented ones.
 
 A harness may raise only the project's documented errors (ArtifactError and the other
 MyelinErrors for artifacts, ManifestError for manifests); anything else, a crash or a hang
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -45,7 +53,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tools" / "fuzz_corpus"
-HARNESSES = ("mln", "mln-manifest", "manifest")
+HARNESSES = ("mln", "mln-manifest", "manifest", "mln-backend")
+# The seed of `mln-backend`: a benign plugin (a gcc-built shared object with one function).
+BACKEND_SEED = CORPUS / "mln-backend" / "plugin-as-is"
+BACKEND_SECTION = "backend/fuzz/plugin"
 
 # The header layout (myelin.mln._layout): the manifest's sha256 is its last 32 bytes, after the
 # magic, versions, flags, offset and length.
@@ -79,6 +90,39 @@ def with_manifest(artifact: bytes, manifest: bytes) -> bytes:
     return header + artifact[_HEADER.size : offset] + manifest
 
 
+def backend_input(flags: int, record: object, plugin: bytes) -> bytes:
+    """An `mln-backend` input: the flag byte, the record's JSON (u16 length first), the plugin."""
+    text = json.dumps(record).encode()
+    return bytes([flags]) + struct.pack("<H", len(text)) + text + plugin
+
+
+def split_backend_input(data: bytes) -> tuple[int, bytes, bytes] | None:
+    if len(data) < 3:
+        return None
+    (length,) = struct.unpack_from("<H", data, 1)
+    return data[0], data[3 : 3 + length], data[3 + length :]
+
+
+class NativeCodeLoaded(AssertionError):
+    """A plugin from a fuzzed file reached the dynamic loader: the finding `mln-backend` hunts."""
+
+
+def watch_native_loads(patch: Callable[[object, str, object], None] = setattr) -> None:
+    """Make every dynamic load of a memfd (how the runtime loads a file's plugins) raise
+    NativeCodeLoaded: `mln-backend` never opts in to bytes that were not checked. `patch` sets
+    the attribute (a test passes pytest's monkeypatch.setattr, to undo it afterwards)."""
+    import ctypes
+
+    real = ctypes.CDLL
+
+    def guarded(name, *args, **kwargs):
+        if isinstance(name, str) and name.startswith("/proc/self/fd/"):
+            raise NativeCodeLoaded(f"a fuzzed file's native code reached dlopen ({name})")
+        return real(name, *args, **kwargs)
+
+    patch(ctypes, "CDLL", guarded)
+
+
 class Targets:
     """The checks, shared by the atheris harnesses and the hypothesis property tests: each takes
     one input and returns normally or raises only a documented error (the caller decides what an
@@ -96,6 +140,9 @@ class Targets:
                 shutil.copy(REPO / "examples" / "mlp" / name, self._package / name)
             shutil.copy(REPO / "examples" / "mlp" / "plex.toml", self._package / "plex.toml")
         self._seed_artifact: bytes | None = None
+        self._native_instance = None
+        self._backend_seed: tuple[bytes, int, bytes] | None = None
+        self._backend_base: tuple[bytes, dict, tuple] | None = None
 
     @property
     def instance(self):
@@ -104,6 +151,15 @@ class Targets:
 
             self._instance = myelin.Instance()
         return self._instance
+
+    @property
+    def native_instance(self):
+        """An instance that opted in to native code: what a damaged plugin must still not pass."""
+        if self._native_instance is None:
+            import myelin
+
+            self._native_instance = myelin.Instance(allow_native_code=True)
+        return self._native_instance
 
     def seed_artifact(self) -> bytes:
         if self._seed_artifact is None:
@@ -130,6 +186,99 @@ class Targets:
             MlnReader(self.mln_path, verify=True).close()
         try:
             model = self.instance.load(self.mln_path, verify=False)
+        except (ArtifactError, DeviceUnavailable, MemoryBudgetExceeded):
+            return False
+        model.close()
+        return True
+
+    def backend_artifact(self, record: object, plugin: bytes) -> bytes:
+        """examples/mlp's artifact with a variant "native" first, whose device hosts the backend
+        `record` with `plugin` as the section BACKEND_SECTION, every hash recomputed (laid out
+        here rather than by MlnWriter, which would run the reader's checks twice more)."""
+        from myelin.mln._manifest import encode_manifest
+
+        if self._backend_base is None:
+            seed = self.seed_artifact()
+            magic, major, minor, _, offset, length, _ = _HEADER.unpack_from(seed)
+            manifest = json.loads(seed[offset : offset + length])
+            self._backend_base = (seed[:offset], manifest, (magic, major, minor))
+        base, manifest, (magic, major, minor) = self._backend_base
+        plugin_offset = -(-len(base) // 4096) * 4096
+        section = {
+            "name": BACKEND_SECTION, "kind": "backend", "offset": plugin_offset,
+            "length": len(plugin), "alignment": 4096,
+            "sha256": hashlib.sha256(plugin).hexdigest(),
+        }  # fmt: skip
+        default = manifest["variants"][0]
+        device = {**default["devices"][0], "backend": record}
+        native = {**default, "name": "native", "devices": [device, *default["devices"][1:]]}
+        text = encode_manifest(
+            {
+                **manifest,
+                "sections": [*manifest["sections"], section],
+                "variants": [native, *manifest["variants"]],
+            }
+        )
+        manifest_offset = -(-(plugin_offset + len(plugin)) // 64) * 64
+        header = _HEADER.pack(
+            magic, major, minor, 0, manifest_offset, len(text), hashlib.sha256(text).digest()
+        )
+        return b"".join(
+            (
+                header,
+                base[len(header) :],
+                bytes(plugin_offset - len(base)),
+                plugin,
+                bytes(manifest_offset - plugin_offset - len(plugin)),
+                text,
+            )
+        )
+
+    def backend_seed(self) -> tuple[bytes, int, bytes]:
+        """The seed's artifact as built, where its plugin section starts, and the plugin."""
+        if self._backend_seed is None:
+            from myelin.mln import MlnReader
+
+            _, record, plugin = split_backend_input(BACKEND_SEED.read_bytes())
+            artifact = self.backend_artifact(json.loads(record), plugin)
+            path = self.workdir / "backend-seed.mln"
+            path.write_bytes(artifact)
+            with MlnReader(path) as reader:  # checked once: a seed the reader refuses is a bug
+                offset = reader.sections[BACKEND_SECTION].offset
+            self._backend_seed = (artifact, offset, plugin)
+        return self._backend_seed
+
+    def mln_backend(self, data: bytes) -> bool:
+        """A backend section and its record (`backend_input`): crafted (flag bit 0, hashes
+        recomputed, no opt-in) or damaged (hashes as built, opted in, verify=False); no native
+        code may load either way. True when the loader accepted the file."""
+        from myelin.errors import ArtifactError, DeviceUnavailable, MemoryBudgetExceeded
+
+        parts = split_backend_input(data)
+        if parts is None:
+            return False
+        flags, record_text, plugin = parts
+        if flags & 1:
+            try:
+                record = json.loads(record_text)
+            except (ValueError, RecursionError):
+                return False
+            try:
+                artifact = self.backend_artifact(record, plugin)
+            except (TypeError, ValueError):
+                return False  # a record JSON cannot hold (json.loads gave it, so: none so far)
+            self.mln_path.write_bytes(artifact)
+            instance = self.instance
+        else:
+            artifact, offset, seed_plugin = self.backend_seed()
+            changed = plugin[: len(seed_plugin)].ljust(len(seed_plugin), b"\0")
+            if changed == seed_plugin:
+                return False  # the benign seed plugin itself: nothing to find
+            end = offset + len(seed_plugin)
+            self.mln_path.write_bytes(artifact[:offset] + changed + artifact[end:])
+            instance = self.native_instance
+        try:
+            model = instance.load(self.mln_path, verify=False)
         except (ArtifactError, DeviceUnavailable, MemoryBudgetExceeded):
             return False
         model.close()
@@ -171,11 +320,14 @@ def _run_harness(name: str, args: list[str]) -> None:
 
         if name == "manifest":  # the .mln harnesses run where only the runtime is installed
             import plex.manifest  # noqa: F401
+    if name == "mln-backend":
+        watch_native_loads()
     targets = Targets(Path(tempfile.mkdtemp(prefix=f"fuzz-{name}-", dir=_scratch())))
     target: Callable[[bytes], bool] = {
         "mln": targets.mln,
         "mln-manifest": targets.mln_manifest,
         "manifest": targets.manifest,
+        "mln-backend": targets.mln_backend,
     }[name]
     atheris.Setup([sys.argv[0], *args], target)
     atheris.Fuzz()

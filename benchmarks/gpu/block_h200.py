@@ -2,6 +2,10 @@
 variant) vs torch eager running the same functions, weights and inputs resident on the GPU.
 
     python3 benchmarks/gpu/block_h200.py --mln block.mln --json block_h200.json [--flags ...]
+    python3 benchmarks/gpu/block_h200.py --model plain_block --mln plain_block.mln ...
+
+`--model plain_block`: the same block written with [batch, seq, dim] activations, as user model
+code is (benchmarks/gpu/plain_block/model.py).
 
 Per case (prefill 1 x 2048, decode 8 over a 2048-token cache): errors of both against an fp32
 run of the same functions; wall time per call (rounds of interleaved calls, each waited for);
@@ -20,10 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "block"))
-
-import model as block
 
 import myelin
 from myelin.runtime.devices import DEFAULT_CUDA_ALLOCATOR
@@ -61,6 +61,7 @@ def gpu_profile(fn, calls: int = 5) -> tuple[float, dict[str, float]]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mln", required=True)
+    p.add_argument("--model", default="block", choices=("block", "plain_block"))
     p.add_argument("--json", default="block_h200.json")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=10)
@@ -72,6 +73,9 @@ def main() -> None:
     )
     p.add_argument("--spin-us", type=float, default=200.0, help="session(spin_us=) of *_spin rows")
     args = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent / args.model))
+    import model as block
+
     if args.flags:
         import iree.runtime as rt
 

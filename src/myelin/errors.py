@@ -21,9 +21,19 @@ class SignatureError(ArtifactError):
     after it was signed. Raised before any of its code is loaded."""
 
 
+class NativeCodeRefused(ArtifactError):
+    """The chosen variant carries native code the dynamic loader would run in this process (an
+    external backend's plugin), and the file is neither signed by the trusted key nor loaded
+    with `allow_native_code=True` / `--allow-native-code`. Raised before any of it is loaded."""
+
+
 class SigningKeyError(MyelinError):
     """A signing or trust key cannot be read (not a PEM ed25519 key, or `cryptography` is
     missing)."""
+
+
+class ModelClosed(MyelinError):
+    """The model was closed (`Model.close()`); load the file again to use it."""
 
 
 class InputError(MyelinError, ValueError):

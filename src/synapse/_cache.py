@@ -194,7 +194,7 @@ class Cache:
         """The last record for `node_id`, or None if there is none (or it is unreadable)."""
         try:
             record = json.loads(self._index_path(node_id).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
         return record if isinstance(record, dict) and record.get("node_id") == node_id else None
 
@@ -232,6 +232,16 @@ class Cache:
             kept=len(kept),
             kept_bytes=kept_bytes,
         )
+
+    def remove_stale_temporaries(self) -> int:
+        """Delete staging and trash folders that no live process owns (a build killed outright
+        leaves them); return how many. Every build starts with this, so a killed build's
+        leftovers go at the next build. A folder's name carries its owner's host and pid: a live
+        build's folders, and other hosts' (younger than 7 days), are kept."""
+        stale = self._stale_staging()
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(stale)
 
     def discard(self, key: str) -> bool:
         """Delete the entry for `key` (True if there was one): for a step whose outcome was
@@ -341,7 +351,8 @@ def _check_entry(path: Path, verify_hashes: bool) -> str | None:
         files = manifest["files"]
         if manifest.get("schema") != _ENTRY_SCHEMA or not isinstance(files, dict):
             return f"{ENTRY_FILE} has an unknown layout"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        # RecursionError: a crafted, deeply nested `.entry.json` is unreadable like any other.
         return f"{ENTRY_FILE} missing or unreadable"
     present = {rel for rel, _ in _relative_files(path)} - {ENTRY_FILE}
     if missing := sorted(set(files) - present):
@@ -363,7 +374,9 @@ def _check_entry(path: Path, verify_hashes: bool) -> str | None:
 def _entry_info(path: Path) -> CacheEntryInfo:
     try:
         manifest = json.loads((path / ENTRY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        manifest = {}
+    if not isinstance(manifest, dict):
         manifest = {}
     size = 0
     for _, file in _relative_files(path):

@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -25,7 +26,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from synapse import _explain
-from synapse._cache import Cache
+from synapse._cache import Cache, _pid_alive
 from synapse._events import Event, EventKind, EventSink
 from synapse._fingerprint import node_key
 from synapse._job import run_job
@@ -65,14 +66,37 @@ class RunResult(dict[str, NodeResult]):
     _keepalive: object = None
 
 
+_SCRATCH_PREFIX = "synapse-run-"
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
+
 class _Scratch:
-    """A temporary folder for uncached outputs, removed when the last reference goes."""
+    """A temporary folder for uncached outputs, removed when the last reference goes.
+
+    Its name carries the host and pid of its process (`synapse-run-<host>-<pid>-...`), so the
+    folders of a process that was killed outright are recognised and removed by the next run
+    (`remove_stale`)."""
 
     def __init__(self, parent: Path | None) -> None:
         if parent is not None:
             parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix="synapse-run-", dir=parent))
+        prefix = f"{_SCRATCH_PREFIX}{_HOST}-{os.getpid()}-"
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+
+    @staticmethod
+    def remove_stale(parent: Path | None) -> None:
+        """Delete the scratch folders under `parent` whose process on this host is gone."""
+        folder = parent if parent is not None else Path(tempfile.gettempdir())
+        try:
+            names = [p.name for p in folder.iterdir() if p.name.startswith(_SCRATCH_PREFIX)]
+        except OSError:
+            return
+        for name in names:
+            host, _, rest = name[len(_SCRATCH_PREFIX) :].partition("-")
+            pid = rest.partition("-")[0]
+            if host == _HOST and pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(folder / name, ignore_errors=True)
 
     def new_dir(self, node_id: str) -> Path:
         prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", node_id)[:60] + "-"
@@ -149,9 +173,18 @@ class Executor:
         when the first action failed have finished; re-raises KeyboardInterrupt after cancelling
         and waiting for running actions. Failed and cancelled nodes leave nothing in the cache.
         """
+        self._remove_stale_temporaries()
         keys = self.keys(plan)
         triage = self._triage(plan, keys)
         return _Run(self, plan, keys, triage).execute()
+
+    def _remove_stale_temporaries(self) -> None:
+        """What builds killed outright (SIGKILL, OOM) left: staging folders in the cache and
+        scratch folders. Only folders whose owner process is gone are touched."""
+        if self.cache is not None:
+            with contextlib.suppress(OSError):  # a read-only cache has nothing of ours
+                self.cache.remove_stale_temporaries()
+        _Scratch.remove_stale(self.workdir)
 
     def _triage(self, plan: Plan, keys: Mapping[str, str]) -> dict[str, _Triage]:
         out: dict[str, _Triage] = {}
@@ -277,8 +310,11 @@ class _Run:
                     self.results[node_id] = result
                     if result.status == "built":
                         self.outputs[node_id] = result.out_dir
+                        # A dependent that is a cache hit waits on nothing (its dependency ran
+                        # only because that entry was discarded or evicted on its own).
                         for user in plan.dependents(node_id):
-                            waiting_on[user].discard(node_id)
+                            if user in waiting_on:
+                                waiting_on[user].discard(node_id)
                     elif isinstance(error, Exception):
                         failure = failure or (node_id, error)
                         self.cancelled.set()

@@ -111,6 +111,54 @@ class ClusterUnavailable(SynapseError):
     """No Ray cluster at the address (none is ever started implicitly)."""
 
 
+class ClusterExposed(SynapseError):
+    """The cluster accepts drivers without authentication on addresses beyond loopback: PLeX
+    will not put its shared cache there (anyone who reaches it could replace build outputs)."""
+
+
+# Node addresses whose Ray processes listen on loopback only. Measured with ray 2.60: a node
+# started with `--node-ip-address=127.0.0.1` (and RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, else Ray
+# swaps it for the external address) binds GCS, raylet and workers to 127.0.0.1; any other
+# address, 127.0.0.2 included, binds them to every interface (`*:6379`).
+LOOPBACK_ONLY_ADDRESSES = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def exposure(nodes: list[Mapping[str, Any]], token_auth: bool) -> str | None:
+    """Why a cluster is open to anyone who can reach it (`nodes` as `ray.nodes()` gives
+    them), or None: with Ray's token authentication on, or every live node on loopback."""
+    if token_auth:
+        return None
+    reachable = sorted(
+        {
+            str(node.get("NodeManagerAddress"))
+            for node in nodes
+            if node.get("Alive", True)
+            and node.get("NodeManagerAddress") not in LOOPBACK_ONLY_ADDRESSES
+        }
+    )
+    if not reachable:
+        return None
+    return (
+        f"the cluster runs without authentication (RAY_AUTH_MODE is not 'token' here) and "
+        f"its nodes listen on {', '.join(reachable)}, beyond loopback"
+    )
+
+
+def _token_auth_enabled() -> bool:
+    """Whether this driver authenticates with a token (RAY_AUTH_MODE=token). Ray 2.60 has no
+    public call for it; an older Ray without token authentication has it off."""
+    try:
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+    except ImportError:
+        return False
+    return bool(is_token_auth_enabled())
+
+
+def _loopback_address(address: str) -> bool:
+    host = address.removeprefix("ray://").rpartition(":")[0] or address
+    return host.strip("[]") in LOOPBACK_ONLY_ADDRESSES
+
+
 class RayExecutor(Executor):
     """Runs plans on a Ray cluster; same interface, results and events as `Executor`.
 
@@ -152,6 +200,7 @@ class RayExecutor(Executor):
 
     def run(self, plan: Plan) -> RunResult:
         self._connect()
+        self._remove_stale_temporaries()
         self.placements, self.step_seconds, self.queued_seconds = {}, {}, {}
         keys = self.keys(plan)
         return _RayRun(self, plan, keys, self._triage(plan, keys)).execute()
@@ -163,6 +212,9 @@ class RayExecutor(Executor):
     def _connect(self) -> None:
         if not ray.is_initialized():
             address = self.address or "auto"
+            # A driver of a loopback cluster listens on loopback too (Ray would otherwise bind
+            # its own servers to the machine's external address).
+            local = {"_node_ip_address": "127.0.0.1"} if _loopback_address(address) else {}
             try:
                 # Workers' stdout (IREE's own warnings) would tear the driver's progress
                 # display; steps record what a build must say in their outputs.
@@ -172,6 +224,7 @@ class RayExecutor(Executor):
                     log_to_driver=False,
                     logging_level="WARNING",
                     configure_logging=False,
+                    **local,
                 )
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise ClusterUnavailable(
@@ -179,6 +232,16 @@ class RayExecutor(Executor):
                     "`ray start --head`, or name it: --executor ray=HOST:PORT)"
                 ) from e
         if self.shared_cache_root is not None and self._shared is None:
+            problem = exposure(ray.nodes(), _token_auth_enabled())
+            if problem is not None:
+                raise ClusterExposed(
+                    f"refusing to start the shared build cache on the Ray cluster at "
+                    f"{self.address or 'auto'}: {problem}, so anyone who reaches it could read "
+                    "and replace build outputs. Turn on Ray's token authentication "
+                    "(RAY_AUTH_MODE=token on every node and driver), keep the cluster on "
+                    "127.0.0.1, or build without the shared cache (PLEX_CLUSTER_CACHE=none); "
+                    "see docs/cluster.md"
+                )
             self._shared = shared_cache_actor(self.shared_cache_root)
 
     def _triage(self, plan: Plan, keys: Mapping[str, str]) -> dict[str, _Triage]:
@@ -549,6 +612,7 @@ def _commit(cache: Cache, key: str, packed: bytes, node: Node) -> Path:
 
 __all__ = [
     "DEFAULT_SHARED_CACHE",
+    "ClusterExposed",
     "ClusterUnavailable",
     "Placement",
     "RayExecutor",

@@ -9,6 +9,12 @@ re-run the user's `__main__`), talking over two pipes with pickled messages: the
 the outcome. The job and its step are found in the worker by `Job.step_module`; the worker gets
 the parent's `sys.path`. Cancellation kills the worker: its step stops at once (a thread must be
 awaited), and a fresh worker replaces it for the next step.
+
+A worker dies with its parent: a third pipe, the lifeline, is never written; the parent holds
+its write end, so the kernel closes it when the parent dies however it dies (SIGKILL, OOM), and a
+thread in the worker that waits on the read end kills the worker at once, in the middle of a
+step. (`PR_SET_PDEATHSIG` would fire when the *thread* that started the worker exits, and
+workers outlive the executor thread that needed them first; a pipe follows the process.)
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from synapse.errors import StepCrashed
 _LENGTH = struct.Struct("<Q")
 # What a worker process runs (not `-m synapse._worker`: the package imports this module first).
 _WORKER_MAIN = (
-    "import sys; from synapse._worker import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
+    "import sys; from synapse._worker import serve; "
+    "serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
 )
 POLL_S = 0.1  # how often a waiting parent thread looks at the cancellation flag
 
@@ -96,19 +103,25 @@ class _Worker:
     def __init__(self) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
+        lifeline_r, lifeline_w = os.pipe()
+        child_fds = (to_child_r, from_child_w, lifeline_r)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_MAIN, str(to_child_r), str(from_child_w)],
-                pass_fds=(to_child_r, from_child_w),
+                [sys.executable, "-c", _WORKER_MAIN, *map(str, child_fds)],
+                pass_fds=child_fds,
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        except BaseException:
+            for fd in (to_child_w, from_child_r, lifeline_w):
+                os.close(fd)
+            raise
         finally:
-            os.close(to_child_r)
-            os.close(from_child_w)
-        self.to_child, self.from_child = to_child_w, from_child_r
+            for fd in child_fds:
+                os.close(fd)
+        self.to_child, self.from_child, self.lifeline = to_child_w, from_child_r, lifeline_w
 
     def run(
         self,
@@ -166,18 +179,26 @@ class _Worker:
         self.close_pipes()
 
     def stop(self) -> None:
-        """Ask an idle worker to exit (it sees end of input), then make sure it did."""
-        self.close_pipes()
+        """Ask an idle worker to exit (it sees end of input), then make sure it did. The
+        lifeline closes last, so a worker that exits on its own is not killed on the way."""
+        self._close(self.to_child, self.from_child)
+        self.to_child = self.from_child = -1
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
+        self.close_pipes()
 
     def close_pipes(self) -> None:
-        for fd in (self.to_child, self.from_child):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.to_child = self.from_child = -1
+        self._close(self.to_child, self.from_child, self.lifeline)
+        self.to_child = self.from_child = self.lifeline = -1
+
+    @staticmethod
+    def _close(*fds: int) -> None:
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 class WorkerPool:
@@ -257,11 +278,22 @@ def _portable(exc: BaseException) -> BaseException:
     return exc
 
 
-def serve(read_fd: int, write_fd: int) -> None:
+def _die_with_parent(lifeline_fd: int) -> None:
+    """Wait until the parent's end of the lifeline closes, then kill this process (mid-step)."""
+    with contextlib.suppress(OSError):
+        while os.read(lifeline_fd, 1):
+            pass  # nothing is ever written; this only guards against a stray byte
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def serve(read_fd: int, write_fd: int, lifeline_fd: int) -> None:
     """The worker process's loop: one step per request until the parent closes the pipe."""
     from synapse._job import run_job
     from synapse._plan import NodeContext
 
+    threading.Thread(
+        target=_die_with_parent, args=(lifeline_fd,), name="lifeline", daemon=True
+    ).start()
     # Ctrl-C reaches the whole process group: the parent decides (it kills us when stopping).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:

@@ -47,6 +47,7 @@ def test_the_fuzz_corpus_replays_cleanly(targets, seed: Path) -> None:
         "mln": targets.mln,
         "mln-manifest": targets.mln_manifest,
         "manifest": targets.manifest,
+        "mln-backend": targets.mln_backend,
     }[seed.parent.name]
     target(seed.read_bytes())
 

@@ -81,7 +81,7 @@ RUN = """
 import json, sys
 import numpy as np
 import myelin
-model = myelin.Instance().load(sys.argv[1])
+model = myelin.Instance(allow_native_code=True).load(sys.argv[1])
 rng = np.random.default_rng(0)
 x = rng.standard_normal((7, 64), dtype=np.float32)
 w1 = rng.standard_normal((48, 64), dtype=np.float32)
@@ -224,7 +224,9 @@ def test_an_unloadable_backend_plugin_is_a_clear_error(tmp_path):
     (tmp_path / "backend" / "plugin.so").write_text("not a shared object\n")
     out = tmp_path / "mm.mln"
     build(app, out)
-    result = _run("import sys, myelin; myelin.Instance().load(sys.argv[1])", str(out))
+    result = _run(
+        "import sys, myelin; myelin.Instance(allow_native_code=True).load(sys.argv[1])", str(out)
+    )
     assert result.returncode != 0
     assert "backend 'blas': its plugin does not load here" in result.stderr
 
@@ -236,7 +238,7 @@ def test_a_backend_loaded_after_the_first_local_task_device_is_refused(tmp_path)
     import sys, myelin
     myelin.Instance().device_registry.device("local-task")  # a device before the backend
     try:
-        myelin.Instance().load(sys.argv[1])
+        myelin.Instance(allow_native_code=True).load(sys.argv[1])
     except myelin.DeviceUnavailable as e:
         print(e)
     """
@@ -311,7 +313,7 @@ ATTENTION_RUN = """
 import json, sys
 import numpy as np
 import myelin
-model = myelin.Instance().load(sys.argv[1])
+model = myelin.Instance(allow_native_code=True).load(sys.argv[1])
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((20, 150, 32), dtype=np.float32) for _ in range(3))
 mask = rng.random((20, 150, 150)) < 0.7
@@ -433,7 +435,7 @@ HEADS_RUN = """
 import json, sys
 import numpy as np
 import myelin
-model = myelin.Instance().load(sys.argv[1])
+model = myelin.Instance(allow_native_code=True).load(sys.argv[1])
 rng = np.random.default_rng(0)
 q, k = (rng.standard_normal((3, 70, 4, 32), dtype=np.float32) for _ in range(2))
 v = rng.standard_normal((3, 70, 4, 16), dtype=np.float32)
@@ -520,7 +522,7 @@ GELU_RUN = """
 import json, math, sys
 import numpy as np
 import myelin
-model = myelin.Instance().load(sys.argv[1])
+model = myelin.Instance(allow_native_code=True).load(sys.argv[1])
 rng = np.random.default_rng(0)
 x = (rng.standard_normal((150, 100)) * 4).astype(np.float32)
 bias = rng.standard_normal(100).astype(np.float32)
@@ -590,7 +592,7 @@ WIDE_RUN = """
 import json, sys
 import numpy as np
 import myelin
-model = myelin.Instance().load(sys.argv[1])
+model = myelin.Instance(allow_native_code=True).load(sys.argv[1])
 rng = np.random.default_rng(0)
 x = rng.standard_normal((7, 64), dtype=np.float32)
 w = rng.standard_normal((400, 64), dtype=np.float32)
@@ -639,7 +641,7 @@ def test_a_backend_on_local_sync_loaded_after_a_local_sync_device_is_refused(tmp
     myelin.Instance().device_registry.device("local-task")  # another driver: no matter
     myelin.Instance().device_registry.device("local-sync")  # the backend device's driver
     try:
-        myelin.Instance().load(sys.argv[1])
+        myelin.Instance(allow_native_code=True).load(sys.argv[1])
     except myelin.DeviceUnavailable as e:
         print(e)
     """
@@ -716,7 +718,7 @@ def test_missing_mkl_is_a_clear_error(tmp_path):
     message = str(e.value)
     assert "[backend.mkl] vendor_distribution" in message
     assert "vendor distribution 'no-such-mkl-wheel' is not installed" in message
-    assert "pip install 'plex[mkl]'" in message
+    assert "pip install -e '.[mkl]'" in message
 
     if _mkl_installed():
         (backend / "plex.toml").write_text(toml.replace("libmkl_core.a", "libmkl_gone.a"))

@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from plex.builder import build
 from synapse import Cache
@@ -66,3 +69,82 @@ def test_sigint_during_a_compile_stops_cleanly_and_leaves_nothing_half_written(t
     assert result.results[interrupted].status == "built"
     assert all(r.status == "hit" for i, r in result.results.items() if i.startswith("import:"))
     assert out.is_file()
+
+
+SLOW_MODEL_PY = """
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+class Tiny(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2
+
+
+def build():
+    # The test's signal: this import step runs now, in this worker process.
+    marker = os.environ.get("PLEX_TEST_IMPORT_MARKER")
+    if marker:
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(120)
+    return Tiny().eval(), (torch.zeros(2, 4),)
+"""
+
+
+def _torch_app(root: Path) -> Path:
+    (root / "tiny").mkdir(parents=True)
+    (root / "tiny" / "model.py").write_text(SLOW_MODEL_PY)
+    (root / "tiny" / "plex.toml").write_text(
+        '[package]\nname = "tiny"\n\n[graph.tiny]\nsource = "model.py:build"\nfrontend = "torch"\n'
+    )
+    (root / "app.toml").write_text('[app]\nname = "tiny"\npackages = ["tiny"]\n')
+    return root / "app.toml"
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_of_plex_build_kills_its_worker_and_the_next_build_removes_its_leftovers(
+    tmp_path,
+):
+    app_toml = _torch_app(tmp_path / "app")
+    cache_dir = tmp_path / "cache"
+    marker = tmp_path / "worker.pid"
+    env = {**os.environ, "PLEX_CACHE_DIR": str(cache_dir), "PLEX_TEST_IMPORT_MARKER": str(marker)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "plex", "build", str(app_toml), "-o", str(tmp_path / "a.mln")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    deadline = time.monotonic() + 180
+    while not marker.exists() or not marker.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, "the import never ran"
+        time.sleep(0.1)
+    worker = int(marker.read_text())
+    assert worker != process.pid and _running(worker)
+    leftovers = list((cache_dir / "tmp").iterdir())
+    assert [p.name.split("-")[1] for p in leftovers] == [str(process.pid)]  # its staging folder
+
+    process.kill()
+    process.wait(timeout=30)
+    killed = time.monotonic()
+    while _running(worker) and time.monotonic() - killed < 5:
+        time.sleep(0.05)
+    assert not _running(worker), "the worker outlived its build by 5 s"
+
+    # The next build, same cache, no marker: it removes the dead build's staging folder.
+    result = build(app_toml, tmp_path / "b.mln", cache_dir=cache_dir)
+    assert result.results["import:tiny:tiny"].status == "built"
+    assert not any(p.exists() for p in leftovers)
+    assert list((cache_dir / "tmp").iterdir()) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,21 +166,58 @@ def test_cluster_build_equals_local_build_and_uses_both_workers(
 
 
 def test_every_connection_stays_on_loopback(ray_cluster):
-    out = subprocess.run(["ss", "-Htn"], capture_output=True, text=True, check=True).stdout
-    ray_ports = _listening_ports_of_ray()
+    """Every socket of this test's cluster (its nodes' processes, their workers, this driver)
+    listens and talks on 127.0.0.1. Other Ray clusters on the machine are not this test's."""
+    ours = _cluster_pids(ray_cluster)
+    listening = _listening_ports_of(ours)
+    out = subprocess.run(["ss", "-Htnp"], capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
         local, peer = line.split()[3:5]
-        if local.rsplit(":", 1)[-1] in ray_ports or peer.rsplit(":", 1)[-1] in ray_ports:
-            assert "127.0.0.1" in local and "127.0.0.1" in peer, line
+        if _pids_of(line) & ours or local.rsplit(":", 1)[-1] in listening:
+            assert _loopback(local) and _loopback(peer), line
 
 
-def _listening_ports_of_ray() -> set[str]:
+def _loopback(address: str) -> bool:
+    return address.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:"))
+
+
+def _pids_of(ss_line: str) -> set[int]:
+    return {int(pid) for pid in re.findall(r"pid=(\d+)", ss_line)}
+
+
+def _cluster_pids(cluster: LoopbackCluster) -> set[int]:
+    """This process and every process of the cluster's nodes, with all their descendants (the
+    raylets' workers and agents)."""
+    nodes = [cluster.cluster.head_node, *cluster.cluster.worker_nodes]
+    roots = {os.getpid()} | {
+        info.process.pid
+        for node in nodes
+        for infos in node.all_processes.values()
+        for info in infos
+    }
+    children: dict[int, set[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), set()).add(int(stat.parent.name))
+    pids, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in pids:
+            pids.add(pid)
+            todo.extend(children.get(pid, ()))
+    return pids
+
+
+def _listening_ports_of(pids: set[int]) -> set[str]:
     out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, check=True).stdout
     ports = set()
     for line in out.splitlines():
-        if any(name in line for name in ("raylet", "gcs_server", "ray::", "python")):
+        if _pids_of(line) & pids:
             local = line.split()[3]
-            assert local.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")), line
+            assert _loopback(local), line
             ports.add(local.rsplit(":", 1)[-1])
     assert ports
     return ports

@@ -110,6 +110,8 @@ def test_a_model_without_parameters_says_so(tmp_path):
     (tmp_path / "app.toml").write_text('[app]\nname = "noweights"\npackages = ["pkg"]\n')
     result = plex("build", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip().endswith("parameters: 0 (the model has no weights)")
+    assert result.stderr.strip().endswith(
+        "parameters: 0 (no weights file, and inline constants under 256 bytes stay in the code; larger ones become parameters)"
+    )
     shown = plex("inspect", str(tmp_path / "noweights.mln"))
-    assert "parameters: 0 (the model has no weights)" in shown.stdout
+    assert "parameters: 0 (no weights file" in shown.stdout

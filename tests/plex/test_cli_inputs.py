@@ -68,8 +68,8 @@ def test_bf16_literals_parse_and_meet_the_signature_check(mlp_mln):
     # bf16 was a TypeError inside numpy; now it is a tensor, refused by the f32 signature.
     line = one_line_error(plex("run", str(mlp_mln), "--input", "2x16xbf16=1"))
     assert line == (
-        "error: forward: argument 'x' has dtype bfloat16, expected float32 (shape ?x16); "
-        "convert it with .astype('float32')"
+        "error: forward: argument 'x' has element type bf16, expected f32 (shape ?x16); give "
+        "it as f32, e.g. --input 1x16xf32=1 (a .npy file: saved as float32)"
     )
 
 

@@ -1,5 +1,10 @@
 import gc
+import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -243,3 +248,27 @@ def test_ctrl_c_while_waiting_cancels_running_steps(tmp_path):
         signal.signal(signal.SIGINT, previous)
     assert saw_cancel.is_set()
     assert cache.ls() == [] and list((cache.root / "tmp").iterdir()) == []
+
+
+def test_a_run_removes_temporary_folders_of_dead_processes_only(tmp_path):
+    """Leftovers of a build killed outright (staging in the cache, scratch in the workdir) go
+    at the next run; a live process's folders stay."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
+    cache, workdir = Cache(tmp_path / "cache"), tmp_path / "work"
+    folders = {
+        "dead staging": tmp_path / "cache" / "tmp" / f"{host}-{dead.pid}-abc",
+        "live staging": tmp_path / "cache" / "tmp" / f"{host}-{os.getppid()}-abc",
+        "dead scratch": workdir / f"synapse-run-{host}-{dead.pid}-abc",
+        "live scratch": workdir / f"synapse-run-{host}-{os.getppid()}-abc",
+    }
+    for folder in folders.values():
+        (folder / "half-written").mkdir(parents=True)
+    run(cache, diamond_plan(), workdir=workdir)
+    assert {what: path.exists() for what, path in folders.items()} == {
+        "dead staging": False,
+        "live staging": True,
+        "dead scratch": False,
+        "live scratch": True,
+    }

@@ -5,7 +5,9 @@ SYNaPSe cache the two steps separately.
 
 from __future__ import annotations
 
+import os
 import re
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,14 +83,21 @@ def import_graph(
     min_parameter_bytes: int = DEFAULT_MIN_PARAMETER_BYTES,
     what: str = "graph",
     source_name: str | None = None,
+    source_root: Path | None = None,
 ) -> ImportedGraph:
     """Parse MLIR (a file, or text/bytecode from a frontend), lower it to the input phase and
     externalize inline weights. `input_type` is IREE's --iree-input-type (auto, stablehlo,
-    torch, onnx, ...)."""
+    torch, onnx, ...).
+
+    Debug locations keep file names and lines (compile errors point into the model file) but
+    no absolute path: files under `source_root` (the package folder) become
+    `<module_name>/<path in the package>`, see `portable_locations`.
+    """
     flags = [*_IMPORT_FLAGS, f"--iree-input-type={input_type}"]
     with CompilerSession(flags) as session:
         module = session.parse(source, compile_to=IMPORT_PHASE, what=what, source_name=source_name)
         with session.context:
+            portable_locations(module, source_root, module_name)
             # The VM module takes the graph's name so several graphs can share one VM context.
             module.attributes["sym_name"] = ir.StringAttr.get(module_name)
             outline_constants(module, min_bytes=min_parameter_bytes)
@@ -98,6 +107,86 @@ def import_graph(
             imports = _imported_modules(module)
             bytecode = _module_bytecode(module)
     return ImportedGraph(bytecode, IMPORT_PHASE, parameters, exported, functions, imports)
+
+
+# Where Python's own files live, with the name that replaces each folder in a location: a
+# frame inside torch reads `site-packages/torch/...` on every machine (the Diagnostic's
+# library-frame test still recognises it).
+def _library_roots() -> list[tuple[Path, str]]:
+    paths = sysconfig.get_paths()
+    roots = {Path(paths[k]): "site-packages" for k in ("purelib", "platlib")}
+    roots.update({Path(paths[k]): "python-stdlib" for k in ("stdlib", "platstdlib")})
+    # Longest first: site-packages lies inside the standard library's folder on some layouts.
+    return sorted(roots.items(), key=lambda item: len(item[0].parts), reverse=True)
+
+
+def portable_path(filename: str, source_root: Path | None, prefix: str) -> str:
+    """The name a debug location keeps for `filename`: independent of where the checkout, the
+    virtual environment or a temporary folder lives.
+
+    Relative names are kept; a file under `source_root` becomes `<prefix>/<relative path>`, one
+    in Python's library folders `site-packages/...` or `python-stdlib/...`, any other absolute
+    path its base name.
+    """
+    if not os.path.isabs(filename):
+        return filename
+    path = Path(filename)
+    candidates: list[tuple[Path, str]] = []
+    if source_root is not None:
+        candidates += [(source_root, prefix), (source_root.resolve(), prefix)]
+    for root, name in candidates + _library_roots():
+        if path.is_relative_to(root):
+            return f"{name}/{path.relative_to(root).as_posix()}"
+    return path.name
+
+
+def portable_locations(module: ir.Operation, source_root: Path | None, prefix: str) -> None:
+    """Rewrite every file path in the module's debug locations with `portable_path`.
+
+    Frontends record where each op came from (torch.export: the model file's stack frames) as
+    absolute paths. They end up in the compiled module's debug info, while the cache key leaves
+    paths out (a moved checkout stays cached): without this, the same model built in two
+    folders gives two different artifacts, and a warm cache gives other bytes than a cold
+    build. Must be called inside the module's context.
+    """
+    memo: dict[str, ir.Location] = {}
+
+    def rewrite(loc: ir.Location) -> ir.Location:
+        if isinstance(loc, ir.FileLineColLoc):
+            name = portable_path(loc.filename, source_root, prefix)
+            if name == loc.filename:
+                return loc
+            return ir.Location.file(name, loc.start_line, loc.start_col, loc.end_line, loc.end_col)
+        if isinstance(loc, ir.CallSiteLoc):
+            return ir.Location.callsite(rewrite(loc.callee), [rewrite(loc.caller)])
+        if isinstance(loc, ir.FusedLoc):
+            return ir.Location.fused([rewrite(part) for part in loc.locations], loc.metadata)
+        if isinstance(loc, ir.NameLoc):
+            return ir.Location.name(loc.name_str, rewrite(loc.child_loc))
+        return loc
+
+    def portable(loc: ir.Location) -> ir.Location | None:
+        """The rewritten location, or None where it names no absolute path."""
+        text = str(loc)
+        if '"/' not in text:
+            return None
+        if text not in memo:
+            memo[text] = rewrite(loc)
+        return memo[text]
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        new = portable(op.location)
+        if new is not None:
+            op.location = new
+        for region in op.regions:
+            for block in region.blocks:
+                for argument in block.arguments:
+                    new = portable(argument.location)
+                    if new is not None:
+                        argument.set_location(new)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
 
 
 def _public_functions(module: ir.Operation) -> tuple[str, ...]:

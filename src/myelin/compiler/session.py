@@ -127,7 +127,14 @@ _DISPATCH = re.compile(
     r'sym_name = "(?P<name>[^"]+)"|func\.func (?:public |private )?@(?P<at>[\w$.-]+)'
 )
 _TARGET = re.compile(r"#hal\.executable\.target<(\"[^\"]*\"), (\"[^\"]*\").*", re.DOTALL)
-_LIBRARY_FRAMES = ("site-packages", "dist-packages", "torch/fx/", "<frozen", "/lib/python")
+_LIBRARY_FRAMES = (
+    "site-packages",
+    "dist-packages",
+    "python-stdlib/",  # portable_path's name for the standard library
+    "torch/fx/",
+    "<frozen",
+    "/lib/python",
+)
 
 
 @dataclass(frozen=True)

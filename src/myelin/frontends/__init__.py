@@ -86,6 +86,6 @@ def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:
     except ModuleNotFoundError as e:
         raise CompileError(
             f"the {name} frontend needs the '{e.name}' package; install PLeX with the "
-            f"'{name}' extra: pip install 'plex[{name}]'"
+            f"'{name}' extra: pip install -e '.[{name}]'"
         ) from e
     return module.to_mlir

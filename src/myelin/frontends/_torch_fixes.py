@@ -12,7 +12,13 @@ docs/frontends.md).
 3. Advanced indexing with several index tensors (`x[arange(b), argmax]`, CLIP's pooling): torch-
    mlir 3.13 has no lowering for `aten.index.Tensor` with more than one index tensor. Leading
    index tensors become one flat row index into `x` reshaped to rows, read by `index_select`.
-4. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
+4. Linears over more than two dims. torch-mlir lowers `aten.linear` of a `[batch, seq, k]`
+   activation to a weight broadcast along the batch and a `linalg.batch_matmul`: no 2-D matmul
+   for the kernel library (or IREE's matmul paths) to see. Such linears are rewritten as the
+   product `torch.matmul` itself computes for them: the leading dims folded into rows, one
+   `[rows, k] x [k, n]` matmul, the bias added, the dims unfolded (the same sums in the same
+   order, so bit-identical on the CPU).
+5. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
    node and the user's source line, and say so in one line.
 """
 
@@ -47,13 +53,14 @@ _SCALAR_COMPARISONS = {
 
 
 def decomposition_table() -> dict:
-    """Turbine's AOT table plus the CIA decompositions it lacks, and fix 3."""
+    """Turbine's AOT table plus the CIA decompositions it lacks, and fixes 3 and 4."""
     table = dict(current_aot_decompositions())
     defaults = torch.export.default_decompositions()
     for op in EXTRA_DECOMPOSITIONS:
         if op in defaults:
             table[op] = defaults[op]
     table[aten.index.Tensor] = _leading_index
+    table[aten.linear.default] = linear_as_matmul
     return table
 
 
@@ -72,6 +79,18 @@ def _leading_index(x: torch.Tensor, indices: list[torch.Tensor | None]) -> objec
         flat = index if flat is None else flat * size + index
     rows = x.reshape(-1, *x.shape[k:])
     return rows.index_select(0, flat.reshape(-1)).reshape(*shape, *x.shape[k:])
+
+
+def linear_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """`F.linear` over more than two dims as one 2-D matmul between reshapes (4.); other
+    linears are left as they are (`NotImplemented` keeps the op)."""
+    if x.dim() <= 2 or weight.dim() != 2:
+        return NotImplemented
+    rows = aten.view.default(x, [-1, x.shape[-1]])
+    out = aten.mm.default(rows, aten.t.default(weight))
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    return aten.view.default(out, [*x.shape[:-1], weight.shape[0]])
 
 
 def float_scalar_comparisons(program: torch.export.ExportedProgram) -> int:

@@ -14,6 +14,7 @@ import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from myelin.kernels._coverage import coverage_line, left_to_codegen
 from myelin.kernels._triton import MatmulConfig
 from myelin.platforms import KERNEL_LIBRARIES, KERNELS_CUDA_ARCH
 
@@ -23,6 +24,8 @@ __all__ = [
     "KERNEL_LIBRARIES",
     "KernelizedGraph",
     "apply_kernels",
+    "coverage_line",
+    "left_to_codegen",
 ]
 
 # The library value that also rewrites attention (flash for prefill, split-KV for decode; one
@@ -111,7 +114,8 @@ def apply_kernels(
     tuned: Mapping[str, MatmulConfig] | None = None,
 ) -> KernelizedGraph:
     """Match the graph's matmuls (IR at the `input` phase), compile the kernels they need and
-    rewrite them into external dispatches. Ops no kernel covers are left to IREE.
+    rewrite them into external dispatches. Ops no kernel covers are left to IREE; every
+    contraction is in the sites, matched or not, with the reason.
 
     `tuned`: configs a tuning package recorded per shape (`myelin.kernels._space.site_key`),
     taken before the library's own choice; a site that got one says so in its reason.
@@ -127,7 +131,7 @@ def apply_kernels(
     from myelin.codecs._loadtime import choose_forms
     from myelin.compiler.session import CompilerSession
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _concat, _q4, _rewrite, _space, _triton
+    from myelin.kernels import _attention, _concat, _coverage, _q4, _rewrite, _space, _triton
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -160,6 +164,8 @@ def apply_kernels(
                 _attention.rewrite(module, found, compiled)
                 kernels.update(compiled)
                 sites += [m.site for m in found]
+            # every other contraction stays IREE's: listed with why (myelin.kernels._coverage)
+            sites += _coverage.unmatched_contractions(module, library)
             # last: the attention rewrite reads the concats of a cache and its new tokens
             # (reported when rewritten: the other concats stay IREE's, as they were)
             sites += [c.to_json() for c in _concat.fuse_concats(module) if c.fused]

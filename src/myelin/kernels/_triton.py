@@ -12,9 +12,11 @@ more result binding, which the wrapper sizes from Triton's metadata (`_bind_scra
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -261,6 +263,27 @@ def sm_count(arch: str) -> int:
         ) from None
 
 
+_PRIVATE_CACHE_LOCK = threading.Lock()
+_private_cache: tempfile.TemporaryDirectory | None = None
+
+
+def _use_private_cache(triton) -> None:
+    """Point Triton's cache at one folder of this process's own, set once and never swapped.
+
+    Builds do not write to the user's ~/.triton (unless TRITON_CACHE_DIR says where to). The
+    folder is process-wide and set once because Triton reads it from a process-global knob at
+    each compile: setting it around each compile (as an environment variable) let concurrent
+    kernel nodes remove or swap one another's folder mid-compile. Triton's file cache writes each
+    entry atomically, so compiles in several threads share the one folder safely; the folder
+    goes when the process ends."""
+    global _private_cache
+    with _PRIVATE_CACHE_LOCK:
+        if _private_cache is not None or os.environ.get("TRITON_CACHE_DIR"):
+            return
+        _private_cache = tempfile.TemporaryDirectory(prefix="plex-triton-")
+        triton.knobs.cache.dir = _private_cache.name
+
+
 def compile_triton(
     make_fn,
     signature: dict,
@@ -290,22 +313,15 @@ def compile_triton(
         ) from e
     capability = int(arch.removeprefix("sm_").rstrip("a"))
     source = ASTSource(fn=make_fn(), signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": num_warps, "num_stages": num_stages, "ptx_version": ptx_version}
-    with tempfile.TemporaryDirectory() as cache:
-        import os
-
-        old = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "TRITON_DEFAULT_FP_FUSION")}
-        os.environ["TRITON_CACHE_DIR"] = cache  # no writes to the user's ~/.triton
-        os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton 3.9's default, said explicitly
-        try:
-            target = GPUTarget("cuda", capability, 32)
-            kernel = triton.compile(source, target=target, options=options)
-        finally:
-            for key, value in old.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    options = {
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "ptx_version": ptx_version,
+        "enable_fp_fusion": True,  # Triton 3.9's default, said explicitly
+    }
+    _use_private_cache(triton)
+    target = GPUTarget("cuda", capability, 32)
+    kernel = triton.compile(source, target=target, options=options)
     meta = kernel.metadata
     global_scratch = int(getattr(meta, "global_scratch_size", 0) or 0)
     profile_scratch = int(getattr(meta, "profile_scratch_size", 0) or 0)

@@ -1,9 +1,16 @@
 """MlnReader: map a .mln file read-only, check everything, hand out zero-copy section views and
-the typed manifest; with a trust key, refuse any file that key did not sign."""
+the typed manifest; with a trust key, refuse any file that key did not sign.
+
+What is hashed must be what runs. A file mapped shared changes under the mapping when anyone
+writes to it (MAP_PRIVATE does not help: pages not yet copied on write still show the file's
+current bytes), so the bytes that become code (module and plugin sections) are copied into a
+sealed memfd and hashed there, and `private_copy=True` does the same for the whole file.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import mmap
 import os
@@ -42,6 +49,49 @@ def sha256_of(view: memoryview) -> bytes:
     return digest.digest()
 
 
+# A sealed memfd's content can no longer change, by anyone who opens /proc/PID/fd/N included.
+_SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_MEMFD_NAME_MAX = 249  # memfd_create's limit, less its "memfd:" prefix
+
+
+def sealed_memfd(name: str, data: memoryview) -> int:
+    """A close-on-exec memfd holding a copy of `data`, sealed against any later write."""
+    fd = os.memfd_create(name[:_MEMFD_NAME_MAX], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = data
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sealed_file_copy(name: str, source: int, length: int) -> int:
+    """A sealed memfd holding the first `length` bytes of the open file `source`, copied in the
+    kernel (sendfile); EOFError if the file is shorter than that by now."""
+    fd = os.memfd_create(name[:_MEMFD_NAME_MAX], os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        copied = 0
+        while copied < length:
+            sent = os.sendfile(fd, source, copied, length - copied)
+            if sent == 0:
+                raise EOFError(f"the file shrank to {copied} bytes while it was copied")
+            copied += sent
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def map_sealed(fd: int) -> mmap.mmap:
+    """A read-only shared mapping of a sealed memfd (its pages are the memfd's own)."""
+    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+
+
 def _all_zero(view: memoryview) -> bool:
     zeros = bytes(min(len(view), CHUNK_SIZE))
     return all(
@@ -59,6 +109,13 @@ class MlnReader:
     whatever `verify` says, and requires a signature by that key over the header, the manifest
     and every section hash. Any problem is an ArtifactError (SignatureError for the signature)
     whose message names the file.
+
+    `private_copy=True` copies the whole file into a sealed memfd first and reads only that
+    copy: what was hashed (and, under `trust`, what the signature covers) is what every later
+    view returns, whatever happens to the file afterwards (an in-place write, a truncation).
+    It costs a copy of the file in memory and the time to make it (docs/security.md). Without
+    it the file is mapped shared, zero-copy, and `code_section` still hands out hashed private
+    copies of the sections that become code.
 
     `artifact_manifest` is the manifest as typed records (what the runtime reads); `manifest` is
     the same manifest as the JSON dict stored in the file, for tools that print or copy it.
@@ -79,8 +136,10 @@ class MlnReader:
         *,
         verify: bool = True,
         trust: KeySource | None = None,
+        private_copy: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.private_copy = private_copy
         self._view: memoryview | None = None
         self._gaps: list[tuple[int, int]] = []
         self.signature = None
@@ -88,10 +147,13 @@ class MlnReader:
             from myelin.mln._signing import load_public_key
 
             trust = load_public_key(trust)  # a bad key fails before gigabytes are hashed
+        # sections hashed against the manifest in this reader's memory (see code_section)
+        self._verified = False
         try:
             self._open()
             if verify or trust is not None:
                 self.verify_all()
+                self._verified = True
             if trust is not None:
                 self.verify_signature(trust)
         except BaseException:
@@ -111,14 +173,35 @@ class MlnReader:
                     raise self._error("not a regular file")
                 if info.st_size < HEADER_SIZE:
                     head = file.read(HEADER_SIZE)
-                    if head != MAGIC[: len(head)]:
+                    # a start of a real header (the magic, or as much of it as there is) is a
+                    # truncated .mln; anything else is another file
+                    if head[: len(MAGIC)] != MAGIC[: len(head)]:
                         raise self._error("not a .mln file (wrong magic bytes)")
                     raise self._error(
                         f"truncated: the file is {len(head)} bytes, shorter than the "
                         f"{HEADER_SIZE}-byte header"
                     )
-                # The map holds its own reference to the file; the descriptor can close now.
-                self.mmap = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+                if self.private_copy:
+                    try:
+                        copy = _sealed_file_copy(
+                            f"mln:{self.path.name}", file.fileno(), info.st_size
+                        )
+                    except EOFError as exc:
+                        raise self._error(f"{exc}; load it again once it is written") from exc
+                    except OSError as exc:
+                        raise self._error(
+                            f"cannot make the private copy of its {info.st_size} bytes in memory "
+                            f"({exc.strerror or exc}); free memory, or load it with "
+                            "private_copy=False to map the file instead (docs/security.md)"
+                        ) from exc
+                    # The copy's own descriptor closes too: its mapping keeps the memfd.
+                    try:
+                        self.mmap = map_sealed(copy)
+                    finally:
+                        os.close(copy)
+                else:
+                    # The map holds its own reference to the file; the descriptor can close now.
+                    self.mmap = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
             raise self._error(f"cannot open: {exc.strerror or exc}") from exc
         self._view = memoryview(self.mmap)
@@ -197,6 +280,29 @@ class MlnReader:
         """A read-only, zero-copy view of a section's bytes, valid while the file is mapped."""
         section = self._section(name)
         return self._live_view()[section.offset : section.end]
+
+    def code_section(self, name: str) -> memoryview:
+        """A read-only view of a section whose bytes become code (a VM module, a plugin),
+        hashed against the manifest in memory nobody else can write: the private copy of the
+        file, or else a sealed memfd copy of just this section. Hashed whatever `verify` said,
+        and under `trust` covered by the signature: what IREE wraps is what was checked.
+        ArtifactError on a hash mismatch."""
+        if self.private_copy:
+            if not self._verified:
+                self.verify_section(name)
+            return self.section_view(name)
+        section = self._section(name)
+        if section.length == 0:
+            view = memoryview(b"")
+        else:
+            fd = sealed_memfd(f"mln:{name}", self.section_view(name))
+            try:
+                view = memoryview(map_sealed(fd))
+            finally:
+                os.close(fd)
+        if sha256_of(view).hex() != section.sha256:
+            raise self._error(f"section {name!r} is corrupt (sha256 mismatch); {_DAMAGED}")
+        return view
 
     def verify_section(self, name: str) -> None:
         """Hash one section and compare with the manifest; ArtifactError on mismatch."""

@@ -93,7 +93,7 @@ def _crypto() -> Any:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise SigningKeyError(
-            "signing and trust policies need the 'cryptography' package: pip install 'plex[sign]'"
+            "signing and trust policies need the 'cryptography' package: pip install -e '.[sign]'"
         ) from exc
     return serialization, ed25519
 

@@ -6,22 +6,29 @@ a backend's plugin is registered before the process creates the driver of its de
 (local-task, or local-sync), and a model with a backend loaded after that driver was created is
 refused with that reason (load it first, or in its own process).
 Nothing touches the disk: each library and the plugin are copied from their `backend` sections
-into anonymous memfds and loaded from `/proc/self/fd/N` (the vendor libraries first, with
-RTLD_GLOBAL, so the plugin's links to them resolve by soname).
+into sealed memfds, hashed there against the manifest (whatever `verify` says: an unhashed plugin
+is never loaded), and loaded from `/proc/self/fd/N` (the vendor libraries first, with
+RTLD_GLOBAL, so the plugin's links to them resolve by soname). A sealed memfd cannot be written
+by anyone, so the bytes the dynamic loader maps are the bytes that were hashed.
+
+Whether a file's native code may be loaded at all (a trust key, or the caller's opt-in) is the
+model's decision (myelin.runtime.model), made after the variant is chosen; this module loads only
+what it is given.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import mmap
 import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from myelin.backends import ABI_VERSION
-from myelin.errors import DeviceUnavailable
+from myelin.errors import ArtifactError, DeviceUnavailable
 from myelin.mln import BackendRecord, MlnReader
+from myelin.mln._reader import sealed_memfd, sha256_of
 
 _LOCK = threading.Lock()
 # plugin sha256 -> the loaded backend; a plugin is loaded once per process
@@ -52,12 +59,25 @@ def loaded_backends() -> list[LoadedBackend]:
         return list(_LOADED.values())
 
 
-def _memfd(name: str, data: memoryview) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    view = data
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def _hashed_memfd(reader: MlnReader, section: str, name: str) -> int:
+    """A sealed memfd holding `section`, its copy hashed against the manifest; ArtifactError
+    (the fd closed) when the copy is not what the manifest (and a signature over it) says."""
+    fd = sealed_memfd(name, reader.section_view(section))
+    try:
+        if reader.sections[section].length == 0:  # nothing to map (and mmap refuses to)
+            digest = sha256_of(memoryview(b"")).hex()
+        else:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as copy, memoryview(copy) as view:
+                digest = sha256_of(view).hex()
+    except BaseException:
+        os.close(fd)
+        raise
+    if digest != reader.sections[section].sha256:
+        os.close(fd)
+        raise ArtifactError(
+            f"{reader.path}: section {section!r} is corrupt (sha256 mismatch); the file was "
+            "damaged after it was built — rebuild or re-copy it"
+        )
     return fd
 
 
@@ -90,8 +110,35 @@ def load_backend(
                 f"{path.name}: backend '{record.name}' is missing its section {name!r}; the "
                 "artifact is incomplete, rebuild it"
             )
-    plugin = reader.section_view(record.plugin)
-    digest = hashlib.sha256(plugin).hexdigest()
+    # Copied and hashed first, before anything is looked up or loaded: a plugin whose bytes
+    # are not the manifest's is refused as damaged, whatever this process has loaded so far.
+    fds: list[int] = []
+    try:
+        for name in record.libraries:
+            fds.append(_hashed_memfd(reader, name, name.rpartition("/")[2]))
+        fds.append(_hashed_memfd(reader, record.plugin, f"{record.name}-plugin.so"))
+        loaded = _register(reader, record, fds, drivers, threads)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if loaded.plugin_fd != fds[-1]:  # this plugin was loaded before: these copies are unused
+        for fd in fds:
+            os.close(fd)
+    return loaded
+
+
+def _register(
+    reader: MlnReader,
+    record: BackendRecord,
+    fds: list[int],
+    drivers: Iterable[str],
+    threads: int,
+) -> LoadedBackend:
+    """dlopen the hashed copies (`fds`: the libraries, then the plugin) and hand the plugin to
+    IREE, once per plugin per process."""
+    path = reader.path
+    digest = reader.sections[record.plugin].sha256  # the bytes of fds[-1], checked
     with _LOCK:
         loaded = _LOADED.get(digest)
         missed = loaded.missed_drivers if loaded is not None else _DRIVERS_CREATED
@@ -104,18 +151,15 @@ def load_backend(
                 f"creates its first {created[0]} device (IREE reads executable plugins when "
                 "it creates the driver); load this model first, or in a process of its own"
             )
-        library_fds = []
-        for name in record.libraries:
-            fd = _memfd(name.rpartition("/")[2], reader.section_view(name))
+        *library_fds, fd = fds
+        for name, library_fd in zip(record.libraries, library_fds, strict=True):
             try:
-                ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
+                ctypes.CDLL(f"/proc/self/fd/{library_fd}", mode=ctypes.RTLD_GLOBAL)
             except OSError as e:
                 raise DeviceUnavailable(
                     f"{path.name}: backend '{record.name}': vendor library {name!r} does not "
                     f"load here: {e}"
                 ) from e
-            library_fds.append(fd)
-        fd = _memfd(f"{record.name}-plugin.so", plugin)
         try:
             handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
             abi = handle.plex_backend_abi_version()

@@ -457,10 +457,20 @@ class DeviceRegistry:
                 f"device '{requirement.name}' was compiled for CPU features this CPU lacks "
                 f'({", ".join(sorted(missing))}); rebuild with cpu = "generic" or for this CPU'
             )
-        try:
-            self._driver(requirement.driver)
-        except DeviceUnavailable as e:
-            return f"device '{requirement.name}': {e}"
+        if requirement.driver in HOST_DRIVERS:
+            # Not created just to ask: a variant's backend plugins must be registered before
+            # its host driver exists (myelin.runtime.backends), and a host driver that is
+            # compiled in always starts.
+            if requirement.driver not in rt.query_available_drivers():
+                return (
+                    f"device '{requirement.name}': driver '{requirement.driver}' is not part of "
+                    f"this IREE runtime (it has: {', '.join(self.compiled_drivers())})"
+                )
+        else:
+            try:
+                self._driver(requirement.driver)
+            except DeviceUnavailable as e:
+                return f"device '{requirement.name}': {e}"
         arch = requirement.requires.cuda_arch if requirement.requires is not None else None
         if arch is not None:
             capability = self.cuda_capability()

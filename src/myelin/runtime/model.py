@@ -10,7 +10,13 @@ from typing import Any
 
 import iree.runtime as rt
 
-from myelin.errors import ArtifactError, DeviceUnavailable, EntrypointNotFound
+from myelin.errors import (
+    ArtifactError,
+    DeviceUnavailable,
+    EntrypointNotFound,
+    ModelClosed,
+    NativeCodeRefused,
+)
 from myelin.mln import (
     RESIDENCY_MODES,
     ArtifactManifest,
@@ -149,8 +155,14 @@ def check_declared_signature(
 class Model:
     """Owns the mapping of the file; sessions borrow its modules and parameter providers.
 
-    Parameters are registered zero-copy: IREE wraps the mmap (every parameter section is
-    page-aligned), so loading a model adds no anonymous memory for its weights.
+    Parameters are registered zero-copy: IREE wraps the mapping (every parameter section is
+    page-aligned): the file's pages, or with `private_copy` the sealed memfd copy of the file
+    (myelin.mln.MlnReader). Module and plugin sections are always wrapped from a hashed private
+    copy (`MlnReader.code_section`), so the code IREE runs is the code that was checked.
+
+    Native code that the dynamic loader would run in this process (an external backend's plugin
+    and vendor libraries) is loaded only for the chosen variant, and only when the file is
+    signed by the trusted key or `allow_native_code` is True; otherwise NativeCodeRefused.
     """
 
     def __init__(
@@ -165,28 +177,35 @@ class Model:
         residency: str | None = None,
         lock_weights: bool = False,
         trust: KeySource | None = None,
+        private_copy: bool | None = None,
+        allow_native_code: bool = False,
     ) -> None:
         self.path = Path(path)
         self._vm_instance = vm_instance
         self._lock = threading.Lock()
         self._sessions: set = set()
+        self._closed = False
+        # Under a trust policy what was verified must be what runs, weights included: the
+        # file is copied into sealed memory before it is hashed (see MlnReader).
+        self.private_copy = trust is not None if private_copy is None else private_copy
         # With `trust`, the signature is checked here: before any module is wrapped or any
         # parameter registered.
-        self._reader = MlnReader(self.path, verify=verify, trust=trust)
-        # Module sections are hashed even under verify=False (which is meant to skip hashing
-        # gigabytes of weights): IREE's bytecode loader is not robust against damaged bytes
-        # (fuzzing found a 4-byte change that made wrap_buffer allocate 2.7 GB and hang).
-        self._modules_verified = verify or trust is not None
+        self._reader = MlnReader(
+            self.path, verify=verify, trust=trust, private_copy=self.private_copy
+        )
+        self._native_code_trusted = trust is not None or allow_native_code
         try:
             self.artifact_manifest: ArtifactManifest = self._reader.artifact_manifest
             # The JSON as stored, for tools and tests that print or compare it; the runtime
             # itself reads only the records.
             self.manifest: dict[str, Any] = self._reader.manifest
-            # before any device: IREE reads executable plugins when it creates a driver
-            self.backends = self._load_backends()
+            # Chosen without creating a host driver (myelin.runtime.devices), so that the
+            # chosen variant's plugins, loaded next, still reach it: IREE reads executable
+            # plugins when it creates a driver. No other variant's plugin is ever loaded.
             self.variant_record = choose_variant(
                 self.artifact_manifest, registry, variant, self.path
             )
+            self.backends = self._load_backends()
             self.variant: dict[str, Any] = self.manifest["variants"][
                 self.artifact_manifest.variants.index(self.variant_record)
             ]
@@ -210,14 +229,23 @@ class Model:
         return self.artifact_manifest.app.name
 
     def _load_backends(self) -> list:
-        """The external backends of every variant's devices (myelin.runtime.backends)."""
+        """The external backends of the chosen variant's devices (myelin.runtime.backends), once
+        the caller has said native code from this file may run here."""
         records: dict[str, tuple[Any, set[str]]] = {}
-        for v in self.artifact_manifest.variants:
-            for d in v.devices:
-                if d.backend is not None:  # the drivers its plugin must reach
-                    records.setdefault(d.backend.name, (d.backend, set()))[1].add(d.driver)
+        for d in self.variant_record.devices:
+            if d.backend is not None:  # the drivers its plugin must reach
+                records.setdefault(d.backend.name, (d.backend, set()))[1].add(d.driver)
         if not records:
             return []
+        if not self._native_code_trusted:
+            names = ", ".join(f"'{name}'" for name in records)
+            raise NativeCodeRefused(
+                f"{self.path}: variant '{self.variant_record.name}' carries native code (the "
+                f"plugin of backend {names}) that would run in this process as it loads; load "
+                "it only from a file you trust: sign it (`plex sign`) and load with a trust key "
+                "(Instance(trust=PUB), --trust PUB), or opt in with "
+                "Instance(allow_native_code=True) / --allow-native-code"
+            )
         from myelin.runtime.backends import load_backend
 
         return [load_backend(self._reader, r, drivers) for r, drivers in records.values()]
@@ -233,9 +261,11 @@ class Model:
     def _load_modules(self) -> list[rt.VmModule]:
         modules = []
         for m in self.variant_record.modules:
-            if not self._modules_verified:
-                self._reader.verify_section(m.section)
-            view = self._reader.section_view(m.section)
+            # Hashed in private memory whatever `verify` says (verify=False is meant to skip
+            # hashing gigabytes of weights): IREE's bytecode loader is not robust against
+            # damaged bytes (fuzzing found a 4-byte change that made wrap_buffer allocate
+            # 2.7 GB and hang), and bytes that change after their check would run unchecked.
+            view = self._reader.code_section(m.section)
             try:
                 module = rt.VmModule.wrap_buffer(self._vm_instance, view)
                 # a name that is not UTF-8 fails its conversion here (RuntimeError): found by
@@ -373,6 +403,10 @@ class Model:
         """
         from myelin.runtime.session import Session
 
+        if self._closed:
+            raise ModelClosed(
+                f"{self.path.name}: the model is closed; load it again for a new session"
+            )
         if profile:
             from myelin.errors import ProfilingUnavailable
 
@@ -420,6 +454,7 @@ class Model:
         return self._host
 
     def close(self) -> None:
+        self._closed = True
         for s in list(self._sessions):
             s.close()
         self._release()

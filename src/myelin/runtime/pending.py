@@ -44,9 +44,11 @@ _NOT_YET = object()
 
 
 class PendingCall:
-    """One submitted call. `result()` waits for it and returns what `call` would have; `done()`
-    says whether the device has finished. Read a result before passing it to another call: a
-    pending call's results are not handed out before they are written."""
+    """One submitted call. `result()` waits for it and returns what `call` with the same
+    `output` would have: DeviceTensors for submit's default `output="device"`, numpy arrays for
+    `output="numpy"`; `done()` says whether the device has finished. Read a result before
+    passing it to another call: a pending call's results are not handed out before they are
+    written."""
 
     __slots__ = (
         "_call",

@@ -21,6 +21,7 @@ from myelin.errors import CompileError
 from plex.builder.plan import BuildRequest, plan_build
 from plex.builder.versions import fingerprint_salt
 from plex.errors import BuildError, PlexError
+from plex.extras import require_for_app
 from plex.manifest import AppSpec, load_app, parse_executor, write_lock
 from synapse import BuildFailed, Cache, Event, Executor, Plan, RunResult, SynapseError
 from synapse.errors import DiskFull
@@ -125,7 +126,7 @@ def make_executor(
         from synapse._ray import DEFAULT_SHARED_CACHE, RayExecutor
     except ImportError:
         raise BuildError(
-            "the ray executor needs Ray: pip install 'plex[ray]' (ray==2.60.0)"
+            "the ray executor needs Ray: pip install -e '.[ray]' (ray==2.60.0)"
         ) from None
     # jobs is per machine; a cluster queues tasks by their resources, so it is not passed.
     shared = os.environ.get("PLEX_CLUSTER_CACHE", DEFAULT_SHARED_CACHE)
@@ -175,6 +176,7 @@ def build(
         resume_from=resume_from,
         strict=strict,
     )
+    require_for_app(app, executor)  # a missing extra fails now, not after the other steps ran
     cache = Cache(cache_dir or default_cache_dir(app)) if use_cache else None
     runner = make_executor(
         executor or app.build.executor,

@@ -105,6 +105,7 @@ def _recorded_warnings(job: LinkJob, outputs: _Outputs) -> tuple[list[str], list
                     "(float32 in memory, as fp32's packed copies; the .mln keeps the encoded "
                     f"bytes): {', '.join(at_load[:3])}{', ...' if len(at_load) > 3 else ''}"
                 )
+            notes += _kernel_coverage_warning(module.name, variant.name, compile_meta)
             tuning_warning = (compile_meta.get("tuning") or {}).get("warning")
             if tuning_warning:
                 notes.append(tuning_warning)
@@ -244,6 +245,22 @@ def _bind_named_parameter(
             f", but weights {weights.ref} hold {tensor['dtype']}{list(tensor['shape'])}"
         )
     return weights.output.node_id, tensor["path"]
+
+
+def _kernel_coverage_warning(module: str, variant: str, compile_meta: dict) -> list[str]:
+    """A module built with a kernel library warns when contractions stay with IREE's sm_80
+    codegen on the sm_90a target: the coverage line, then each one left and why."""
+    from myelin.kernels import KERNELS_CUDA_ARCH, coverage_line, left_to_codegen
+
+    sites = compile_meta.get("kernel_sites", [])
+    left = left_to_codegen(sites)
+    if not left:
+        return []
+    shown = "; ".join(left[:4]) + (f"; {len(left) - 4} more" if len(left) > 4 else "")
+    return [
+        f"module {module} [variant {variant}]: {coverage_line(sites, KERNELS_CUDA_ARCH)}; "
+        f"left to IREE's codegen: {shown} (plex inspect lists them all)"
+    ]
 
 
 def _kernel_sites(device: DeviceLink, metas: dict[str, dict]) -> dict:

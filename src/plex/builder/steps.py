@@ -69,6 +69,9 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         dynamic=job.dynamic,
         host_fallback=job.host_fallback,
     )
+    # the name locations carry in the module: not the build folder, so that the same model
+    # builds to the same bytes anywhere; an error names the real file instead (_shown_path)
+    source_name = f"{request.module_name}/{request.source.name}"
     frontend_warnings: list[str] = []
     host_nodes: tuple = ()
     dim_names: dict[str, dict[int, str]] = {}
@@ -94,11 +97,15 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
             scope=request.scope,
             min_parameter_bytes=job.min_parameter_bytes,
             what=what,
-            source_name=f"{request.module_name}/{request.source.name}",
+            source_name=source_name,
+            source_root=request.source.parent,
         )
     except CompileError as e:
         notes = "".join(f" [frontend warning: {w}]" for w in frontend_warnings)
-        raise BuildError(f"import of graph {what} failed: {e}{notes}") from e
+        message = str(e)
+        if frontend_name in DIRECT_INPUT_TYPES:  # its locations are lines of the user's file
+            message = message.replace(f"{source_name}:", f"{_shown_path(request.source)}:")
+        raise BuildError(f"import of graph {what} failed: {message}{notes}") from e
     (out_dir / IMPORTED_MODULE).write_bytes(imported.module_bytecode)
     exported_dir = out_dir / EXPORTED_DIR
     exported_dir.mkdir()
@@ -124,6 +131,14 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         "host_nodes": _write_host_nodes(out_dir, host_nodes),
     }
     (out_dir / IMPORT_META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
+def _shown_path(path: Path) -> str:
+    """`path` as a user finds it: relative to the working folder when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _write_host_nodes(out_dir: Path, host_nodes: tuple) -> list[dict]:

@@ -11,9 +11,11 @@ type placeholder.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +51,28 @@ def _debug() -> bool:
     return os.environ.get("PLEX_DEBUG") == "1"
 
 
+def show_warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """A warning as one `warning: ...` line, like errors: Python's default names the file and
+    line that called warnings.warn and repeats that source line, which tells a user nothing.
+    PLeX's own warnings (a build's notes) are the message alone; others keep their category."""
+    from plex.errors import BuildWarning
+
+    text = str(message) if issubclass(category, BuildWarning) else f"{category.__name__}: {message}"
+    with contextlib.suppress(OSError):  # stderr gone: a warning is not worth failing for
+        print(f"warning: {text}", file=file or sys.stderr, flush=True)
+
+
 def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Errors meant for people become `error: ...` and exit 1; anything else is an internal
-    error, still one line unless --debug."""
+    error, still one line unless --debug. Warnings print as `warning: ...` lines (unless
+    --debug)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -59,7 +80,10 @@ def one_line_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         from plex.errors import PlexError
 
         try:
-            return command(*args, **kwargs)
+            with warnings.catch_warnings():
+                if not _debug():
+                    warnings.showwarning = show_warning_line
+                return command(*args, **kwargs)
         except typer.Exit:
             raise
         except KeyboardInterrupt:

@@ -2,9 +2,11 @@
 
 Builds the app twice, with its codecs and with every codec off (both through the normal cache,
 so the fp32 build is the same artifact `plex build` makes), runs both on the same inputs and
-prints, per output, the error of the codec build against the fp32 one. What can be refused is
-refused before the second build: a codec that encoded no parameter (there is nothing to
-compare) and integer inputs without --input (random token ids mean nothing).
+prints, per output, the error of the codec build against the fp32 one. Without --input the
+inputs are random: floats from a normal distribution, and integer inputs that index a table
+uniformly over the range the artifact records for them. What can be refused is refused before the
+second build: a codec that encoded no parameter (there is nothing to compare) and, without
+--input, an integer input whose valid range is unknown (random integers would mean nothing).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def accuracy(
     function: str = function_option("Entrypoint to compare (default: every entrypoint).", None),
     inputs: list[str] = inputs_option(
         "An argument: @file.npy or SHAPExTYPE=VALUES, repeated in argument order. Default: "
-        "random floats (seed 0), with every dynamic dim 2; integer arguments must be given."
+        "random values (seed 0), every dynamic dim 2: floats from a normal distribution, "
+        "token ids uniform over the range the artifact records for them."
     ),
     jobs: int = jobs_option("Most build steps at once."),
     keep: Path = typer.Option(
@@ -56,12 +59,14 @@ def accuracy(
     from plex.cli.build_cmd import quiet_model_progress_bars
     from plex.cli.paths import resolve_app
     from plex.cli.tensor_args import parse_tensor_arg
+    from plex.extras import require_for_app
     from plex.manifest import load_app
 
     app_toml = resolve_app(app_toml)
     args = [parse_tensor_arg(text) for text in inputs]  # a typo fails before any build
     quiet_model_progress_bars()
     app = load_app(app_toml)
+    require_for_app(app)  # the two builds below go round the builder's own check
     if codec is not None:
         try:
             check_codec_name(codec)
@@ -98,8 +103,8 @@ def accuracy(
 
 def _check_comparable(coded: Path, codec: str | None, function: str | None, given: list) -> None:
     """Refuse, before the fp32 build, a comparison that cannot say anything: no parameter was
-    encoded (every error would be 0), or an entrypoint takes integers and no --input was given.
-    """
+    encoded (every error would be 0), or an entrypoint takes integers whose valid range the
+    artifact does not record and no --input was given."""
     import myelin
     from myelin.codecs import parameter_rows
 
@@ -118,7 +123,7 @@ def _check_comparable(coded: Path, codec: str | None, function: str | None, give
             raise PlexError(f"{what} encoded no parameter: {why}; there is nothing to compare")
         if not given:
             for name in _entrypoint_names(model, function):
-                _inputs_for(model.entrypoint(name), given)  # raises for integer inputs
+                _inputs_for(model.entrypoint(name), given)  # raises for integers without range
     finally:
         model.close()
 
@@ -167,13 +172,18 @@ def _inputs_for(entry, given: list[np.ndarray]) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     args = []
     for spec in entry.signature.inputs:
-        if not spec.dtype.startswith(("float", "bfloat")):
-            raise PlexError(
-                f"entrypoint {entry.name} takes {spec.describe()}, an integer input; give its "
-                "values with --input (e.g. --input @ids.npy), one per argument"
-            )
         shape = () if spec.shape is None else tuple(2 if d is None else d for d in spec.shape)
-        args.append(rng.standard_normal(shape).astype(np.float32).astype(spec.dtype))
+        if spec.dtype.startswith(("float", "bfloat")):
+            args.append(rng.standard_normal(shape).astype(np.float32).astype(spec.dtype))
+        elif spec.valid_range is not None:  # indices into a table: any in-range value is valid
+            lo, hi = spec.valid_range
+            args.append(rng.integers(lo, hi, size=shape).astype(spec.dtype))
+        else:
+            raise PlexError(
+                f"entrypoint {entry.name} takes {spec.describe()}, an integer input whose valid "
+                "values the artifact does not record; give its values with --input (e.g. "
+                "--input @ids.npy), one per argument"
+            )
     return args
 
 
@@ -205,21 +215,33 @@ def _compare(coded: Path, reference: Path, function: str | None, given: list) ->
                 outputs[label] = list(result) if isinstance(result, tuple) else [result]
             for i, (a, b) in enumerate(zip(outputs["codec"], outputs["fp32"], strict=True)):
                 typer.echo(_row(name, i, np.asarray(a), np.asarray(b)))
+        typer.echo(ERROR_DEFINITION)
     finally:
         for model in models.values():
             model.close()
 
 
+# printed under the table: the columns' meaning is part of the report, not of a manual
+ERROR_DEFINITION = (
+    "rel err = |codec - fp32| / max |fp32|, per element of an output; max and mean over its "
+    "elements (mean <= max)\ncosine: of the flattened outputs; row cosine: of each row (last "
+    "axis), mean and min"
+)
+
+
 def error_stats(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    """Errors of `a` (codec) against `b` (fp32): max |a-b| / max |b|, mean |a-b| / mean |b|,
-    cosine of the flattened tensors, and mean and min cosine over rows (last axis)."""
+    """Errors of `a` (codec) against `b` (fp32), as ERROR_DEFINITION says: the relative error of
+    each element is |a-b| over the output's largest |b| (one scale for every element, so values
+    near zero do not blow it up), reported as its max and its mean; cosine of the flattened
+    tensors, and mean and min cosine over rows (last axis)."""
     import numpy as np
 
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    diff = np.abs(a64 - b64)
+    scale = max(float(np.abs(b64).max()), 1e-30) if b.size else 1.0
+    relative = np.abs(a64 - b64) / scale
     stats = {
-        "max_rel": float(diff.max() / max(np.abs(b64).max(), 1e-30)) if b.size else 0.0,
-        "mean_rel": float(diff.mean() / max(np.abs(b64).mean(), 1e-30)) if b.size else 0.0,
+        "max_rel": float(relative.max()) if b.size else 0.0,
+        "mean_rel": float(relative.mean()) if b.size else 0.0,
         "cosine": _cosine(a64.reshape(-1), b64.reshape(-1)),
     }
     if a.ndim >= 2:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from plex.cli.options import (
+    allow_native_code_option,
     artifact_argument,
     dims_option,
     function_option,
@@ -41,6 +42,7 @@ def bench(
         100, "-n", "--iterations", min=1, help="Timed calls.", metavar="N"
     ),
     variant: str = variant_option("Variant to use."),
+    allow_native_code: bool = allow_native_code_option(),
 ) -> None:
     """Time an entrypoint: p50/p90/p99 latency, mean, calls/s and peak RSS."""
     import numpy as np
@@ -51,7 +53,7 @@ def bench(
     import myelin
     from plex.cli.tensor_args import cli_inputs, describe_inputs
 
-    model = myelin.Instance().load(artifact, variant=variant)
+    model = myelin.Instance(allow_native_code=allow_native_code).load(artifact, variant=variant)
     entry = model.entrypoint(function)
     args = cli_inputs(inputs, dims, entry.signature, entry.name)
     with model.session() as session:

@@ -224,9 +224,20 @@ def _codec_sizes(artifact: Path) -> str:
     with MlnReader(artifact, verify=False) as reader:
         totals = bytes_by_codec(reader.manifest["parameters"])
     if not totals:
-        return "parameters: 0 (the model has no weights)"
+        return no_parameters_line()
     parts = [f"{codec} {_size(b)} ({n})" for codec, (b, n) in totals.items()]
     return "parameters by codec: " + ", ".join(parts)
+
+
+def no_parameters_line() -> str:
+    """What `plex build` and `plex inspect` say of an artifact without parameters: why a model
+    with inline constants (the `plex init` scaffold's 8x4 matrix) can have none."""
+    from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES
+
+    return (
+        "parameters: 0 (no weights file, and inline constants under "
+        f"{DEFAULT_MIN_PARAMETER_BYTES} bytes stay in the code; larger ones become parameters)"
+    )
 
 
 def _size(n: int) -> str:

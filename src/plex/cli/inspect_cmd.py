@@ -42,6 +42,30 @@ def _print_backends(console, manifest, sections) -> None:
     console.print(table)
 
 
+def _print_kernels(console, manifest) -> None:
+    """Per device built with a kernel library: the coverage line, then each contraction left to
+    IREE's codegen and why (docs/kernels.md, "Which ops went to which kernel")."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from myelin.kernels import KERNELS_CUDA_ARCH, coverage_line, left_to_codegen
+
+    for v in manifest.variants:
+        for d in v.devices:
+            if d.kernels is None:
+                continue
+            console.print(
+                escape(f"[{v.name}/{d.name}] {coverage_line(d.kernels, KERNELS_CUDA_ARCH)}")
+            )
+            left = left_to_codegen(d.kernels)
+            if left:
+                table = Table(title=f"contractions left to IREE's codegen [{v.name}/{d.name}]")
+                table.add_column("op, M x N x K, function (why no kernel)")
+                for phrase in left:
+                    table.add_row(escape(phrase))
+                console.print(table)
+
+
 def inspect(
     artifact: Path = artifact_argument(),
     as_json: bool = typer.Option(False, "--json", help="Print the raw manifest as JSON."),
@@ -56,6 +80,7 @@ def inspect(
 
     from myelin.codecs import bytes_by_codec, parameter_rows
     from myelin.mln import MlnReader
+    from plex.cli.build_cmd import no_parameters_line
 
     with MlnReader(artifact, verify=verify) as reader:
         manifest = reader.artifact_manifest
@@ -99,6 +124,7 @@ def inspect(
         )
     console.print(variants)
     _print_backends(console, manifest, sections)
+    _print_kernels(console, manifest)
     entry = Table(title="entrypoints")
     for col in ("variant", "name", "inputs", "outputs"):
         entry.add_column(col)
@@ -113,7 +139,7 @@ def inspect(
     console.print(entry)
     params = manifest.parameters
     if not params:
-        console.print("parameters: 0 (the model has no weights)")
+        console.print(no_parameters_line())
     else:
         # One row per logical parameter: a codec's scale/zero parts count in its stored bytes.
         as_json_rows = [p.to_json() for p in params]

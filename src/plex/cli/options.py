@@ -43,3 +43,12 @@ def jobs_option(help: str) -> Any:
 
 def variant_option(help: str) -> Any:
     return typer.Option(None, "--variant", help=help, metavar="NAME")
+
+
+def allow_native_code_option() -> Any:
+    return typer.Option(
+        False,
+        "--allow-native-code",
+        help="Let the file load its backend plugins (native code that runs in this process as "
+        "it loads) although no --trust key signed it. Only for files you trust.",
+    )

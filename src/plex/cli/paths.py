@@ -32,6 +32,12 @@ def resolve_app(path: Path) -> Path:
         return app.resolve()
     if not path.exists():
         raise PlexError(f"{path} does not exist; give an app manifest (app.toml) or its folder")
+    if path.suffix != ".toml":
+        raise PlexError(
+            f"{path} is not an app manifest (a .toml with an [app] table); give the app.toml that "
+            "lists its package, or its folder (`plex init NAME` writes a package and an app "
+            "around a model)"
+        )
     if _is_package_manifest(path):
         beside = path.parent / APP_MANIFEST
         where = (

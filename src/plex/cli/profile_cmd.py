@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from plex.cli.options import (
+    allow_native_code_option,
     artifact_argument,
     dims_option,
     function_option,
@@ -52,6 +53,7 @@ def profile(
         10, "--top", min=1, help="Rows of the hottest-dispatch table.", metavar="N"
     ),
     variant: str = variant_option("Variant to profile."),
+    allow_native_code: bool = allow_native_code_option(),
 ) -> None:
     """Capture one call of an entrypoint and show its hottest dispatches.
 
@@ -70,7 +72,7 @@ def profile(
     from plex.cli.tensor_args import cli_inputs, describe_inputs
     from plex.errors import PlexError
 
-    model = myelin.Instance().load(artifact, variant=variant)
+    model = myelin.Instance(allow_native_code=allow_native_code).load(artifact, variant=variant)
     try:
         entry = model.entrypoint(function)
         args = cli_inputs(inputs, dims, entry.signature, entry.name)

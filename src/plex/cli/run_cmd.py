@@ -6,7 +6,13 @@ from pathlib import Path
 
 import typer
 
-from plex.cli.options import artifact_argument, function_option, inputs_option, variant_option
+from plex.cli.options import (
+    allow_native_code_option,
+    artifact_argument,
+    function_option,
+    inputs_option,
+    variant_option,
+)
 
 
 def run(
@@ -20,7 +26,8 @@ def run(
         [],
         "--output",
         "-o",
-        help="Save a result as .npy. Repeat for several results.",
+        help="Save a result as a .npy file (the name must end in .npy). Repeat for several "
+        "results.",
         metavar="FILE",
     ),
     variant: str = variant_option("Use this variant instead of the first that fits this machine."),
@@ -30,19 +37,28 @@ def run(
         help="Run the file only if this public key (PEM) signed it (plex sign).",
         metavar="PUB",
     ),
+    allow_native_code: bool = allow_native_code_option(),
 ) -> None:
     """Run one entrypoint and print (or save) its results."""
     import numpy as np
 
     import myelin
     from plex.cli.paths import check_writable_file
-    from plex.cli.tensor_args import format_tensor, parse_tensor_arg
+    from plex.cli.tensor_args import check_dtypes, format_tensor, parse_tensor_arg
     from plex.errors import PlexError
 
     args = [parse_tensor_arg(text) for text in inputs]
     for path in outputs:  # before the call: a long call must not end in an unwritable path
+        if path.suffix != ".npy":  # np.save would append .npy and write a file not named here
+            raise PlexError(
+                f"--output {path}: results are saved as .npy files; give a name ending in .npy "
+                f"(e.g. {path.with_suffix('.npy')})"
+            )
         check_writable_file(path, "--output")
-    model = myelin.Instance(trust=trust).load(artifact, variant=variant)
+    model = myelin.Instance(trust=trust, allow_native_code=allow_native_code).load(
+        artifact, variant=variant
+    )
+    check_dtypes(function, model.entrypoint(function).signature.inputs, args)
     with model.session() as session:
         result = session.call(function, *args)
     results = list(result) if isinstance(result, tuple) else [result]

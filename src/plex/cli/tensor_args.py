@@ -220,8 +220,28 @@ def cli_inputs(inputs: list[str], dims: list[str], signature: Signature, entrypo
     specs = signature.inputs
     values = [as_host_array(v, s, entrypoint) for v, s in zip(args, specs, strict=False)]
     values.extend(args[len(specs) :])
+    check_dtypes(entrypoint, specs, values)
     check_inputs(entrypoint, specs, values)
     return values
+
+
+def check_dtypes(entrypoint: str, specs: Sequence[TensorSpec], values: Sequence[object]) -> None:
+    """Refuse a host argument of the wrong element type in the command line's terms: the runtime
+    suggests numpy's `.astype(...)`, which a user of `--input 2x16xbf16=1` cannot type."""
+    for spec, value in zip(specs, values, strict=False):
+        if spec.is_scalar or not isinstance(value, np.ndarray):
+            continue
+        got, want = str(value.dtype), spec.dtype
+        if got == want:
+            continue
+        element = NUMPY_TO_MLIR.get(want, want)
+        shape = "x".join("?" if d is None else str(d) for d in spec.shape or ())
+        example = "".join(f"{1 if d is None else d}x" for d in spec.shape or ())
+        raise TensorArgError(
+            f"{entrypoint}: argument '{spec.name}' has element type "
+            f"{NUMPY_TO_MLIR.get(got, got)}, expected {element} (shape {shape}); give it as "
+            f"{element}, e.g. --input {example}{element}=1 (a .npy file: saved as {want})"
+        )
 
 
 def describe_inputs(specs: Sequence[TensorSpec], values: Sequence[object]) -> str:

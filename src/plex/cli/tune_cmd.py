@@ -65,6 +65,12 @@ def tune(
     ),
 ) -> None:
     """Tune an app for one device: ranked hot dispatches, nevergrad search, checked outputs."""
+    from plex.extras import extras_for_executor, require
+
+    # before the reference build: the search, the solver and the plot need the extra, and
+    # candidates built on a cluster need Ray
+    for extra in ("tune", *extras_for_executor(executor)):
+        require(extra)
     from plex.tune import tune as run_tune
 
     path = app_path / "app.toml" if app_path.is_dir() else app_path

@@ -182,7 +182,7 @@ def _backend(
             raise doc.error(
                 (*at, "vendor_module"),
                 f"vendor module {b.vendor_module!r} is not installed",
-                "install it (pip install 'plex[blas]' for the BLAS backend)",
+                "install it (pip install -e '.[blas]' for the BLAS backend)",
             )
         vendor = Path(next(iter(spec.submodule_search_locations)))
     elif b.vendor_distribution is not None:
@@ -191,7 +191,7 @@ def _backend(
             raise doc.error(
                 (*at, "vendor_distribution"),
                 f"vendor distribution {b.vendor_distribution!r} is not installed",
-                "install it (pip install 'plex[mkl]' for the MKL backend)",
+                "install it (pip install -e '.[mkl]' for the MKL backend)",
             )
         vendor = prefix
     include_dirs = []
