@@ -97,7 +97,9 @@ def linear_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     linears are left as they are (`NotImplemented` keeps the op)."""
     if x.dim() <= 2 or weight.dim() != 2:
         return NotImplemented
-    rows = aten.view.default(x, [-1, x.shape[-1]])
+    # reshape, not view: a transposed activation (Segformer's) has no view as rows; torch.matmul
+    # copies it then too
+    rows = x.reshape(-1, x.shape[-1])
     out = aten.mm.default(rows, aten.t.default(weight))
     if bias is not None:
         out = aten.add.Tensor(out, bias)
