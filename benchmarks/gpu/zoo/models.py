@@ -64,21 +64,19 @@ def seeded_values(name: str, shape: tuple[int, ...], seed: int = SEED) -> np.nda
     return (draw / np.sqrt(fan_in)).astype(np.float32)
 
 
+_SEEDED_BUFFERS = ("running_mean", "running_var")
+
+
 def seed_weights(model: torch.nn.Module, seed: int = SEED) -> torch.nn.Module:
     """Every parameter and batch-norm statistic of `model` from `seeded_values`, in place."""
+    seeded = [*model.named_parameters()]
+    # buffers the library derives from the config (rotary frequencies, position ids) stay its own
+    seeded += [(n, b) for n, b in model.named_buffers() if n.rsplit(".", 1)[-1] in _SEEDED_BUFFERS]
     with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if not tensor.is_floating_point():
-                continue
-            if "." in name and name.rsplit(".", 1)[-1] not in _SEEDED_BUFFERS:
-                if not isinstance(tensor, torch.nn.Parameter):
-                    continue  # derived from the config (rotary frequencies): the library's
-            values = seeded_values(name, tuple(tensor.shape), seed)
-            tensor.copy_(torch.from_numpy(values))
+        for name, tensor in seeded:
+            if tensor.is_floating_point():
+                tensor.copy_(torch.from_numpy(seeded_values(name, tuple(tensor.shape), seed)))
     return model
-
-
-_SEEDED_BUFFERS = ("running_mean", "running_var")
 
 
 def _ids(size: str, batch: int | None = None, seq: int | None = None) -> torch.Tensor:
