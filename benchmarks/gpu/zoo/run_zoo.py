@@ -95,7 +95,13 @@ def rebuild_all(index: dict, artifacts: Path, zoo, keep: dict) -> dict:
         name, graph = entry["model"], entry["graph"]
         start = time.perf_counter()
         model, inputs = getattr(zoo, graph)()
-        state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+        # what the torch frontend stored: parameters (tied ones under each name) and every
+        # buffer, non-persistent ones too (position ids, rotary frequencies)
+        named = [
+            *model.named_parameters(remove_duplicate=False),
+            *model.named_buffers(remove_duplicate=False),
+        ]
+        state = {k: v.detach().numpy() for k, v in named}
         mln = artifacts / name / f"{graph}.mln"
         differ = payload.rebuild(artifacts / name / "skeleton", mln, lambda s=state: s)
         del state
