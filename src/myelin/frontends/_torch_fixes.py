@@ -18,7 +18,17 @@ docs/frontends.md).
    product `torch.matmul` itself computes for them: the leading dims folded into rows, one
    `[rows, k] x [k, n]` matmul, the bias added, the dims unfolded (the same sums in the same
    order, so bit-identical on the CPU).
-5. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
+5. `addmm` in f16/bf16 (GPT-2's Conv1D: `addmm(bias, x, w)` with `w` stored [k, n]). torch's
+   decomposition computes it in f32 (operands converted), so the graph holds an f32 matmul that
+   no f16 kernel takes. It is exported as what it means: one matmul in the operands' dtype (f32
+   accumulation inside, as torch's own kernels do), then the bias added.
+6. Attention masks that do not depend on any input. Hugging Face's masking utilities materialize
+   the mask under torch.export (a boolean `[b, 1, q, k]` from index comparisons) where eager mode
+   would pass none: an all-true mask (BERT, ViT without a padding mask) or torch's causal mask
+   (decoders without a padding mask). Such a mask is evaluated at export, and
+   `scaled_dot_product_attention` gets no mask, or `is_causal=True`, instead: the same function,
+   in the form the attention kernels (and IREE's own attention) know.
+7. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
    node and the user's source line, and say so in one line.
 """
 
@@ -61,6 +71,7 @@ def decomposition_table() -> dict:
             table[op] = defaults[op]
     table[aten.index.Tensor] = _leading_index
     table[aten.linear.default] = linear_as_matmul
+    table[aten.addmm.default] = addmm_as_matmul
     return table
 
 
@@ -86,11 +97,109 @@ def linear_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     linears are left as they are (`NotImplemented` keeps the op)."""
     if x.dim() <= 2 or weight.dim() != 2:
         return NotImplemented
-    rows = aten.view.default(x, [-1, x.shape[-1]])
+    # reshape, not view: a transposed activation (Segformer's) has no view as rows; torch.matmul
+    # copies it then too
+    rows = x.reshape(-1, x.shape[-1])
     out = aten.mm.default(rows, aten.t.default(weight))
     if bias is not None:
         out = aten.add.Tensor(out, bias)
     return aten.view.default(out, [*x.shape[:-1], weight.shape[0]])
+
+
+def addmm_as_matmul(
+    bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1, alpha: float = 1
+):
+    """`beta * bias + alpha * (mat1 @ mat2)` with the product in the operands' dtype (5.);
+    integer and mixed-dtype addmms keep torch's own decomposition."""
+    if not mat1.dtype.is_floating_point or mat1.dtype != mat2.dtype:
+        return NotImplemented
+    out = aten.mm.default(mat1, mat2)
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    if beta == 0:
+        return out
+    return aten.add.Tensor(out, bias if beta == 1 else aten.mul.Tensor(bias, beta))
+
+
+_SDPA = aten.scaled_dot_product_attention.default
+
+
+def constant_attention_masks(program: torch.export.ExportedProgram) -> int:
+    """Drop the masks of `scaled_dot_product_attention` calls that no input reaches (6.): an
+    all-keep mask goes, torch's causal mask becomes `is_causal=True`; any other stays. Returns
+    the number of calls rewritten."""
+    graph = program.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        args, kwargs = list(node.args), dict(node.kwargs)
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        if not isinstance(mask, torch.fx.Node) or (args[5] if len(args) > 5 else False):
+            continue
+        if kwargs.get("is_causal", False):
+            continue
+        value = _evaluate(mask)
+        if value is None:
+            continue
+        query, key = node.args[0].meta["val"], node.args[1].meta["val"]
+        keep = value if value.dtype == torch.bool else value == 0
+        if value.dtype != torch.bool and not bool(((value == 0) | (value == -torch.inf)).all()):
+            continue  # an additive mask with other values changes the scores
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        causal = torch.ones(q_len, k_len, dtype=torch.bool).tril()
+        if bool(keep.all()):
+            is_causal = False
+        elif q_len == k_len and bool((keep == causal).all()):
+            is_causal = True
+        else:
+            continue
+        if len(args) > 3:
+            args[3] = None
+        kwargs.pop("attn_mask", None)
+        if is_causal and len(args) > 5:
+            args[5] = True
+        elif is_causal:
+            kwargs["is_causal"] = True
+        node.args, node.kwargs = tuple(args), kwargs
+        count += 1
+    if count:
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
+    return count
+
+
+# Evaluating a mask: its producers must be calls only (no placeholder: neither an input nor a
+# weight), and small (HF's masks are [b, 1, q, k] booleans).
+_MAX_MASK_NODES = 400
+_MAX_MASK_ELEMENTS = 1 << 26
+
+
+def _evaluate(node: torch.fx.Node) -> torch.Tensor | None:
+    """The concrete value of `node` when it depends on no placeholder, else None."""
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        if n.op != "call_function" or len(seen) > _MAX_MASK_NODES:
+            return None
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    order = [n for n in node.graph.nodes if n in seen]
+    values: dict[torch.fx.Node, object] = {}
+    try:
+        for n in order:
+            args = torch.fx.node.map_arg(n.args, values.__getitem__)
+            kwargs = torch.fx.node.map_arg(n.kwargs, values.__getitem__)
+            values[n] = n.target(*args, **kwargs)
+    except Exception:  # an op that needs more than its arguments: keep the mask
+        return None
+    value = values[node]
+    if not isinstance(value, torch.Tensor) or value.numel() > _MAX_MASK_ELEMENTS:
+        return None
+    return value
 
 
 def float_scalar_comparisons(program: torch.export.ExportedProgram) -> int:

@@ -35,6 +35,7 @@ from myelin.compiler.session import CompilerSession
 from myelin.errors import CompileError
 from myelin.frontends import FrontendRequest, FrontendResult
 from myelin.frontends._torch_fixes import (
+    constant_attention_masks,
     decomposition_table,
     float_scalar_comparisons,
     lowering_failure,
@@ -322,6 +323,7 @@ def _export(entry: Entry, request: FrontendRequest, what: str) -> torch.export.E
         )
     program = program.run_decompositions(decomposition_table())
     float_scalar_comparisons(program)
+    constant_attention_masks(program)
     return program
 
 

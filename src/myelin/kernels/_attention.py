@@ -444,9 +444,11 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             "function": _function_name(op),
             "location": str(op.location),
             "op": "attention_masked" if mask else "attention_causal" if causal else "attention",
-            "m": shape[1] if not reason else None,
-            "n": shape[3] if not reason else None,
-            "k": shape[2] if not reason else None,
+            # sizes as far as they are static, matched or not (the report's FLOPs and shapes)
+            "m": _static_size(dims[0], 1),
+            "n": _static_size(dims[0], 2),
+            "k": _static_size(dims[1], 1),
+            "batch": _static_size(dims[0], 0),
             "dtype": dtype,
             "out_dtype": dtype,
             "kernel": None if config is None else config.name,
@@ -454,6 +456,10 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
         }
         matches.append(AttentionMatch(site, config, op, shape, mask_ops, kv_parts, layouts, mask))
     return matches
+
+
+def _static_size(dims: list[int] | None, axis: int) -> int | None:
+    return dims[axis] if dims is not None and len(dims) == 3 else None
 
 
 # A wrapper's name while its text is compared with the wrappers already made.

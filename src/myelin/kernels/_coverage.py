@@ -123,13 +123,36 @@ def unmatched_contractions(module: ir.Operation, library: str) -> list[dict]:
             q, key = (_dims(v.type) for v in op.operands[:2])
             site.update(m=q[-2], n=q[-1], k=key[-2], reason=_ATTENTION_REASON)
             site["flops"] = _product(4, *q[:-2], q[-2], key[-2], q[-1])
+        elif "conv" in op.name:
+            site["reason"] = "convolution: no kernel form"
+            site["flops"] = _conv_flops(op)
         else:
             sizes = _loop_sizes(op)
-            what = "convolution" if "conv" in op.name else "contraction as linalg.generic"
-            site["reason"] = f"{what}: no kernel form"
+            site["reason"] = "contraction as linalg.generic: no kernel form"
             site["flops"] = _product(2, *sizes) if sizes else None
         sites.append(site)
     return sites
+
+
+def _conv_flops(op: ir.Operation) -> int | None:
+    """2 x output elements x the products each one sums (the filter's input channels times its
+    window), for the named convolutions whose filter layout says where the output channels are
+    (`..._fchw`, `..._fcw`: first; `..._hwcf`, `..._wcf`: last); None otherwise or when dynamic."""
+    from myelin.kernels._rewrite import _dims
+
+    if len(op.operands) < 2:
+        return None
+    out, filt = _dims(op.results[0].type), _dims(op.operands[1].type)
+    if any(d is None for d in (*out, *filt)):
+        return None
+    layout = op.name.rsplit("_", 1)[-1]
+    if layout.startswith("f") and not op.name.startswith("linalg.depthwise"):
+        per_output = math.prod(filt[1:])
+    elif layout.endswith("f") and not op.name.startswith("linalg.depthwise"):
+        per_output = math.prod(filt[:-1])
+    else:
+        return None
+    return 2 * math.prod(out) * per_output  # type: ignore[arg-type]
 
 
 def _product(*factors: int | None) -> int | None:
@@ -144,8 +167,8 @@ def site_flops(site: dict) -> int | None:
     if op == "concat":
         return 0
     m, n, k = site.get("m"), site.get("n"), site.get("k")
-    if op.startswith("attention"):
-        return None if None in (m, n, k) else 4 * m * n * k  # per batch-head
+    if op.startswith("attention"):  # QK^T and PV: 2 x 2 x m x n x k per batch-head
+        return _product(4, site.get("batch", 1), m, n, k)
     return _product(2, m, n, k)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from myelin.platforms import HOST_DRIVERS, TARGET_OPTIONS
-from plex.errors import ManifestError
+from myelin.platforms import DEFAULT_CUDA_ARCH, HOST_DRIVERS, KERNELS_CUDA_ARCH, TARGET_OPTIONS
+from plex.errors import BuildWarning, ManifestError
 from plex.manifest._document import TomlDocument, unknown
 from plex.manifest._locate import KeyPath
 from plex.manifest._package import MANIFEST_NAME, read_package, split_ref
@@ -287,6 +288,52 @@ def _select_graphs(doc: TomlDocument, app: AppFile, packages: _Packages) -> list
     return list(selected.values())
 
 
+# A CUDA device built for Hopper (`arch = "sm_90a"`) uses the kernel library unless it says
+# `kernels = "none"`: IREE 3.13 has no sm_90 target, so its own code for such a device is sm_80
+# PTX (DEFAULT_CUDA_ARCH, JIT-compiled by the driver), far below the library's sm_90a kernels on
+# the contractions they cover (docs/kernels.md, "On by default for Hopper"). The attention
+# library: the HF and timm zoo's attention is SDPA, which it takes.
+HOPPER_KERNELS = "triton-attention"
+NO_KERNELS = "none"
+TRITON_HINT = 'pip install -e ".[kernels]" (Triton 3.9.0, needed only to build)'
+
+
+def _triton_installed() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cuda_arch_and_kernels(
+    name: str, arch: str | None, kernels: str | None
+) -> tuple[str, str | None]:
+    """(the arch IREE generates code for, the kernel library) of a CUDA device.
+
+    `arch = "sm_90a"` names Hopper: IREE's code stays sm_80 PTX and the library is on by
+    default; without Triton installed the build warns how to get it and falls back to IREE's
+    codegen (the variant then runs on any GPU the sm_80 PTX runs on). `kernels = "none"` turns
+    the library off; a library named explicitly is kept (its build says Triton is missing)."""
+    hopper = arch == KERNELS_CUDA_ARCH
+    codegen_arch = DEFAULT_CUDA_ARCH if hopper else (arch or DEFAULT_CUDA_ARCH)
+    if kernels == NO_KERNELS:
+        return codegen_arch, None
+    if kernels is not None or not hopper:
+        return codegen_arch, kernels
+    if not _triton_installed():
+        warnings.warn(
+            BuildWarning(
+                f'device {name!r} (arch = "{KERNELS_CUDA_ARCH}") would use the kernel library '
+                f"({HOPPER_KERNELS}), but Triton is not installed: built with IREE's sm_80 code "
+                f'instead, slower on Hopper; {TRITON_HINT}, or say kernels = "{NO_KERNELS}"'
+            ),
+            stacklevel=2,
+        )
+        return codegen_arch, None
+    return codegen_arch, HOPPER_KERNELS
+
+
 def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
     tables = app.devices or {"cpu": DeviceTable()}
     devices: dict[str, DeviceSpec] = {}
@@ -323,6 +370,8 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
                 f"accepted for {d.target}: {', '.join(drivers)}",
             )
         value = {o: given[o] if given[o] is not None else options.get(o) for o in given}
+        if d.target == "cuda":
+            value["arch"], value["kernels"] = _cuda_arch_and_kernels(name, d.arch, d.kernels)
         devices[name] = DeviceSpec(
             name=name,
             target=d.target,

@@ -159,7 +159,9 @@ class DeviceTable(_Table):
     result_storage: bool | None = None
     arch: str | None = None
     backend: str | None = None  # "package:name" or "name" of an external backend: its device
-    kernels: Literal[KERNEL_LIBRARIES] | None = None  # type: ignore[valid-type]
+    # a library, or "none" (IREE's codegen only: what a Hopper device, arch = "sm_90a", needs
+    # to say to turn the library off; plex.manifest._app.HOPPER_KERNELS)
+    kernels: Literal[(*KERNEL_LIBRARIES, "none")] | None = None  # type: ignore[valid-type]
 
 
 class VariantTable(_Table):
