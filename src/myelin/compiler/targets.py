@@ -26,7 +26,7 @@ class TargetDevice:
     target: str = "llvm-cpu"
     cpu: str | None = None  # llvm-cpu: "host", "generic" or an LLVM CPU name
     cpu_features: str | None = None
-    arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN
+    arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN; vulkan-spirv: --iree-vulkan-target
     # llvm-cpu: IREE's data tiling (--iree-global-opt-data-tiling) packs each matmul weight into
     # its kernel's tile layout. all-MiniLM-L6-v2 (dynamic batch and sequence) ran 1.6-1.8x faster,
     # but the packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
@@ -71,6 +71,9 @@ def _device_flags(device: TargetDevice) -> list[str]:
                 "the NVIDIA driver compiles for Hopper and newer GPUs"
             )
         flags.append(f"--iree-cuda-target={arch}")
+    elif device.target == "vulkan-spirv":
+        if device.arch:
+            flags.append(f"--iree-vulkan-target={device.arch}")
     elif device.target == "rocm":
         if not device.arch:
             raise CompileError(f"device '{device.name}': a rocm target needs arch, e.g. gfx942")
