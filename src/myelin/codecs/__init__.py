@@ -296,7 +296,7 @@ def __getattr__(name: str) -> Any:
 
 
 from myelin.codecs._check import Materialization, check_encoded_module  # noqa: E402
-from myelin.codecs._policy import CodecPolicy, CodecRule, choose  # noqa: E402
+from myelin.codecs._policy import CodecPolicy, CodecRule, choose, device_limits  # noqa: E402
 
 __all__ += [
     "CodecPolicy",
@@ -308,5 +308,6 @@ __all__ += [
     "StoredTensor",
     "check_encoded_module",
     "choose",
+    "device_limits",
     "encode_graph",
 ]

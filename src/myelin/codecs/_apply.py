@@ -102,6 +102,10 @@ def encode_graph(
     problems: dict[tuple[str, str], list[str]] = {}  # (codec, reason) -> parameters
     stored: list[StoredTensor] = []
     taken = {(p.scope, p.key) for p in parameters}
+    for p in parameters:
+        if choices[p].not_applied:  # a device cannot decode it: one build note per codec
+            why = dict(policy.unsupported)[choices[p].not_applied]
+            problems.setdefault((choices[p].not_applied, why), []).append(f"{p.scope}::{p.key}")
 
     # Encoding is numpy work that releases the GIL (q4's search is seconds per matrix): it runs
     # in threads while this loop rewrites the IR, which must stay on one thread.
