@@ -47,6 +47,16 @@ DATA_TILING_FLAGS = (
 )
 
 
+# vulkan-spirv without arch: IREE's baseline target (SPIR-V 1.3, no subgroups, 32-bit storage,
+# 16 KiB of workgroup memory) plus 64-bit floats and integers. Without Float64 a torch LayerNorm
+# fails to compile ("failed to legalize operation 'arith.constant' ... f64": its eps is an f64
+# scalar, and PLeX keeps f64 as the model wrote it). Desktop Vulkan drivers have both (Mesa's
+# lavapipe, NVIDIA, AMD, Intel); a GPU without them (most mobile ones) names its arch. A named
+# arch is not used for lavapipe: its code assumes the GPU's subgroup size (32 for "ampere"), and
+# on lavapipe (8) the MLP's results came out wrong.
+VULKAN_BASELINE_FEATURES = "spirv:v1.3,cap:Shader,cap:Float64,cap:Int64"
+
+
 def _device_flags(device: TargetDevice) -> list[str]:
     if device.target not in TARGETS:
         raise CompileError(
@@ -74,6 +84,8 @@ def _device_flags(device: TargetDevice) -> list[str]:
     elif device.target == "vulkan-spirv":
         if device.arch:
             flags.append(f"--iree-vulkan-target={device.arch}")
+        else:
+            flags.append(f"--iree-vulkan-target-features={VULKAN_BASELINE_FEATURES}")
     elif device.target == "rocm":
         if not device.arch:
             raise CompileError(f"device '{device.name}': a rocm target needs arch, e.g. gfx942")
