@@ -38,9 +38,10 @@ class CodecPolicy:
     default: str = NO_CODEC
     default_from: str = ""  # where the default comes from, for reasons ("weights mlp:params")
     rules: tuple[CodecRule, ...] = ()
-    # (codec, why) for codecs a device of the app cannot decode (`device_limits`): a parameter
-    # they would take stays fp32, and the build notes why.
-    unsupported: tuple[tuple[str, str], ...] = ()
+    # (codec, what instead, why) for codecs a device of the app cannot decode (`device_limits`):
+    # a parameter they would take gets the codec named instead (fp32: none), and the build notes
+    # why.
+    unsupported: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def trivial(self) -> bool:
@@ -60,7 +61,7 @@ class CodecPolicy:
 class Choice:
     codec: str
     reason: str
-    not_applied: str = ""  # the codec asked for, when a device cannot decode it (`unsupported`)
+    not_applied: str = ""  # the codec asked for, where a device cannot decode it (`unsupported`)
 
 
 def _has_wildcard(pattern: str) -> bool:
@@ -85,31 +86,46 @@ def precise_reason(key: str, dtype: str, shape: tuple[int, ...]) -> str | None:
 
 def choose(scope: str, key: str, dtype: str, shape: tuple[int, ...], policy: CodecPolicy) -> Choice:
     choice = _choose(scope, key, dtype, shape, policy)
-    why = dict(policy.unsupported).get(choice.codec)
-    if why is not None:
-        return Choice(NO_CODEC, f"kept fp32: {choice.codec}: {why} ({choice.reason})", choice.codec)
+    for codec, instead, why in policy.unsupported:
+        if _base(choice.codec) == codec:
+            reason = f"kept {instead}: {codec}: {why} ({choice.reason})"
+            return Choice(instead, reason, choice.codec)
     return choice
+
+
+def _base(codec: str) -> str:
+    return codec.split(":", 1)[0]  # "q4:g32" -> "q4"
 
 
 # IREE 3.13's SPIR-V pipeline on Vulkan's baseline target (vp_android_baseline_2022: 32-bit
 # storage, 16 KiB of workgroup memory) fails to compile a matmul that decodes its weight
 # ("uses 32768 bytes of shared memory; exceeded the limit of 16384 bytes", for each of fp16,
 # bf16, int8 and q4 on a 128x256 weight) and computes fp16's decode wrong where it does compile
-# (a 16x32 weight, on lavapipe). A named target (arch = "ampere", ...) compiles them.
+# (a 16x32 weight, on lavapipe). A named target (arch = "ampere") compiles fp16, bf16 and int8;
+# q4's decode there did not finish compiling in 5 minutes (the 128x256 weight, 2026-12-06).
 _VULKAN_BASELINE_WHY = (
     "IREE 3.13 cannot compile its decode for a vulkan-spirv device without arch (Vulkan's "
     "baseline target: workgroup memory over 16 KiB; fp16 miscomputes); set the device's arch "
     'to its GPU (e.g. "ampere") to keep the codec'
 )
+_VULKAN_Q4_WHY = (
+    "IREE 3.13's SPIR-V pipeline does not finish compiling q4's decode for a vulkan-spirv device"
+)
 
 
-def device_limits(devices: Sequence[Any], codecs: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    """(codec, why) for each of `codecs` that a device of the app (myelin.compiler.targets.
-    TargetDevice, or a manifest DeviceSpec) cannot decode. Encoded weights are the graph's, shared
-    by every variant: one such device keeps them fp32 for all."""
-    if any(d.target == "vulkan-spirv" and not d.arch for d in devices):
-        return tuple((c, _VULKAN_BASELINE_WHY) for c in codecs if c != NO_CODEC)
-    return ()
+def device_limits(
+    devices: Sequence[Any], codecs: Sequence[str]
+) -> tuple[tuple[str, str, str], ...]:
+    """(codec, what the weight keeps instead, why) for each of `codecs` that a device of the app
+    (myelin.compiler.targets.TargetDevice, or a manifest DeviceSpec) cannot decode. Encoded
+    weights are the graph's, shared by every variant: one such device decides for all."""
+    vulkan = [d for d in devices if d.target == "vulkan-spirv"]
+    if not vulkan:
+        return ()
+    names = sorted({_base(c) for c in codecs} - {NO_CODEC})
+    if any(not d.arch for d in vulkan):
+        return tuple((c, NO_CODEC, _VULKAN_BASELINE_WHY) for c in names)
+    return tuple(("q4", "fp16", _VULKAN_Q4_WHY) for c in names if c == "q4")
 
 
 def _choose(
