@@ -137,7 +137,7 @@ def run(rounds: int, out: Path | None) -> int:
                     row[f"{variant}_ok"] = bool(np.allclose(got, expected, rtol=RTOL, atol=ATOL))
                     # A call returns once the device is done: nothing more to wait for.
                     row[f"{variant}_ms"] = _median_ms(
-                        lambda s=s, d=on_device: s.call(function, *d, output="device"),
+                        lambda s=s, f=function, d=on_device: s.call(f, *d, output="device"),
                         lambda: None,
                         rounds,
                     )
@@ -177,20 +177,16 @@ def _print(rows: list[dict]) -> None:
     )
     print(head)
     for r in rows:
-
-        def cell(variant: str) -> str:
-            if f"{variant}_ms" in r:
-                return f"{r[f'{variant}_ms']:.3f}"
-            return "failed"
-
+        cells = {
+            v: f"{r[f'{v}_ms']:.3f}" if f"{v}_ms" in r else "failed" for v in ("vulkan", "cuda")
+        }
         errors = ", ".join(
             f"{v} {r[f'{v}_err']:.1e}{'' if r.get(f'{v}_ok', True) else ' (OUT OF TOLERANCE)'}"
             for v in ("vulkan", "cuda", "torch")
             if f"{v}_err" in r
         )
-        print(
-            f"{r['model']:8} {cell('vulkan'):>10} {cell('cuda'):>9} {r['torch_ms']:>9.3f}  {errors}"
-        )
+        times = f"{cells['vulkan']:>10} {cells['cuda']:>9} {r['torch_ms']:>9.3f}"
+        print(f"{r['model']:8} {times}  {errors}")
         for v in ("vulkan", "cuda"):
             if f"{v}_error" in r:
                 print(f"  {v}: {r[f'{v}_error']}")
