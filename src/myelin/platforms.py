@@ -43,7 +43,10 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False, "result_storage": False},
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
-    "vulkan-spirv": {},
+    # arch: IREE's --iree-vulkan-target ("ampere", "rdna3", "valhall4"...); "" is IREE's
+    # baseline (vp_android_baseline_2022: 32-bit storage only, no subgroups), which any Vulkan
+    # 1.1 device runs (docs/platforms.md)
+    "vulkan-spirv": {"arch": ""},
     "rocm": {"arch": None},
     "metal-spirv": {},
 }

@@ -55,7 +55,7 @@ from myelin.codecs._contract import (
     permuted,
     to_storage,
 )
-from myelin.codecs._policy import CodecPolicy, CodecRule, choose
+from myelin.codecs._policy import CodecPolicy, CodecRule, choose, device_limits
 from myelin.codecs._rows import ParameterRow, bytes_by_codec, parameter_rows
 
 # Names whose modules import the compiler's bindings or numpy: loaded on first use
@@ -109,6 +109,7 @@ __all__ = [
     "choose_layout",
     "codec_module",
     "decode",
+    "device_limits",
     "encode",
     "from_storage",
     "identity_index",

@@ -103,6 +103,11 @@ def encode_graph(
     problems: dict[tuple[str, str], list[str]] = {}  # (codec, reason) -> parameters
     stored: list[StoredTensor] = []
     taken = {(p.scope, p.key) for p in parameters}
+    replaced: dict[tuple[str, str], list[str]] = {}  # (codec, instead) -> parameters
+    for p in parameters:
+        if choices[p].not_applied:  # a device cannot decode it: one build note per codec
+            key = (choices[p].not_applied, choices[p].codec)
+            replaced.setdefault(key, []).append(f"{p.scope}::{p.key}")
 
     # Encoding is numpy work that releases the GIL (q4's search is seconds per matrix): it runs
     # in threads while this loop rewrites the IR, which must stay on one thread.
@@ -151,7 +156,12 @@ def encode_graph(
                 raise CompileError(f"{what}: the encoded graph does not verify (internal error)")
             buffer = io.BytesIO()
             module.write_bytecode(buffer)
+    why_not = {codec: why for codec, _, why in policy.unsupported}
     warnings = [
+        f"{codec} not applied to {len(names)} parameter(s) ({_names(names)}): "
+        f"{why_not[codec.split(':', 1)[0]]}; they are stored {instead} instead"
+        for (codec, instead), names in replaced.items()
+    ] + [
         f"{codec} not applied to {len(names)} parameter(s) ({_names(names)}): {reason}; "
         "they stay fp32"
         for (codec, reason), names in problems.items()

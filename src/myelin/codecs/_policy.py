@@ -13,8 +13,10 @@ Every choice carries the reason, so `plex inspect` can say why a parameter has i
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from myelin.codecs._contract import NO_CODEC
 
@@ -36,6 +38,10 @@ class CodecPolicy:
     default: str = NO_CODEC
     default_from: str = ""  # where the default comes from, for reasons ("weights mlp:params")
     rules: tuple[CodecRule, ...] = ()
+    # (codec, what instead, why) for codecs a device of the app cannot decode (`device_limits`):
+    # a parameter they would take gets the codec named instead (fp32: none), and the build notes
+    # why.
+    unsupported: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def trivial(self) -> bool:
@@ -47,6 +53,7 @@ class CodecPolicy:
             "default": self.default,
             "default_from": self.default_from,
             "rules": [[r.pattern, r.codec] for r in self.rules],
+            **({"unsupported": [list(u) for u in self.unsupported]} if self.unsupported else {}),
         }
 
 
@@ -54,6 +61,7 @@ class CodecPolicy:
 class Choice:
     codec: str
     reason: str
+    not_applied: str = ""  # the codec asked for, where a device cannot decode it (`unsupported`)
 
 
 def _has_wildcard(pattern: str) -> bool:
@@ -77,6 +85,52 @@ def precise_reason(key: str, dtype: str, shape: tuple[int, ...]) -> str | None:
 
 
 def choose(scope: str, key: str, dtype: str, shape: tuple[int, ...], policy: CodecPolicy) -> Choice:
+    choice = _choose(scope, key, dtype, shape, policy)
+    for codec, instead, why in policy.unsupported:
+        if _base(choice.codec) == codec:
+            reason = f"kept {instead}: {codec}: {why} ({choice.reason})"
+            return Choice(instead, reason, choice.codec)
+    return choice
+
+
+def _base(codec: str) -> str:
+    return codec.split(":", 1)[0]  # "q4:g32" -> "q4"
+
+
+# IREE 3.13's SPIR-V pipeline on Vulkan's baseline target (vp_android_baseline_2022: 32-bit
+# storage, 16 KiB of workgroup memory) fails to compile a matmul that decodes its weight
+# ("uses 32768 bytes of shared memory; exceeded the limit of 16384 bytes", for each of fp16,
+# bf16, int8 and q4 on a 128x256 weight) and computes fp16's decode wrong where it does compile
+# (a 16x32 weight, on lavapipe). A named target (arch = "ampere") compiles fp16, bf16 and int8;
+# q4's decode there did not finish compiling in 5 minutes (the 128x256 weight, 2026-12-06).
+_VULKAN_BASELINE_WHY = (
+    "IREE 3.13 cannot compile its decode for a vulkan-spirv device without arch (Vulkan's "
+    "baseline target: workgroup memory over 16 KiB; fp16 miscomputes); set the device's arch "
+    'to its GPU (e.g. "ampere") to keep the codec'
+)
+_VULKAN_Q4_WHY = (
+    "IREE 3.13's SPIR-V pipeline does not finish compiling q4's decode for a vulkan-spirv device"
+)
+
+
+def device_limits(
+    devices: Sequence[Any], codecs: Sequence[str]
+) -> tuple[tuple[str, str, str], ...]:
+    """(codec, what the weight keeps instead, why) for each of `codecs` that a device of the app
+    (myelin.compiler.targets.TargetDevice, or a manifest DeviceSpec) cannot decode. Encoded
+    weights are the graph's, shared by every variant: one such device decides for all."""
+    vulkan = [d for d in devices if d.target == "vulkan-spirv"]
+    if not vulkan:
+        return ()
+    names = sorted({_base(c) for c in codecs} - {NO_CODEC})
+    if any(not d.arch for d in vulkan):
+        return tuple((c, NO_CODEC, _VULKAN_BASELINE_WHY) for c in names)
+    return tuple(("q4", "fp16", _VULKAN_Q4_WHY) for c in names if c == "q4")
+
+
+def _choose(
+    scope: str, key: str, dtype: str, shape: tuple[int, ...], policy: CodecPolicy
+) -> Choice:
     names = (f"{scope}::{key}", key)
     matches = [r for r in policy.rules if any(fnmatchcase(n, r.pattern) for n in names)]
     exact = [r for r in matches if not _has_wildcard(r.pattern)]

@@ -26,7 +26,7 @@ class TargetDevice:
     target: str = "llvm-cpu"
     cpu: str | None = None  # llvm-cpu: "host", "generic" or an LLVM CPU name
     cpu_features: str | None = None
-    arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN
+    arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN; vulkan-spirv: --iree-vulkan-target
     # llvm-cpu: IREE's data tiling (--iree-global-opt-data-tiling) packs each matmul weight into
     # its kernel's tile layout. all-MiniLM-L6-v2 (dynamic batch and sequence) ran 1.6-1.8x faster,
     # but the packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
@@ -45,6 +45,16 @@ DATA_TILING_FLAGS = (
     "--iree-global-opt-data-tiling",
     f"--iree-opt-const-expr-max-size-increase-threshold={1 << 40}",
 )
+
+
+# vulkan-spirv without arch: IREE's baseline target (SPIR-V 1.3, no subgroups, 32-bit storage,
+# 16 KiB of workgroup memory) plus 64-bit floats and integers. Without Float64 a torch LayerNorm
+# fails to compile ("failed to legalize operation 'arith.constant' ... f64": its eps is an f64
+# scalar, and PLeX keeps f64 as the model wrote it). Desktop Vulkan drivers have both (Mesa's
+# lavapipe, NVIDIA, AMD, Intel); a GPU without them (most mobile ones) names its arch. A named
+# arch is not used for lavapipe: its code assumes the GPU's subgroup size (32 for "ampere"), and
+# on lavapipe (8) the MLP's results came out wrong.
+VULKAN_BASELINE_FEATURES = "spirv:v1.3,cap:Shader,cap:Float64,cap:Int64"
 
 
 def _device_flags(device: TargetDevice) -> list[str]:
@@ -71,6 +81,11 @@ def _device_flags(device: TargetDevice) -> list[str]:
                 "the NVIDIA driver compiles for Hopper and newer GPUs"
             )
         flags.append(f"--iree-cuda-target={arch}")
+    elif device.target == "vulkan-spirv":
+        if device.arch:
+            flags.append(f"--iree-vulkan-target={device.arch}")
+        else:
+            flags.append(f"--iree-vulkan-target-features={VULKAN_BASELINE_FEATURES}")
     elif device.target == "rocm":
         if not device.arch:
             raise CompileError(f"device '{device.name}': a rocm target needs arch, e.g. gfx942")

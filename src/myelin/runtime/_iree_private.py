@@ -7,7 +7,9 @@ and to check a device argument without reading its dtype and shape through `Devi
 costs microseconds per input), the HAL element type of a numpy dtype, and switching off
 nanobind's exit-time leak report for devices kept alive on purpose. They live in
 `iree.runtime._binding`, `iree.runtime.array_interop` and on `DeviceArray._buffer_view` /
-`._device`; a new IREE release is checked here, in one place.
+`._device`; a new IREE release is checked here, in one place. One more lives outside this shim:
+`myelin.runtime.tensors.DeviceTensor` overrides `DeviceArray._copy_to_host` (IREE's read of
+unmappable memory, which Vulkan refuses; myelin.runtime.host_transfer).
 """
 
 from __future__ import annotations

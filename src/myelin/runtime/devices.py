@@ -110,6 +110,11 @@ TRANSFER_KINDS: dict[str, str] = {
 }
 # Drivers whose devices can move arrays between each other with a peer copy (myelin.runtime._cuda).
 PEER_DRIVERS = frozenset({"cuda"})
+# Drivers whose devices IREE 3.13 cannot put in a device group with another device: creating
+# the group fails with "Vulkan queue frontier already assigned" (seen on lavapipe, with a CPU
+# device or a second Vulkan device beside it). Their graphs run in models of their own, and
+# device arrays move between models as between the devices of one variant (`move`).
+SOLO_DRIVERS = frozenset({"vulkan"})
 
 
 def driver_ordinals(drivers: Sequence[str]) -> list[int]:
@@ -287,13 +292,27 @@ class DeviceRegistry:
         with self._lock:
             if driver in self._device_counts:
                 return self._device_counts[driver]
-        count = len(self._driver(driver).query_available_devices())
+        drv = self._driver(driver)
+        try:
+            count = len(drv.query_available_devices())
+        except Exception as e:  # Vulkan without a driver manifest (ICD) fails its instance
+            reason = f"driver '{driver}' finds no device here ({_first_line(e)})"
+            raise DeviceUnavailable(_with_install_hint(driver, reason)) from e
         with self._lock:
             return self._device_counts.setdefault(driver, count)
 
     def why_too_few(self, requirements: Sequence[DeviceRecord]) -> str | None:
         """None when this machine has as many devices of each GPU driver as a variant lists
-        (its n-th CUDA device is GPU n), else a reason for people."""
+        (its n-th CUDA device is GPU n) and IREE can group them (SOLO_DRIVERS), else a reason
+        for people."""
+        solo = sorted({r.driver for r in requirements if r.driver in SOLO_DRIVERS})
+        if solo and len(requirements) > 1:
+            names = ", ".join(r.name for r in requirements)
+            return (
+                f"IREE 3.13 cannot run a '{solo[0]}' device beside other devices in one variant "
+                f"(devices {names}); build the graphs placed on it as an app of their own and "
+                "pass its device results between the two models"
+            )
         needed: dict[str, int] = {}
         for r in requirements:
             needed[r.driver] = needed.get(r.driver, 0) + 1
@@ -302,6 +321,8 @@ class DeviceRegistry:
                 have = self.device_count(driver)
             except DeviceUnavailable as e:
                 return str(e)
+            if have == 0:
+                return _with_install_hint(driver, f"driver '{driver}' finds no device here")
             if have is not None and have < count:
                 names = ", ".join(r.name for r in requirements if r.driver == driver)
                 return (
@@ -499,6 +520,20 @@ class DeviceRegistry:
             except DeviceUnavailable:
                 pass
         return usable
+
+
+# What a machine without any device of a driver needs, for the error that says so.
+_INSTALL_HINTS = {
+    "vulkan": (
+        "install the GPU's Vulkan driver, or Mesa's software Vulkan device lavapipe "
+        "(Debian/Ubuntu: apt-get install mesa-vulkan-drivers libvulkan1; docs/platforms.md)"
+    ),
+}
+
+
+def _with_install_hint(driver: str, reason: str) -> str:
+    hint = _INSTALL_HINTS.get(driver)
+    return f"{reason}; {hint}" if hint else reason
 
 
 def _queue_copy(device: rt.HalDevice, source: rt.HalBuffer, target: rt.HalBuffer) -> None:

@@ -41,6 +41,10 @@ HOST_FAMILIES = (
     "executable-metadata",
 )
 DEVICE_TIMING_FAMILIES = ("dispatch-events", "device-queue-events")
+# Families a driver's profiling does not record: IREE 3.13's Vulkan driver refuses the capture
+# ("UNIMPLEMENTED; unsupported Vulkan profiling data families") with either of these; its
+# dispatch timestamps (device timing) are recorded.
+UNSUPPORTED_FAMILIES = {"vulkan": frozenset({"host-execution", "command-region-events"})}
 TRACE_NAME = "trace.json"
 DEFAULT_OUTPUT = "capture-{capture}.ireeprof"
 
@@ -140,7 +144,12 @@ def capture(
                     f"device_timing: driver '{cpu[0]}' runs on the host and records no device "
                     "timestamps; profile without device timing, or a GPU variant (--variant)"
                 )
-        families = HOST_FAMILIES + (DEVICE_TIMING_FAMILIES if device_timing else ())
+        unsupported = frozenset().union(*(UNSUPPORTED_FAMILIES.get(d, ()) for d in drivers))
+        families = tuple(
+            f
+            for f in HOST_FAMILIES + (DEVICE_TIMING_FAMILIES if device_timing else ())
+            if f not in unsupported
+        )
         ident = capture_id()
         out_dir.mkdir(parents=True, exist_ok=True)
         profile = output_path(template, out_dir, ident)

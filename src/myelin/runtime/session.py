@@ -48,6 +48,7 @@ from myelin.runtime._iree_private import (
     is_device_array,
 )
 from myelin.runtime.admission import CallNeed, Reservation
+from myelin.runtime.host_transfer import read_to_host
 from myelin.runtime.pending import InFlight, PendingCall
 from myelin.runtime.result_storage import KDL_CPU, KDL_CUDA, Storage, dlpack_capsule
 from myelin.runtime.tensors import (
@@ -77,7 +78,6 @@ from myelin.signature import STORAGE_TWIN_SUFFIX
 OutputKind = Literal["numpy", "device", "dlpack"]
 OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 
-_HOST_VISIBLE = int(rt.MemoryType.HOST_VISIBLE)
 # Looked up once: per-call attribute lookups add up on a call that costs tens of microseconds.
 _BUFFER_VIEW = rt.HalBufferView
 _DEVICE_ARRAY = rt.DeviceArray
@@ -864,17 +864,7 @@ class ResolvedCall:
         view = results.get_as_object(i, _BUFFER_VIEW)
         if output != "numpy":
             return self._device_tensor(device, view, dtype)
-        if not view.get_buffer().memory_type() & _HOST_VISIBLE:
-            # Device memory (CUDA): IREE's own transfer into a fresh host array.
-            array = rt.DeviceArray(device, view, implicit_host_transfer=True, override_dtype=dtype)
-            return np.array(array.to_host(), copy=True)
-        # Copy out of the mapping: a numpy array that outlives its HAL buffer's device (at
-        # interpreter exit, or after the model is closed) must not point into unmapped memory.
-        mapped = view.map()
-        try:
-            return np.array(mapped.asarray(view.shape, dtype), copy=True)
-        finally:
-            del mapped
+        return read_to_host(device, view, dtype)
 
 
 def _release_when_done(

@@ -21,6 +21,7 @@ from myelin.runtime._iree_private import (
     device_of,
     is_device_array,
 )
+from myelin.runtime.host_transfer import read_to_host
 from myelin.signature import TensorSpec
 
 
@@ -182,6 +183,11 @@ class DeviceTensor(rt.DeviceArray):
     def __init__(self, device: rt.HalDevice, view: rt.HalBufferView, *, cuda: bool, **kwargs: Any):
         super().__init__(device, view, **kwargs)
         self._cuda = cuda
+
+    def _copy_to_host(self) -> np.ndarray:
+        # IREE's DeviceArray calls this for memory the host cannot map; its own version imports
+        # an unaligned numpy array, which Vulkan refuses (myelin.runtime.host_transfer).
+        return read_to_host(self._device, self._buffer_view, self.dtype)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA, 0) if self._cuda else (1, 0)  # kDLCUDA or kDLCPU

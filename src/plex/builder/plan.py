@@ -19,7 +19,7 @@ from pathlib import Path
 
 from myelin import hostinfo
 from myelin.codecs import FORMAT_VERSION as CODECS_FORMAT
-from myelin.codecs import NO_CODEC, CodecPolicy, CodecRule
+from myelin.codecs import NO_CODEC, CodecPolicy, CodecRule, device_limits
 from myelin.codecs import kernels_key as codecs_kernels_key
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
@@ -156,10 +156,13 @@ def codec_policy(app: AppSpec, graph: GraphSpec) -> CodecPolicy:
     """The codec intent for a graph's parameters: the default codec of the weights it reads,
     then the app's `[weights.codec]` globs (myelin.codecs._policy says how they combine)."""
     weights = graph.weights
+    default = weights.codec if weights is not None else NO_CODEC
+    rules = tuple(CodecRule(pattern, codec) for pattern, codec in app.codecs)
     return CodecPolicy(
-        default=weights.codec if weights is not None else NO_CODEC,
+        default=default,
         default_from=f"[weights.{weights.name}] of package {weights.package}" if weights else "",
-        rules=tuple(CodecRule(pattern, codec) for pattern, codec in app.codecs),
+        rules=rules,
+        unsupported=device_limits(app.devices, sorted({default, *(r.codec for r in rules)})),
     )
 
 
