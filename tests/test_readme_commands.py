@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SETUP = re.compile(r"^(python3 -m venv|\.venv/bin/pip install)")
+SETUP = re.compile(r"^(python3 -m venv|\.venv/bin/pip install|tools/install_vulkan\.sh$)")
 
 
 def bash_blocks(readme: Path) -> list[str]:
