@@ -1,5 +1,6 @@
 """The runtimes a case is timed beside (the anchors): each turns the case's torch module and its
-numpy inputs into a callable returning numpy, or says why it cannot run here.
+numpy inputs into a callable returning numpy (its first output), or says why it cannot run here.
+`threads` 0 leaves each runtime its own default (all cores).
 
 An anchor that is not installed is skipped with that reason in the result file, never silently:
 the table shows the row as skipped."""
@@ -29,7 +30,9 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy()
 
 
-def torch_eager(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str) -> Runner:
+def torch_eager(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
     """The module as written, under inference_mode, on `device` (the reference of every check)."""
     module = module.to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -43,16 +46,20 @@ def torch_eager(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device:
     return run
 
 
-def torch_compile(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str) -> Runner:
+def torch_compile(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
     """torch.compile (inductor, default mode); compiled by the first call, which warm-up takes."""
     import shutil
 
     if device == "cpu" and shutil.which("g++") is None and shutil.which("c++") is None:
         raise AnchorUnavailable("torch.compile on the CPU needs a C++ compiler (none on PATH)")
-    return torch_eager(torch.compile(module), inputs, device)
+    return torch_eager(torch.compile(module), inputs, device, threads)
 
 
-def onnx_runtime(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str) -> Runner:
+def onnx_runtime(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
     """The module exported with torch.onnx (TorchScript exporter, opset 17, shapes as given) and
     run by ONNX Runtime with all graph optimizations, on the CPU provider (CUDA on a GPU)."""
     if importlib.util.find_spec("onnxruntime") is None:
@@ -72,6 +79,9 @@ def onnx_runtime(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device
     )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
     providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else []
     session = ort.InferenceSession(
         str(path), options, providers=[*providers, "CPUExecutionProvider"]
@@ -83,7 +93,9 @@ def onnx_runtime(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device
     return run
 
 
-def openvino(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str) -> Runner:
+def openvino(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
     """OpenVINO's PyTorch conversion (ov.convert_model) compiled for its CPU plugin."""
     if device != "cpu":
         raise AnchorUnavailable("the OpenVINO anchor runs on the CPU only")
@@ -92,7 +104,9 @@ def openvino(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: st
     import openvino as ov
 
     example = tuple(torch.from_numpy(a) for a in inputs)
-    compiled = ov.Core().compile_model(ov.convert_model(module, example_input=example), "CPU")
+    config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+    converted = ov.convert_model(module, example_input=example)
+    compiled = ov.Core().compile_model(converted, "CPU", config)
     request = compiled.create_infer_request()
 
     def run(*args: np.ndarray) -> np.ndarray:
@@ -101,7 +115,9 @@ def openvino(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: st
     return run
 
 
-def llama_cpp(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str) -> Runner:
+def llama_cpp(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
     """llama.cpp (llama-cpp-python) on a GGUF file of the same architecture: timing only, its
     weights are its own, so its outputs are not compared. A case names the file as
     `gguf = "path"`; the runner passes it as the module."""
@@ -111,7 +127,7 @@ def llama_cpp(module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: s
         raise AnchorUnavailable("the case names no GGUF file (`gguf = ...`) of this model")
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(module), n_ctx=2048, verbose=False, logits_all=False)
+    llm = Llama(model_path=str(module), n_ctx=2048, n_threads=threads or None, verbose=False)
     tokens = [int(t) for t in inputs[0].reshape(-1)]
 
     def run(*args: np.ndarray) -> np.ndarray:
