@@ -44,6 +44,9 @@ def case_rows(case: dict) -> list[list[str]]:
     base = by_runner.get(case.get("baseline"), {}).get("samples")
     lines = []
     for row in case["rows"]:
+        if "summary" in row:  # imported: the earlier script kept no per-round samples
+            lines.append(_imported_row(row))
+            continue
         if "samples" not in row:
             why = row.get("skipped") or row.get("error") or "not run"
             word = "skipped" if "skipped" in row else "error"
@@ -65,6 +68,15 @@ def case_rows(case: dict) -> list[list[str]]:
             ]
         )
     return lines
+
+
+def _imported_row(row: dict) -> list[str]:
+    s, r = row["summary"], row.get("ratio")
+    low_high = f"{_number(s['low'])}-{_number(s['high'])}" if "low" in s else ""
+    ratio = ""
+    if r:
+        ratio = f"{r['median']:.2f}x" + (f" ({r['low']:.2f}-{r['high']:.2f})" if "low" in r else "")
+    return [row["runner"], _number(s["median"]), "", low_high, ratio, _check(row)]
 
 
 def _header(case_unit: str, baseline: str) -> list[str]:
