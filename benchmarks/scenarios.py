@@ -91,7 +91,7 @@ def build_case(case: dict) -> dict:
 # ---- runtime ---------------------------------------------------------------------------------
 
 
-def _build_mlp(folder: Path, cancellable: bool) -> Path:
+def build_mlp(folder: Path, cancellable: bool) -> Path:
     """examples/mlp; `cancellable = false` gives the synchronous ABI that a plain
     FunctionInvoker calls, so raw iree.runtime and MyeLiN run the very same module."""
     from plex.builder import build
@@ -106,7 +106,7 @@ def _build_mlp(folder: Path, cancellable: bool) -> Path:
     return out
 
 
-def _raw_invoker(path: Path, function: str) -> Callable[[np.ndarray], np.ndarray]:
+def raw_invoker(path: Path, function: str) -> Callable[[np.ndarray], np.ndarray]:
     """iree.runtime by hand, reading the module and parameters from the same .mln: what a user
     of iree.runtime writes without MyeLiN."""
     import iree.runtime as rt
@@ -158,14 +158,14 @@ def overhead_case(case: dict, folder: Path) -> dict:
     """MyeLiN's call paths vs raw iree.runtime on the same compiled module and parameters."""
     import myelin
 
-    path = _build_mlp(folder, cancellable=False)
+    path = build_mlp(folder, cancellable=False)
     model = myelin.Instance().load(path)
     session = model.session()
     resolved = session.resolve("forward")
-    fenced_model = myelin.Instance().load(_build_mlp(folder, cancellable=True))
+    fenced_model = myelin.Instance().load(build_mlp(folder, cancellable=True))
     fenced_session = fenced_model.session()
     fenced = fenced_session.resolve("forward")
-    raw = _raw_invoker(path, "forward")
+    raw = raw_invoker(path, "forward")
     paths = {
         "raw iree.runtime": raw,
         "MyeLiN resolved call": lambda x: resolved(x),
