@@ -1,5 +1,5 @@
 """The runtimes a case is timed beside (the anchors): each turns the case's torch module and its
-numpy inputs into a callable returning numpy (its first output), or says why it cannot run here.
+inputs (numpy; torch CUDA tensors on a GPU) into a callable returning numpy (its first output), or says why it cannot run here.
 `threads` 0 leaves each runtime its own default (all cores).
 
 An anchor that is not installed is skipped with that reason in the result file, never silently:
@@ -39,7 +39,7 @@ def torch_eager(
 
     def run(*args: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            out = _first(module(*(torch.from_numpy(a).to(device) for a in args)))
+            out = _first(module(*(torch.as_tensor(a, device=device) for a in args)))
             sync()
             return _to_numpy(out)
 
@@ -71,7 +71,7 @@ def onnx_runtime(
     names = [f"input_{i}" for i in range(len(inputs))]
     torch.onnx.export(
         module.cpu(),
-        tuple(torch.from_numpy(a) for a in inputs),
+        tuple(torch.as_tensor(a).cpu() for a in inputs),
         str(path),
         input_names=names,
         opset_version=17,
@@ -88,7 +88,8 @@ def onnx_runtime(
     )
 
     def run(*args: np.ndarray) -> np.ndarray:
-        return session.run(None, dict(zip(names, args, strict=True)))[0]
+        host = [a.cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
+        return session.run(None, dict(zip(names, host, strict=True)))[0]
 
     return run
 
@@ -103,7 +104,7 @@ def openvino(
         raise AnchorUnavailable("openvino is not installed (pip install openvino)")
     import openvino as ov
 
-    example = tuple(torch.from_numpy(a) for a in inputs)
+    example = tuple(torch.as_tensor(a) for a in inputs)
     config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
     converted = ov.convert_model(module, example_input=example)
     compiled = ov.Core().compile_model(converted, "CPU", config)
