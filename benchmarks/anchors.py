@@ -1,6 +1,6 @@
 """The runtimes a case is timed beside (the anchors): each turns the case's torch module and its
-inputs (numpy; torch CUDA tensors on a GPU) into a callable returning numpy (its first output), or says why it cannot run here.
-`threads` 0 leaves each runtime its own default (all cores).
+inputs (numpy; torch CUDA tensors on a GPU) into a callable returning numpy (its first output),
+or says why it cannot run here. `threads` 0 leaves each runtime its own default (all cores).
 
 An anchor that is not installed is skipped with that reason in the result file, never silently:
 the table shows the row as skipped."""
