@@ -94,6 +94,8 @@ def run_heading(run: dict) -> str:
     versions = ", ".join(f"{k} {val}" for k, val in v.items())
     settings = run.get("settings", {})
     mode = " (quick configuration)" if settings.get("quick") else ""
+    if "threads" in settings:
+        load += f", threads: {settings['threads'] or 'each runtime its default'}"
     lines = [
         f"### {run['suite']} on {m['name']}, {run['date'][:10]}{mode}",
         "",
