@@ -32,8 +32,8 @@ def _check(row: dict) -> str:
     shown = (
         f"{value:.2g}" if isinstance(value, float) and check["metric"] != "min cosine" else value
     )
-    if check["metric"] == "min cosine":
-        shown = f"{value:.5f}"
+    if "cosine" in check["metric"] and isinstance(value, float):
+        shown = f"{value:.6f}"
     return f"{mark} ({check['metric']} {shown})"
 
 
