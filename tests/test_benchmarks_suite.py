@@ -88,3 +88,30 @@ def test_the_ratio_table_divides_round_by_round():
     assert torch_row[4] == "2.00x (1.00-3.00)"
     assert skipped[1] == "skipped: openvino is not installed"
     json.dumps(case)  # rows are plain data
+
+
+def test_a_prepared_case_runs_from_its_skeleton_with_weights_from_seeds(tmp_path):
+    """The GPU suite's round trip on the CPU: `prepare` strips the built .mln of its weights,
+    `run_prebuilt` computes them again from the zoo's seeds (every section's digest must equal
+    the build's, or the case fails) and checks PLeX against torch eager. A zoo change that moves
+    a weight's name or value fails here, not on the GPU machine."""
+    from benchmarks import gpu_suite
+
+    case = runner.Case(
+        id="decode-from-seeds",
+        title="the decoder's decode step, prepared and run from its skeleton",
+        model="decoder-decode",
+        seq=8,
+        dtype="float32",
+        tolerance={"atol": 1e-4, "rtol": 1e-3},
+        rounds=1,
+        calls=1,
+        warmup=0,
+    )
+    assert gpu_suite.prepare([case], tmp_path) == 0
+    assert not any(p.suffix == ".mln" for p in tmp_path.rglob("*")), "weights must not travel"
+    (done,) = gpu_suite.run_prebuilt(tmp_path, [case], threads=0)
+    plex, torch_row = done["rows"]
+    assert "error" not in plex, plex.get("error")
+    assert plex["check"]["passed"], plex["check"]
+    assert torch_row["runner"] == "torch eager" and len(plex["samples"]) == 1
