@@ -30,7 +30,7 @@ N, K = 28672, 8192
 # (more of them, so the last wave is a smaller part); the CUDA-core GEMV (block_m 1) at several
 # tile widths. The first round (2026-12-02) also had persistent TMA kernels over 448 / 896
 # column tiles (16x64x256 w4 s4/s5, 16x32x512 w4 s4, 16x64x128 w4 s6), which the constraints
-# allowed then: they lost (docs/benchmarks.md), so the constraints refuse them again.
+# allowed then: they lost (benchmarks/history.md), so the constraints refuse them again.
 CANDIDATES = (
     (16, 128, 256, 8, 3, False),
     (16, 64, 128, 4, 4, False),

@@ -53,12 +53,12 @@ step "gpu tests" 200 "$OUT/gpu_tests.log" \
 step "placement example" 60 "$OUT/placement.log" \
   python3 examples/placement/run.py "$ARTIFACTS/placement.mln"
 step "decoder benchmark" 170 "$OUT/decoder_h200.log" \
-  python3 benchmarks/gpu/decoder_h200.py --mln "$ARTIFACTS/decoder.mln" --out "$OUT/decoder_h200.md"
+  python3 benchmarks/probes/gpu/decoder_h200.py --mln "$ARTIFACTS/decoder.mln" --out "$OUT/decoder_h200.md"
 if command -v ncu >/dev/null; then
   # Kernel names are IREE's dispatch names (e.g. prefill_dispatch_12_matmul_4096x1536x512_f16).
   step "hottest dispatches (ncu)" 90 "$OUT/ncu_dispatches.txt" \
     ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    python3 benchmarks/gpu/decoder_h200.py --mln "$ARTIFACTS/decoder.mln" --once
+    python3 benchmarks/probes/gpu/decoder_h200.py --mln "$ARTIFACTS/decoder.mln" --once
 else
   echo "ncu not on PATH: no per-dispatch profile" >"$OUT/ncu_dispatches.txt"
 fi

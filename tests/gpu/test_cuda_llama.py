@@ -58,7 +58,7 @@ def test_benchmark_decoder_on_cuda_matches_torch(artifacts):
 
     import myelin
 
-    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+    sys.path.insert(0, str(REPO / "benchmarks" / "probes" / "gpu"))
     from decoder_h200 import load_torch_decoder
 
     mln = artifact(artifacts, "decoder.mln")

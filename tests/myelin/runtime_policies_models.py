@@ -1,5 +1,5 @@
 """Small real models for the runtime-policy tests (tests/myelin/test_runtime_policies_*.py) and
-benchmarks/runtime_policies.py, with their numpy references."""
+benchmarks/probes/runtime_policies.py, with their numpy references."""
 
 from __future__ import annotations
 

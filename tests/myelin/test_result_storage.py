@@ -220,7 +220,7 @@ def test_twins_are_no_entrypoints_and_only_tensor_results_get_one(model):
 
 def test_a_result_that_is_an_argument_stays_in_the_arguments_memory(model):
     """No twin, so no copy into storage: on a GPU the result aliases the imported tensor and
-    exports as it is (benchmarks/gpu/kernels_h200.py, `identity`); on a CPU the argument
+    exports as it is (benchmarks/probes/gpu/kernels_h200.py, `identity`); on a CPU the argument
     itself is IREE's copy of the host array."""
     torch = pytest.importorskip("torch")
     x = torch.arange(8, dtype=torch.float32)

@@ -2,7 +2,7 @@
 on gpu0 = cuda[0], layers 2-3 and the head on gpu1 = cuda[1]), with `one_gpu` and `cpu` variants
 to fall back to. This machine has no GPU, so the CUDA code is compiled (sm_80 PTX) and checked in
 IREE's own IR, and the runtime's choice of variant is checked on the built artifact; the run on
-two GPUs is benchmarks/gpu/multigpu_h200x2.py."""
+two GPUs is benchmarks/probes/gpu/multigpu_h200x2.py."""
 
 from __future__ import annotations
 

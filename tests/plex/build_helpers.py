@@ -1,4 +1,4 @@
-"""Small real packages for the build tests and benchmarks/build_cache.py."""
+"""Small real packages for the build tests."""
 
 from __future__ import annotations
 

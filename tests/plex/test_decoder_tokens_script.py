@@ -1,4 +1,4 @@
-"""benchmarks/gpu/decoder_tokens_h200.py without a GPU: a small CPU build of the benchmark
+"""benchmarks/probes/gpu/decoder_tokens_h200.py without a GPU: a small CPU build of the benchmark
 decoder (its model.py at a tiny Config, float32) with the two variant names the script runs,
 then the script against torch on the CPU. Checks the script itself (the greedy loop over device
 arrays, the token comparison, the files it writes), which otherwise runs only on the H200."""
@@ -72,7 +72,7 @@ def test_the_decoder_tokens_script_runs_both_variants_and_compares_their_tokens(
     build(_tiny_decoder_app(tmp_path / "app"), mln, cache_dir=tmp_path / "cache")
     out = tmp_path / "out"
     out.mkdir()
-    script = REPO / "benchmarks" / "gpu" / "decoder_tokens_h200.py"
+    script = REPO / "benchmarks" / "probes" / "gpu" / "decoder_tokens_h200.py"
     args = ["--mln", str(mln), "--torch-device", "cpu", "--steps", "6", "--rounds", "1"]
     done = subprocess.run(
         [sys.executable, str(script), *args, "--out-dir", str(out)],

@@ -145,7 +145,7 @@ func.func @main(%x: tensor<1x64xf16>) -> tensor<1x256xf32> {
 
 def test_the_rewrite_gives_the_other_layouts_gemv():
     """A K x N f16 GEMV weight re-laid-out "nk" is read as the N x K GEMV reads its weight
-    (what benchmarks/gpu/tune_bundle.py times as the layout knob's candidates)."""
+    (what benchmarks/probes/gpu/tune_bundle.py times as the layout knob's candidates)."""
     import io
 
     from myelin.compiler.session import CompilerSession

@@ -13,7 +13,7 @@ factors [K / g, N], output factors [N]) once per call:
   the tensor cores' 64-row side on Hopper), the M <= 16 activation rows on its narrow side; the
   low nibbles (even outputs) and the high ones (odd outputs) are two dots, so the codes are
   never interleaved in registers (the first version joined and reshaped them into [G, BN] and
-  took x @ W: 0.7-1.4x slower on the decoder7b shapes, benchmarks/gpu/q4_configs_h200.py);
+  took x @ W: 0.7-1.4x slower on the decoder7b shapes, benchmarks/probes/gpu/q4_configs_h200.py);
 - per group of 32 contracted elements: the codes unpacked by mask and shift to f16 (exact: 0..15)
   and the group's partial products `P[n, m] = sum_e q[e, n] * x[m, e]` by `tl.dot` (f32
   accumulation), then the group's factors once per output: `acc_s += P * scale8`, `acc_o +=

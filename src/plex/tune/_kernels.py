@@ -334,7 +334,7 @@ def read_results(results_path: Path) -> dict:
 
 def ranking(reference: dict | None, ok: list[dict]) -> str:
     """What the trials are ranked by: kernel time relative to the library's config when the
-    timing half measured it (a CUPTI-capable one, e.g. benchmarks/gpu/tunekern_h200.py), else
+    timing half measured it (a CUPTI-capable one, e.g. benchmarks/probes/gpu/tunekern_h200.py), else
     the wall time of the call. On the H200 a decode projection's kernel takes 0.01-0.03 ms of a
     0.4 ms call whose spread is 30-100%: wall time cannot rank those kernels."""
     if reference and reference.get("kernel_s") and any(t.get("kernel_relative") for t in ok):

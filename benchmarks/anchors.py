@@ -1,0 +1,149 @@
+"""The runtimes a case is timed beside (the anchors): each turns the case's torch module and its
+inputs (numpy; torch CUDA tensors on a GPU) into a callable returning numpy (its first output),
+or says why it cannot run here. `threads` 0 leaves each runtime its own default (all cores).
+
+An anchor that is not installed is skipped with that reason in the result file, never silently:
+the table shows the row as skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+Runner = Callable[..., np.ndarray]
+
+
+class AnchorUnavailable(Exception):
+    """The anchor cannot run on this machine or for this case; the message says why."""
+
+
+def _first(output) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy()
+
+
+def torch_eager(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """The module as written, under inference_mode, on `device` (the reference of every check)."""
+    module = module.to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def run(*args: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            out = _first(module(*(torch.as_tensor(a, device=device) for a in args)))
+            sync()
+            return _to_numpy(out)
+
+    return run
+
+
+def torch_compile(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """torch.compile (inductor, default mode); compiled by the first call, which warm-up takes."""
+    import shutil
+
+    if device == "cpu" and shutil.which("g++") is None and shutil.which("c++") is None:
+        raise AnchorUnavailable("torch.compile on the CPU needs a C++ compiler (none on PATH)")
+    return torch_eager(torch.compile(module), inputs, device, threads)
+
+
+def onnx_runtime(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """The module exported with torch.onnx (TorchScript exporter, opset 17, shapes as given) and
+    run by ONNX Runtime with all graph optimizations, on the CPU provider (CUDA on a GPU)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        raise AnchorUnavailable("onnxruntime is not installed (pip install onnxruntime)")
+    import onnxruntime as ort
+
+    folder = Path(tempfile.mkdtemp(prefix="plex-bench-onnx-"))
+    path = folder / "model.onnx"
+    names = [f"input_{i}" for i in range(len(inputs))]
+    torch.onnx.export(
+        module.cpu(),
+        tuple(torch.as_tensor(a).cpu() for a in inputs),
+        str(path),
+        input_names=names,
+        opset_version=17,
+        dynamo=False,
+    )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else []
+    session = ort.InferenceSession(
+        str(path), options, providers=[*providers, "CPUExecutionProvider"]
+    )
+
+    def run(*args: np.ndarray) -> np.ndarray:
+        host = [a.cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
+        return session.run(None, dict(zip(names, host, strict=True)))[0]
+
+    return run
+
+
+def openvino(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """OpenVINO's PyTorch conversion (ov.convert_model) compiled for its CPU plugin."""
+    if device != "cpu":
+        raise AnchorUnavailable("the OpenVINO anchor runs on the CPU only")
+    if importlib.util.find_spec("openvino") is None:
+        raise AnchorUnavailable("openvino is not installed (pip install openvino)")
+    import openvino as ov
+
+    example = tuple(torch.as_tensor(a) for a in inputs)
+    config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+    converted = ov.convert_model(module, example_input=example)
+    compiled = ov.Core().compile_model(converted, "CPU", config)
+    request = compiled.create_infer_request()
+
+    def run(*args: np.ndarray) -> np.ndarray:
+        return np.asarray(request.infer(list(args))[0])
+
+    return run
+
+
+def llama_cpp(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """llama.cpp (llama-cpp-python) on a GGUF file of the same architecture: timing only, its
+    weights are its own, so its outputs are not compared. A case names the file as
+    `gguf = "path"`; the runner passes it as the module."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise AnchorUnavailable("llama-cpp-python is not installed (pip install llama-cpp-python)")
+    if not isinstance(module, (str, Path)) or not Path(module).exists():
+        raise AnchorUnavailable("the case names no GGUF file (`gguf = ...`) of this model")
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(module), n_ctx=2048, n_threads=threads or None, verbose=False)
+    tokens = [int(t) for t in inputs[0].reshape(-1)]
+
+    def run(*args: np.ndarray) -> np.ndarray:
+        llm.reset()
+        llm.eval(tokens)
+        return np.asarray(llm.scores[llm.n_tokens - 1])
+
+    return run
+
+
+# Anchor name in a case file -> (name in the tables, factory, compared with the reference)
+ANCHORS: dict[str, tuple[str, Callable[..., Runner], bool]] = {
+    "torch": ("torch eager", torch_eager, True),
+    "torch.compile": ("torch.compile", torch_compile, True),
+    "onnxruntime": ("ONNX Runtime", onnx_runtime, True),
+    "openvino": ("OpenVINO", openvino, True),
+    "llama.cpp": ("llama.cpp", llama_cpp, False),
+}

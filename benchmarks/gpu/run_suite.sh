@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU suite in one call of the device tool, from the repository root (docs/benchmarks.md):
+#
+#   here:   python -m benchmarks prepare gpu      (builds benchmarks/gpu/suite/, weights stripped)
+#   device: run(command="bash benchmarks/gpu/run_suite.sh",
+#               carry=[".whl", "benchmarks/gpu/suite"], timeout_s=600)
+#
+# The GPU machine has python3.12 with torch (CUDA) and numpy; the runtime side needs only the
+# cp312 iree-base-runtime wheel (installed with pip --target), numpy and src/ on PYTHONPATH.
+# Writes to $OUT: device.txt (nvidia-smi, versions), suite.log (the run) and gpu/<date>_<gpu>.json
+# (the result file: copy it into benchmarks/results/gpu/ here).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$PWD/gpu-results}"
+mkdir -p "$OUT"
+SITE=/tmp/plex-gpu-site
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$SITE" .whl/*.whl || { echo "wheel install failed"; exit 2; }
+export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1
+export PATH="$SITE/iree/_runtime_libs:$PATH"
+
+{
+  date -u
+  nvidia-smi
+  python3 -c "import sys, numpy, torch; print(sys.version); print('numpy', numpy.__version__, \
+'torch', torch.__version__, torch.cuda.get_device_name(0))"
+} >"$OUT/device.txt" 2>&1
+
+timeout 570 python3 -m benchmarks gpu --prebuilt benchmarks/gpu/suite --results "$OUT" \
+  2>&1 | tee "$OUT/suite.log"
+exit "${PIPESTATUS[0]}"

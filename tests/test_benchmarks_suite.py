@@ -1,0 +1,117 @@
+"""The benchmark suite's data: every case file loads into cases the runner knows how to run, and
+docs/benchmarks.md's results section is exactly what the result files regenerate (no timing
+here: the numbers are the result files')."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import anchors, report, results, runner, scenarios, zoo
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks.md"
+
+
+def test_the_manual_equals_the_regeneration_from_the_result_files():
+    text = DOC.read_text()
+    assert report.regenerate(text) == text, (
+        "docs/benchmarks.md is stale: run `python -m benchmarks report --write docs/benchmarks.md`"
+    )
+
+
+def test_every_result_file_has_the_schema_the_report_reads():
+    runs = results.load_all()
+    assert runs, "benchmarks/results/ holds no result file"
+    for run in runs:
+        assert run["suite"] in report.SUITES, run["_path"]
+        for case in run["cases"]:
+            for row in case["rows"]:
+                kept = {"samples", "summary", "skipped", "error"} & row.keys()
+                assert kept, f"{run['_path']}: {case['id']}/{row['runner']} has no result"
+
+
+@pytest.mark.parametrize("suite", ["cpu", "gpu"])
+def test_model_cases_name_known_sources_anchors_and_tolerances(suite):
+    cases = runner.load_suite(suite).cases
+    assert len({c.id for c in cases}) == len(cases), "case ids must be unique"
+    for case in cases:
+        assert case.model in zoo.SOURCES, case.id
+        assert set(case.anchors) <= set(anchors.ANCHORS), case.id
+        assert {"cosine"} <= case.tolerance.keys() or {"atol", "rtol"} & case.tolerance.keys()
+    if suite == "gpu":  # the GPU machine rebuilds weights from seeds, without transformers
+        assert all(c.model in zoo.SEEDED_PURE_TORCH for c in cases)
+
+
+@pytest.mark.parametrize("suite", ["build", "runtime"])
+def test_scenario_cases_name_their_kind(suite):
+    _, cases = scenarios.load_cases(suite)
+    for case in cases:
+        assert case["rounds"] >= 1
+        if suite == "build":
+            assert (REPO / "examples" / case["example"] / "app.toml").exists(), case["id"]
+        else:
+            assert case["kind"] in scenarios.RUNTIME_KINDS, case["id"]
+
+
+def test_a_case_becomes_the_app_its_options_say(tmp_path):
+    case = runner.Case(
+        id="q4-decoder",
+        title="t",
+        model="decoder-decode",
+        build={"codec": "q4", "data_tiling": False},
+    )
+    app = runner.write_app(case, tmp_path).read_text()
+    assert 'target = "llvm-cpu"' in app and "data_tiling = false" in app
+    assert '[weights.codec]\n"*" = "q4"' in app
+    assert (
+        "zoo.build('decoder-decode', 1, 128, None)" in (tmp_path / "package/graph.py").read_text()
+    )
+
+
+def test_the_ratio_table_divides_round_by_round():
+    case = {
+        "id": "c",
+        "title": "t",
+        "unit": "ms",
+        "baseline": "PLeX",
+        "rows": [
+            {"runner": "PLeX", "samples": [1.0, 2.0, 1.0]},
+            {"runner": "torch eager", "samples": [2.0, 2.0, 3.0]},
+            {"runner": "OpenVINO", "skipped": "openvino is not installed"},
+        ],
+    }
+    plex, torch_row, skipped = report.case_rows(case)
+    assert plex[1] == "1.00" and plex[4] == ""
+    assert torch_row[4] == "2.00x (1.00-3.00)"
+    assert skipped[1] == "skipped: openvino is not installed"
+    json.dumps(case)  # rows are plain data
+
+
+def test_a_prepared_case_runs_from_its_skeleton_with_weights_from_seeds(tmp_path):
+    """The GPU suite's round trip on the CPU: `prepare` strips the built .mln of its weights,
+    `run_prebuilt` computes them again from the zoo's seeds (every section's digest must equal
+    the build's, or the case fails) and checks PLeX against torch eager. A zoo change that moves
+    a weight's name or value fails here, not on the GPU machine."""
+    from benchmarks import gpu_suite
+
+    case = runner.Case(
+        id="decode-from-seeds",
+        title="the decoder's decode step, prepared and run from its skeleton",
+        model="decoder-decode",
+        seq=8,
+        dtype="float32",
+        tolerance={"atol": 1e-4, "rtol": 1e-3},
+        rounds=1,
+        calls=1,
+        warmup=0,
+    )
+    assert gpu_suite.prepare([case], tmp_path) == 0
+    assert not any(p.suffix == ".mln" for p in tmp_path.rglob("*")), "weights must not travel"
+    (done,) = gpu_suite.run_prebuilt(tmp_path, [case], threads=0)
+    plex, torch_row = done["rows"]
+    assert "error" not in plex, plex.get("error")
+    assert plex["check"]["passed"], plex["check"]
+    assert torch_row["runner"] == "torch eager" and len(plex["samples"]) == 1
