@@ -79,11 +79,14 @@ def seed_weights(model: torch.nn.Module, seed: int = SEED) -> torch.nn.Module:
     return model
 
 
-def _ids(size: str, batch: int | None = None, seq: int | None = None) -> torch.Tensor:
+def _ids(
+    size: str, batch: int | None = None, seq: int | None = None, vocab: int | None = None
+) -> torch.Tensor:
+    """Token ids below `vocab` (the model's own vocabulary where it differs from the size's)."""
     s = SIZES[size]
     rng = np.random.default_rng(1)
     shape = (batch or s["batch"], seq or s["seq"])
-    return torch.from_numpy(rng.integers(3, s["vocab"], shape, dtype=np.int64))
+    return torch.from_numpy(rng.integers(3, vocab or s["vocab"], shape, dtype=np.int64))
 
 
 def _pixels(size: str, side: int | None = None) -> torch.Tensor:
@@ -139,7 +142,8 @@ def bert(size: str):
             vocab_size=s["vocab"], hidden_size=s["hidden"], num_hidden_layers=s["layers"],
             num_attention_heads=s["heads"], intermediate_size=s["ffn"],
         )  # fmt: skip
-    return _finish(transformers.BertModel(config)), {"input_ids": _ids(size)}
+    ids = _ids(size, vocab=config.vocab_size)
+    return _finish(transformers.BertModel(config)), {"input_ids": ids}
 
 
 def vit(size: str):
