@@ -5,7 +5,8 @@ output, and the median time of a call on each side.
 
 MODEL_PY is the file whose `build()` the package's source names (it returns the torch module
 and its example inputs); the example is repeated to N rows along dim 0, so a dynamic batch is
-exercised. Outputs are matched by name, as the frontend names them (`logits`, `output0`).
+exercised. Outputs are matched by name, as the frontend names them (`logits`, `output0`). It
+exits 1 when an output differs by more than --tolerance times its largest |torch| value.
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ def main() -> None:
     parser.add_argument("model_py", type=Path)
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--tolerance", type=float, default=1e-4)
     args = parser.parse_args()
 
     with torch.no_grad():
         module, example = load_build(args.model_py)()
-    by_name = example if isinstance(example, dict) else {f"arg{i}": t for i, t in enumerate(example)}
-    inputs = {k: t[:1].repeat(args.batch, *[1] * (t.dim() - 1)) for k, t in by_name.items()}
+    named = example if isinstance(example, dict) else dict(enumerate(example))
+    inputs = {k: t[:1].repeat(args.batch, *[1] * (t.dim() - 1)) for k, t in named.items()}
 
     def eager() -> object:
         with torch.no_grad():
@@ -76,12 +78,15 @@ def main() -> None:
         results = forward(*arrays)
         results = results if isinstance(results, tuple) else (results,)
         reference = named_outputs(eager())
-        shapes = [f"{t.name}={'x'.join(map(str, a.shape))}" for t, a in zip(signature.inputs, arrays)]
-        print(f"inputs {', '.join(shapes)}")
+        pairs = zip(signature.inputs, arrays, strict=True)
+        print("inputs " + ", ".join(f"{t.name}={'x'.join(map(str, a.shape))}" for t, a in pairs))
         names = [t.name for t in signature.outputs]
         for name, value in zip(names, results, strict=True):
             diff = float(np.max(np.abs(value - reference[name])))
             print(f"{name}: max |plex - torch| = {diff:.2e}")
+            allowed = args.tolerance * max(float(np.max(np.abs(reference[name]))), 1.0)
+            if not diff <= allowed:  # NaN fails too
+                raise SystemExit(f"error: {name} differs from torch by more than {allowed:.1e}")
         plex_ms = median_ms(lambda: forward(*arrays), args.calls)
     torch_ms = median_ms(eager, args.calls)
     print(f"median per call: plex {plex_ms:.2f} ms, torch eager {torch_ms:.2f} ms")
