@@ -101,6 +101,7 @@ def test_every_command_and_python_block_runs(tmp_path):
             filter(None, [str(TORCHVISION_PLACEHOLDER), env.get("PYTHONPATH")])
         )
     ran = {"bash": 0, "python": 0}
+    said_by: dict[str, str] = {}  # command line -> what it printed, whitespace folded
     for block in guide_blocks():
         if block.language == "bash":
             for command in commands(block):
@@ -109,6 +110,7 @@ def test_every_command_and_python_block_runs(tmp_path):
                 done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env)
                 print(f"{time.monotonic() - start:5.1f}s {shlex.join(command.argv)}")
                 said = " ".join((done.stdout + done.stderr).split())
+                said_by[shlex.join(command.argv)] = said
                 if command.expected_error:
                     assert done.returncode == 1, (command, said)
                     assert command.expected_error in said, (command, said)
@@ -128,3 +130,21 @@ def test_every_command_and_python_block_runs(tmp_path):
         assert (tmp_path / EXAMPLE / artifact).is_file(), artifact
     for written in ("logits.npy", "ids.npy", "mask.npy"):
         assert (tmp_path / written).is_file(), written
+
+    # what the guide says the commands print
+    def said(command_start: str) -> str:
+        return next(out for line, out in said_by.items() if line.startswith(command_start))
+
+    gpt2 = "examples/your-model/gpt2"
+    built = said(f".venv/bin/plex build {gpt2}")
+    assert "use_cache = True; turned off" in built and "repeated to size 2" in built
+    assert "input_ids: int64[batch, seq<=128]" in said(f".venv/bin/plex inspect {gpt2}")
+    assert re.search(r"forward logits \d", said(f".venv/bin/plex accuracy {gpt2}"))
+    assert "logits: max |plex - torch|" in said(
+        f".venv/bin/python examples/your-model/compare.py {gpt2}"
+    )
+    timm = said(".venv/bin/plex inspect examples/your-model/timm")
+    assert "x: float32[batch, 3, 64, 64]" in timm and "output0" in timm
+    assert "token_type_ids: int64[batch, seq]" in said(
+        ".venv/bin/plex inspect examples/your-model/onnx"
+    )
