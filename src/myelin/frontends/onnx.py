@@ -22,6 +22,7 @@ from myelin.frontends import DEFAULT_ENTRYPOINT, FrontendRequest, FrontendResult
 from myelin.frontends import _onnx_checks as checks
 from myelin.frontends import _onnx_preprocess as prep
 from myelin.frontends._onnx_import import import_model
+from myelin.frontends._onnx_limits import sliced_table_limits
 
 
 def to_mlir(request: FrontendRequest) -> FrontendResult:
@@ -69,6 +70,7 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         warnings=warnings,
         dim_names=dim_names(model),
         host_nodes=imported.host_nodes,
+        dim_limits={entrypoint: limits} if (limits := sliced_table_limits(model)) else {},
     )
 
 

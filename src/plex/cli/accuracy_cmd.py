@@ -213,8 +213,9 @@ def _compare(coded: Path, reference: Path, function: str | None, given: list) ->
                 with model.session() as session:
                     result = session.call(name, *args)
                 outputs[label] = list(result) if isinstance(result, tuple) else [result]
-            for i, (a, b) in enumerate(zip(outputs["codec"], outputs["fp32"], strict=True)):
-                typer.echo(_row(name, i, np.asarray(a), np.asarray(b)))
+            results = zip(entry.signature.outputs, outputs["codec"], outputs["fp32"], strict=True)
+            for spec, a, b in results:
+                typer.echo(_row(name, spec.name, np.asarray(a), np.asarray(b)))
         typer.echo(ERROR_DEFINITION)
     finally:
         for model in models.values():
@@ -260,17 +261,17 @@ def _cosine(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.dot(x, y) / (nx * ny))
 
 
-def _row(name: str, index: int, a: np.ndarray, b: np.ndarray) -> str:
+def _row(name: str, output: str, a: np.ndarray, b: np.ndarray) -> str:
     import numpy as np
 
     if not np.issubdtype(b.dtype, np.floating):
         same = "identical" if np.array_equal(a, b) else f"{int((a != b).sum())} values differ"
-        return f"{name:<16} {index:<8} {same}"
+        return f"{name:<16} {output:<8} {same}"
     s = error_stats(a, b)
     rows = (
         f"{s['row_cosine_mean']:.6f} / {s['row_cosine_min']:.6f}" if "row_cosine_mean" in s else "-"
     )
     return (
-        f"{name:<16} {index:<8} {s['max_rel']:>12.3e} {s['mean_rel']:>13.3e} "
+        f"{name:<16} {output:<8} {s['max_rel']:>12.3e} {s['mean_rel']:>13.3e} "
         f"{s['cosine']:>10.6f} {rows:>24}"
     )
