@@ -68,6 +68,8 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         entrypoints=job.entrypoints,
         dynamic=job.dynamic,
         host_fallback=job.host_fallback,
+        max_seq=job.max_seq,
+        max_batch=job.max_batch,
     )
     frontend_warnings: list[str] = []
     host_nodes: tuple = ()
