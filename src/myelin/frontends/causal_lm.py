@@ -276,13 +276,17 @@ def _export(
     batch, seq = options.max_batch, options.max_seq
     prompt = torch.export.Dim("prompt", min=1, max=seq)
     cache = torch.export.Dim("cache", min=2, max=seq)
-    ids = torch.zeros((batch, 4), dtype=torch.int64)
-    ones = torch.ones((batch, 4), dtype=torch.int64)
+    # Separate tensors for every argument: torch.export reads aliased examples as one input.
+    def example(width: int) -> tuple[torch.Tensor, ...]:
+        ids = torch.zeros((batch, width), dtype=torch.int64)
+        positions = torch.arange(width, dtype=torch.int64).repeat(batch, 1)
+        return ids, positions, torch.ones((batch, 4), dtype=torch.int64)
+
     builder = FxProgramsBuilder(module)
     programs = {}
     plans = {
-        PREFILL: (CausalLMModule.prefill, (ids, ids, ones), {1: prompt}, {1: prompt}),
-        DECODE: (CausalLMModule.decode, (ids[:, :1], ids[:, :1], ones), None, {1: cache}),
+        PREFILL: (CausalLMModule.prefill, example(4), {1: prompt}, {1: prompt}),
+        DECODE: (CausalLMModule.decode, example(1), None, {1: cache}),
     }
     for name, (method, args, token_dims, mask_dims) in plans.items():
         shapes = {"input_ids": token_dims, "position_ids": token_dims, "attention_mask": mask_dims}
