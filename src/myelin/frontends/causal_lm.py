@@ -122,7 +122,9 @@ def _cache_classes() -> tuple[type, type]:
     class DeviceKVCache(Cache):
         def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
             self.kv_length = 0
-            super().__init__(layers=[DeviceKVLayer(self, k, v) for k, v in zip(keys, values)])
+            super().__init__(
+                layers=[DeviceKVLayer(self, k, v) for k, v in zip(keys, values, strict=True)]
+            )
 
     return DeviceKVLayer, DeviceKVCache
 
@@ -276,6 +278,7 @@ def _export(
     batch, seq = options.max_batch, options.max_seq
     prompt = torch.export.Dim("prompt", min=1, max=seq)
     cache = torch.export.Dim("cache", min=2, max=seq)
+
     # Separate tensors for every argument: torch.export reads aliased examples as one input.
     def example(width: int) -> tuple[torch.Tensor, ...]:
         ids = torch.zeros((batch, width), dtype=torch.int64)

@@ -202,7 +202,8 @@ class Generator:
             batch,
             max_new_tokens=max_new_tokens,
             sampling=sampling or Sampling(),
-            stop_tokens=frozenset(stop_tokens) | (frozenset(self.eos_token_ids) if use_eos else frozenset()),
+            stop_tokens=frozenset(stop_tokens)
+            | (frozenset(self.eos_token_ids) if use_eos else frozenset()),
             stop_strings=tuple(s for s in stop_strings if s),
             timeout=timeout,
         )
@@ -226,7 +227,9 @@ class Generator:
                 raise InputError("a prompt has no tokens")
             bad = [t for t in tokens if not 0 <= t < self.vocab]
             if bad:
-                raise InputError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
+                raise InputError(
+                    f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})"
+                )
             if len(tokens) >= self.max_seq:
                 raise InputError(
                     f"a prompt of {len(tokens)} tokens leaves no room in max_seq = {self.max_seq}; "
@@ -270,8 +273,7 @@ class GenerationStream:
         g = self.generator
         if not g._busy.acquire(blocking=False):
             raise InputError(
-                "this generator is already generating; open one Generator per concurrent "
-                "generation"
+                "this generator is already generating; open one Generator per concurrent generation"
             )
         try:
             g._cancelled.clear()
@@ -337,9 +339,7 @@ class GenerationStream:
             mask = np.concatenate([mask, np.ones((g.max_batch, 1), dtype=np.int64)], axis=1)
             t0 = time.perf_counter()
             try:
-                logits = self._call(
-                    g._decode, chosen[:, None], next_position[:, None].copy(), mask
-                )
+                logits = self._call(g._decode, chosen[:, None], next_position[:, None].copy(), mask)
             except Cancelled:
                 reasons = [x or "cancelled" for x in reasons]
                 break
@@ -375,7 +375,12 @@ class GenerationStream:
         # Hold back an ending that may be the start of a stop string, so that a stream never
         # shows text the stop string will cut.
         held = max(
-            (n for stop in self.stop_strings for n in range(1, len(stop)) if text.endswith(stop[:n])),
+            (
+                n
+                for stop in self.stop_strings
+                for n in range(1, len(stop))
+                if text.endswith(stop[:n])
+            ),
             default=0,
         )
         return text[: len(text) - held], False
