@@ -26,6 +26,9 @@ FRONTENDS: dict[str, str] = {
     "causal-lm": "myelin.frontends.causal_lm",
 }
 
+# the pip extra that installs a frontend's packages, where it is not the frontend's name
+_EXTRAS = {"causal-lm": "llm"}
+
 # frontends whose source is read by the compiler directly, and the --iree-input-type to use
 DIRECT_INPUT_TYPES: dict[str, str] = {"mlir": "auto", "stablehlo": "stablehlo"}
 # what a graph's only function is called unless the manifest says otherwise, in every frontend
@@ -90,6 +93,6 @@ def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:
     except ModuleNotFoundError as e:
         raise CompileError(
             f"the {name} frontend needs the '{e.name}' package; install PLeX with the "
-            f"'{name}' extra: pip install 'plex[{'torch' if name == 'causal-lm' else name}]'"
+            f"'{_EXTRAS.get(name, name)}' extra: pip install 'plex[{_EXTRAS.get(name, name)}]'"
         ) from e
     return module.to_mlir

@@ -166,6 +166,9 @@ class CausalLMModule(torch.nn.Module):
         query_slots = slots[kv - q :]
         causal = slots[None, :] <= query_slots[:, None]  # [q, kv]
         visible = causal[None, None, :, :] & (attention_mask[:, None, None, :] > 0)
+        # A padding query sees at least itself: a row with nothing visible gives NaN, which its
+        # cache slot would carry into every later step (0 * NaN in the attention sum).
+        visible = visible | (slots[None, :] == query_slots[:, None])[None, None, :, :]
         mask = torch.zeros(visible.shape, dtype=torch.float32)
         mask = mask.masked_fill(~visible, torch.finfo(torch.float32).min)
         out = self.model(
