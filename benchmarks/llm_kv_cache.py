@@ -15,6 +15,7 @@ positions in, the mask in, logits out: none of them depends on max_seq).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,7 +54,7 @@ def build(root: Path, model: Path, max_seq: int) -> Path:
 
     pkg = root / f"lm{max_seq}"
     pkg.mkdir()
-    (pkg / "model").symlink_to(model)
+    shutil.copytree(model, pkg / "model")
     (pkg / "plex.toml").write_text(
         textwrap.dedent(
             f"""

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from myelin.errors import Cancelled, InputError, MyelinError
-from myelin.runtime.admission import CallNeed
+from myelin.errors import Cancelled, InputError, MemoryBudgetExceeded, MyelinError
+from myelin.runtime.admission import CallNeed, format_bytes
 
 # Names shared with the frontend (myelin.frontends.causal_lm), which the runtime must not import.
 PREFILL = "prefill"
@@ -81,7 +81,7 @@ class Generation:
     tokens: list[list[int]]
     texts: list[str]
     stop_reasons: list[str]  # "eos", "stop_string", "max_new_tokens", "max_seq", "cancelled"
-    prompt_tokens: int  # tokens prefilled (the longest prompt times the batch rows in use)
+    prompt_tokens: int  # the prompts' tokens (padding not counted)
     time_to_first_token_s: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
@@ -92,7 +92,9 @@ class Generation:
 class Generator:
     """Generation over one session of a loaded causal-LM model."""
 
-    def __init__(self, model: Any, *, spin_us: float = 0.0) -> None:
+    def __init__(self, model: Any, *, spin_us: float = 0.0, wait_for_memory: float = 0.0) -> None:
+        """`wait_for_memory`: seconds to wait, under a memory budget, for other generators or
+        calls to give back the bytes this generator's KV cache needs (0: fail at once)."""
         self.model = model
         try:
             reflection = model.reflection(PREFILL)
@@ -116,12 +118,7 @@ class Generator:
         # The cache is allocated when the session's VM context starts: count it first.
         self._reservation = None
         if model.budget is not None:
-            self._reservation = model.budget.reserve(
-                CallNeed(0, self.cache_bytes, 0),
-                f"{model.path.name}: the KV cache of a generator session",
-                stop=lambda: None,
-                deadline=None,
-            )
+            self._reservation = self._reserve_cache(model, wait_for_memory)
         try:
             self.session = model.session(spin_us=spin_us)
         except BaseException:
@@ -131,6 +128,24 @@ class Generator:
         self._decode = self.session.resolve(DECODE)
         self._cancelled = threading.Event()
         self._busy = threading.Lock()
+
+    def _reserve_cache(self, model: Any, wait_s: float) -> Any:
+        what = f"{model.path.name}: the KV cache of a generator session"
+        deadline = time.monotonic() + wait_s
+
+        def stop() -> None:
+            if time.monotonic() >= deadline:
+                raise MemoryBudgetExceeded(
+                    f"{what} needs {format_bytes(self.cache_bytes)}, and the memory budget "
+                    f"has {format_bytes(model.budget.available - model.budget.in_flight)} "
+                    "free after the parameters and what other generators and calls hold; "
+                    "close a generator, wait longer (wait_for_memory=), raise [runtime] "
+                    "memory or rebuild with a smaller max_seq / max_batch"
+                )
+
+        return model.budget.reserve(
+            CallNeed(0, self.cache_bytes, 0), what, stop=stop, deadline=deadline
+        )
 
     # -- lifetime --------------------------------------------------------------------------------
 
@@ -347,7 +362,7 @@ class GenerationStream:
             decode_steps += 1
             next_position = next_position + 1
         reasons = [x or "max_new_tokens" for x in reasons]
-        prompt_tokens = g.max_batch * width
+        prompt_tokens = sum(len(p) for p in self.prompts)  # the real ones, not padding
         self.result = Generation(
             tokens=tokens,
             texts=texts,

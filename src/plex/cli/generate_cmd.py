@@ -100,7 +100,7 @@ def generate(
         return
     from rich.console import Console
 
-    Console(stderr=True, highlight=False).print(
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
         f"[dim]time to first token {result.time_to_first_token_s * 1e3:.1f} ms, "
         f"prefill {result.prefill_tokens_per_s:.1f} tokens/s, "
         f"decode {result.decode_tokens_per_s:.1f} tokens/s "
