@@ -147,6 +147,15 @@ def test_a_stop_token_ends_the_sequence(llama_model):
     assert result.stop_reasons == ["eos"]
 
 
+def test_a_sequence_stops_when_it_fills_max_seq(llama_model):
+    prompt = list(range(3, 3 + MAX_SEQ - 3))  # room for 3 decode calls
+    with Generator(llama_model) as generator:
+        result = generator.generate(prompt, max_new_tokens=10, use_eos=False)
+    assert result.stop_reasons == ["max_seq"]
+    assert len(result.tokens[0]) == 4  # the prefill's token and one per decode call
+    assert result.decode_steps == 3
+
+
 def test_cancel_ends_the_stream_and_the_generator_stays_usable(llama_model):
     with Generator(llama_model) as generator:
         stream = generator.stream(PROMPT, max_new_tokens=60, use_eos=False)

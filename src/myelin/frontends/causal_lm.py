@@ -6,8 +6,9 @@ KV cache kept in the module's own state:
     decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
 
 The model runs through its own code (`AutoModelForCausalLM`, local files only). Only the cache is
-ours: `DeviceKVCache` replaces the model's cache object with per-layer tensors of
-[max_batch, kv_heads, max_seq, head_dim] registered as buffers of the exported module. torch.export
+ours: `DeviceKVCache` replaces the model's cache object with one tensor of
+[2 x layers, max_batch, kv_heads, max_seq + 1, head_dim] registered as a buffer of the exported
+module. torch.export
 records their in-place update as a buffer mutation, which iree-turbine imports as a mutable
 `util.global`: IREE keeps it on the device, per VM context (one per MyeLiN session), and a call
 writes only the slots of its new tokens. The globals start as a zero splat, so the `.mln` stores
@@ -139,14 +140,12 @@ class CausalLMModule(torch.nn.Module):
         layers, batch, kv_heads, seq, head_dim = cache_shape(
             model.config, options.max_batch, options.max_seq
         )
-        keys, values = [], []
-        for i in range(layers):
-            self.register_buffer(f"kv_cache_k{i}", torch.zeros(batch, kv_heads, seq, head_dim))
-            self.register_buffer(f"kv_cache_v{i}", torch.zeros(batch, kv_heads, seq, head_dim))
-            keys.append(getattr(self, f"kv_cache_k{i}"))
-            values.append(getattr(self, f"kv_cache_v{i}"))
+        # One buffer for every layer's keys (2i) and values (2i + 1): IREE 3.13 merges mutable
+        # globals of one type whose initial values are equal (uninitialized or zeros), so a
+        # global per layer would have every layer write the same memory.
+        self.register_buffer("kv_cache", torch.zeros(2 * layers, batch, kv_heads, seq, head_dim))
         _, cache_class = _cache_classes()
-        self.cache = cache_class(keys, values)
+        self.cache = cache_class(list(self.kv_cache[0::2]), list(self.kv_cache[1::2]))
 
     def _step(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -154,12 +153,12 @@ class CausalLMModule(torch.nn.Module):
         kv = attention_mask.shape[1]
         q = input_ids.shape[1]
         self.cache.kv_length = kv
-        # The layers take the buffers from the module at each call: torch.export swaps a
-        # module's buffers for its tracing tensors, and a layer holding the originals would
-        # mutate constants instead of state.
+        # The layers take views of the buffer at each call: torch.export swaps a module's
+        # buffers for its tracing tensors, and a layer holding the originals would mutate
+        # constants instead of state.
         for i, layer in enumerate(self.cache.layers):
-            layer.keys = getattr(self, f"kv_cache_k{i}")
-            layer.values = getattr(self, f"kv_cache_v{i}")
+            layer.keys = self.kv_cache[2 * i]
+            layer.values = self.kv_cache[2 * i + 1]
         # The 4-D additive mask: query i (slot kv - q + i) sees slot j <= its own, unless j is
         # padding. transformers returns a 4-D mask as it is, so every family gets the same one.
         slots = torch.arange(kv, device=input_ids.device)
@@ -322,7 +321,7 @@ def _externalize(
     by_key: dict[str, torch.Tensor] = {}
     for program in programs.values():
         for key, tensor in [*program.state_dict.items(), *program.constants.items()]:
-            if not isinstance(tensor, torch.Tensor) or ".kv_cache_" in f".{key}":
+            if not isinstance(tensor, torch.Tensor) or key.endswith("kv_cache"):
                 continue
             name = key.removeprefix("root.").removeprefix("model.")
             if ExternalTensorTrait.get(tensor) is None:
@@ -332,8 +331,13 @@ def _externalize(
 
 
 def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> bytes:
-    """Start the cache globals as zero splats (no cache bytes in the artifact) and record the
-    model and its tokenizer in `prefill`'s reflection, where the runtime reads them."""
+    """Leave the cache globals uninitialized (no cache bytes in the artifact) and record the
+    model and its tokenizer in `prefill`'s reflection, where the runtime reads them.
+
+    A zero initial value, even a splat, would be exported as a parameter of zeros.
+    Uninitialized is safe: a call reads only slots 0 .. kv - 1, which the sequence's prefill
+    and decode calls have written.
+    """
     from iree.compiler import ir
 
     from myelin.compiler.session import CompilerSession
@@ -348,8 +352,9 @@ def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> b
                 attrs = op.operation.attributes
                 if name == "util.global" and "is_mutable" in attrs:
                     value_type = ir.TypeAttr(attrs["type"]).value
-                    zero = ir.FloatAttr.get(ir.RankedTensorType(value_type).element_type, 0.0)
-                    attrs["initial_value"] = ir.DenseElementsAttr.get_splat(value_type, zero)
+                    attrs["initial_value"] = ir.Attribute.parse(
+                        f"#util.uninitialized : {value_type}"
+                    )
                     states += 1
                 elif name == "func.func" and ir.StringAttr(attrs["sym_name"]).value == PREFILL:
                     attrs["iree.reflection"] = ir.DictAttr.get(

@@ -317,7 +317,7 @@ class GenerationStream:
         texts = [""] * rows
         emitted = [""] * rows  # text already streamed, per row
         reasons: list[str | None] = [None] * rows
-        room = g.max_seq - width  # decode steps that fit after the prompt
+        room = g.max_seq - width  # decode calls that fit after the prompt
 
         start = time.perf_counter()
         logits = self._call(g._prefill, ids, positions, mask)
@@ -347,7 +347,7 @@ class GenerationStream:
                 break
             if step == self.max_new_tokens - 1:
                 break
-            if step >= room - 1:
+            if step >= room:  # the next decode would hold max_seq + 1 tokens
                 reasons = [x or "max_seq" for x in reasons]
                 break
             # One more slot per row; finished rows keep running (their tokens are ignored).
