@@ -135,10 +135,10 @@ class Generator:
 
         def stop() -> None:
             if time.monotonic() >= deadline:
+                # Called under the budget's lock: nothing here may ask the budget again.
                 raise MemoryBudgetExceeded(
-                    f"{what} needs {format_bytes(self.cache_bytes)}, and the memory budget "
-                    f"has {format_bytes(model.budget.available - model.budget.in_flight)} "
-                    "free after the parameters and what other generators and calls hold; "
+                    f"{what} needs {format_bytes(self.cache_bytes)}, more than the memory "
+                    "budget has free while other generators and calls hold theirs; "
                     "close a generator, wait longer (wait_for_memory=), raise [runtime] "
                     "memory or rebuild with a smaller max_seq / max_batch"
                 )
