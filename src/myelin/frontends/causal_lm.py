@@ -8,11 +8,11 @@ KV cache kept in the module's own state:
 The model runs through its own code (`AutoModelForCausalLM`, local files only). Only the cache is
 ours: `DeviceKVCache` replaces the model's cache object with one tensor of
 [2 x layers, max_batch, kv_heads, max_seq + 1, head_dim] registered as a buffer of the exported
-module. torch.export
-records their in-place update as a buffer mutation, which iree-turbine imports as a mutable
-`util.global`: IREE keeps it on the device, per VM context (one per MyeLiN session), and a call
-writes only the slots of its new tokens. The globals start as a zero splat, so the `.mln` stores
-no cache bytes.
+module. torch.export records its update as a buffer mutation, which iree-turbine imports as a
+mutable `util.global`: IREE keeps it on the device, one per VM context (one per MyeLiN session).
+Its initial value is `#util.uninitialized`, so the `.mln` stores no cache bytes. Whether IREE
+writes the new slots in place or copies the cache per step is measured by
+benchmarks/llm_kv_cache.py (docs/llm.md: it copies, for now).
 
 The attention mask carries the cache length of a call: `attention_mask.shape[1]` is how many
 slots the sequence occupies after the call (past + new tokens), so a call writes slots
