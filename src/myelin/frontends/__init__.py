@@ -23,7 +23,11 @@ FRONTENDS: dict[str, str] = {
     "torch": "myelin.frontends.torch",
     "onnx": "myelin.frontends.onnx",
     "jax": "myelin.frontends.jax",
+    "causal-lm": "myelin.frontends.causal_lm",
 }
+
+# the pip extra that installs a frontend's packages, where it is not the frontend's name
+_EXTRAS = {"causal-lm": "llm"}
 
 # frontends whose source is read by the compiler directly, and the --iree-input-type to use
 DIRECT_INPUT_TYPES: dict[str, str] = {"mlir": "auto", "stablehlo": "stablehlo"}
@@ -43,6 +47,9 @@ class FrontendRequest:
     # input name -> {dimension index -> dimension name}: dims that must stay dynamic
     dynamic: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     host_fallback: bool = False  # ONNX: nodes IREE cannot lower run on the host
+    # causal-lm: KV cache slots per sequence and sequences per call (None: the frontend's default)
+    max_seq: int | None = None
+    max_batch: int | None = None
 
     def single_entrypoint(self, refusal: str) -> str:
         """The name of a source's one function: the manifest's only entrypoint, else
@@ -89,6 +96,6 @@ def frontend(name: str) -> Callable[[FrontendRequest], FrontendResult]:
     except ModuleNotFoundError as e:
         raise CompileError(
             f"the {name} frontend needs the '{e.name}' package; install PLeX with the "
-            f"'{name}' extra: pip install -e '.[{name}]'"
+            f"'{_EXTRAS.get(name, name)}' extra: pip install -e '.[{_EXTRAS.get(name, name)}]'"
         ) from e
     return module.to_mlir

@@ -363,6 +363,13 @@ class Model:
             name: loaded[e.name] for name, e in self.variant_record.callable_entrypoints().items()
         }
 
+    def reflection(self, name: str) -> dict[str, str]:
+        """The reflection strings of entrypoint `name`'s function: IREE's ABI entries and what
+        a frontend recorded beside the code (a causal LM's record and tokenizer)."""
+        entry = self.entrypoint(name)
+        module = next(m for m in self._modules if m.name == entry.module)
+        return dict(module.lookup_function(entry.function).reflection)
+
     def entrypoint(self, name: str) -> Entrypoint:
         try:
             return self.entrypoints[name]

@@ -47,6 +47,8 @@ class ImportJob(Job):
     python_sources: InputTree | None
     what: str
     host_fallback: bool = False  # ONNX nodes IREE cannot lower run in a host VM module
+    max_seq: int | None = None  # causal-lm: KV cache slots per sequence
+    max_batch: int | None = None  # causal-lm: sequences per call
 
 
 @dataclass(frozen=True)

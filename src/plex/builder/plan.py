@@ -421,13 +421,25 @@ def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
         entrypoints=graph.entrypoints,
         dynamic={k: dict(v) for k, v in graph.dynamic.items()},
         min_parameter_bytes=DEFAULT_MIN_PARAMETER_BYTES,
-        python_sources=InputTree(package_dir, ".py") if graph.source_symbol is not None else None,
+        python_sources=_source_tree(graph, package_dir),
         what=graph.ref,
         host_fallback=graph.host_fallback,
+        max_seq=graph.max_seq,
+        max_batch=graph.max_batch,
     )
     return Node(
         import_node_id(graph), job, label=f"import {graph.ref}", heavy=True, isolate=ISOLATE_STEPS
     )
+
+
+def _source_tree(graph: GraphSpec, package_dir: Path) -> InputTree | None:
+    """The files an import reads besides its source: a Python model file may import any module
+    of its package; a causal-lm source (config.json) comes with its folder's weights and
+    tokenizer."""
+    if graph.frontend == "causal-lm":
+        assert graph.source is not None
+        return InputTree(graph.source.parent, "")
+    return InputTree(package_dir, ".py") if graph.source_symbol is not None else None
 
 
 # Import, encode and compile steps run in SYNaPSe worker processes (synapse._worker): a crash in

@@ -67,6 +67,8 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         entrypoints=job.entrypoints,
         dynamic=job.dynamic,
         host_fallback=job.host_fallback,
+        max_seq=job.max_seq,
+        max_batch=job.max_batch,
     )
     # the name locations carry in the module: not the build folder, so that the same model
     # builds to the same bytes anywhere; an error names the real file instead (_shown_path)

@@ -137,6 +137,13 @@ def read_package(
 
     files = [manifest]
     files += [g.source for g in graphs.values() if g.source is not None]
+    files += [  # a causal-lm source's weights and tokenizer, beside its config.json
+        f
+        for g in graphs.values()
+        if g.frontend == "causal-lm" and g.source is not None
+        for f in g.source.parent.iterdir()
+        if f.is_file() and not f.name.startswith(".")
+    ]
     files += [s.source for g in graphs.values() for s in g.shards]
     files += [w.source for w in weights.values() if w.source is not None]
     files += [t.path for t in tuning.values() if t.path is not None]
@@ -320,6 +327,13 @@ def _graph(
                 (*at, "arg_names", entry), *unknown(entry, g.entrypoints, what="entrypoint")
             )
         _check_unique(doc, (*at, "arg_names", entry), args)
+    for key in ("max_seq", "max_batch"):
+        if getattr(g, key) is not None and frontend != "causal-lm":
+            raise doc.error(
+                (*at, key),
+                f"{key} sizes a causal-lm graph's KV cache",
+                'set frontend = "causal-lm" or remove it',
+            )
     if g.dynamic and frontend in ("mlir", "stablehlo"):
         raise doc.error(
             (*at, "dynamic"),
@@ -364,6 +378,8 @@ def _graph(
             {a: FrozenDict({int(d): n for d, n in dims.items()}) for a, dims in g.dynamic.items()}
         ),
         host_fallback=g.host_fallback,
+        max_seq=g.max_seq,
+        max_batch=g.max_batch,
     )
 
 
@@ -490,6 +506,8 @@ def _source(
             f"module {module!r} not found: no {base}.py or {base / '__init__.py'}",
         )
 
+    if given_frontend == "causal-lm":
+        return _model_folder(doc, (*at, "source"), folder, text), None, given_frontend
     path = _existing(doc, (*at, "source"), folder, text)
     if given_frontend in PYTHON_FRONTENDS:
         raise doc.error(
@@ -505,6 +523,19 @@ def _source(
             "set frontend = 'mlir', 'stablehlo' or 'onnx'",
         )
     return path, None, frontend
+
+
+def _model_folder(doc: TomlDocument, at: tuple[str, ...], folder: Path, relative: str) -> Path:
+    """A causal-lm source: a folder `save_pretrained` wrote; its config.json stands for it
+    (the package's files and the import's inputs add the rest of the folder)."""
+    path = _inside(doc, at, folder, folder / relative)
+    if not path.is_dir():
+        raise doc.error(
+            at,
+            f"a causal-lm source is a model folder (config.json, *.safetensors, "
+            f"tokenizer.json); {path} is not a folder",
+        )
+    return _existing(doc, at, folder, str(Path(relative) / "config.json"))
 
 
 def _existing(

@@ -25,7 +25,7 @@ from plex.manifest._executor import parse_executor
 # Targets, drivers and target options are myelin.platforms' table; favor is the compiler's.
 Target = Literal[tuple(TARGETS)]  # type: ignore[valid-type]
 Driver = Literal[DRIVERS]  # type: ignore[valid-type]
-Frontend = Literal["mlir", "stablehlo", "onnx", "torch", "jax"]
+Frontend = Literal["mlir", "stablehlo", "onnx", "torch", "jax", "causal-lm"]
 FRONTENDS: tuple[str, ...] = typing.get_args(Frontend)
 Residency = Literal["resident", "streamed", "prefetch"]
 Favor = Literal[FAVORS]  # type: ignore[valid-type]
@@ -82,6 +82,9 @@ class GraphTable(_Table):
     shards: Any = None
     # ops IREE cannot lower run in a host VM module instead of failing the build (opt-in)
     host_fallback: bool = False
+    # frontend = "causal-lm": KV cache slots per sequence, sequences per call (docs/llm.md)
+    max_seq: Annotated[int, Field(ge=2)] | None = None
+    max_batch: Annotated[int, Field(ge=1)] | None = None
 
 
 class WeightsTable(_Table):

@@ -138,6 +138,10 @@ class GraphSpec:
     # frontend keeps dynamic; equal names are equal sizes
     dynamic: FrozenDict[str, FrozenDict[int, str]] = field(default_factory=FrozenDict)
     host_fallback: bool = False  # ops IREE cannot lower run in a host VM module
+    # frontend = "causal-lm" (source: the model folder's config.json): cache slots per
+    # sequence and sequences per call; None: the frontend's defaults
+    max_seq: int | None = None
+    max_batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,370 @@
+"""Hugging Face causal language models: a folder written by `save_pretrained` (config.json,
+*.safetensors, tokenizer.json) becomes a module with two entrypoints that share the weights and a
+KV cache kept in the module's own state:
+
+    prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s]) -> logits[b, vocab]
+    decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
+
+The model runs through its own code (`AutoModelForCausalLM`, local files only). Only the cache is
+ours: `DeviceKVCache` replaces the model's cache object with one tensor of
+[2 x layers, max_batch, kv_heads, max_seq + 1, head_dim] registered as a buffer of the exported
+module. torch.export records its update as a buffer mutation, which iree-turbine imports as a
+mutable `util.global`: IREE keeps it on the device, one per VM context (one per MyeLiN session).
+Its initial value is `#util.uninitialized`, so the `.mln` stores no cache bytes. Whether IREE
+writes the new slots in place or copies the cache per step is measured by
+benchmarks/llm_kv_cache.py (docs/llm.md: it copies, for now).
+
+The attention mask carries the cache length of a call: `attention_mask.shape[1]` is how many
+slots the sequence occupies after the call (past + new tokens), so a call writes slots
+`kv - q .. kv - 1` and attends over slots `0 .. kv - 1` only: a decode step reads what the
+sequence holds, never the whole allocated cache. The mask is 1 for real tokens and 0 for left
+padding (a batch of prompts of different lengths); position_ids count real tokens, as
+transformers' `generate` does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from myelin.errors import CompileError
+from myelin.frontends import FrontendRequest, FrontendResult
+
+# Entrypoint names the generator (myelin.runtime.generation) calls.
+PREFILL = "prefill"
+DECODE = "decode"
+# What the frontend records for the runtime, in the module's `myelin.causal_lm` attribute.
+TOKENIZER_FILE = "tokenizer.json"
+# Defaults when the manifest gives none.
+DEFAULT_MAX_SEQ = 256
+DEFAULT_MAX_BATCH = 1
+
+
+@dataclass(frozen=True)
+class CausalLMOptions:
+    """The manifest's `max_seq` (cache slots per sequence) and `max_batch` (sequences per call)."""
+
+    max_seq: int = DEFAULT_MAX_SEQ
+    max_batch: int = DEFAULT_MAX_BATCH
+
+
+def load_model(folder: Path, *, what: str) -> Any:
+    """The folder's model through transformers' own code, fp32, no hub."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not (folder / "config.json").is_file():
+        raise CompileError(
+            f"{what}: {folder} has no config.json; a causal-lm source is a folder written by "
+            "save_pretrained (config.json, *.safetensors, tokenizer.json)"
+        )
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            config=config,
+            local_files_only=True,
+            dtype=torch.float32,
+            attn_implementation="sdpa",
+        )
+    except Exception as e:  # transformers raises ValueError, OSError, KeyError, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CompileError(f"{what}: transformers cannot load {folder}: {first}") from e
+    return model.eval()
+
+
+def cache_shape(config: Any, max_batch: int, max_seq: int) -> tuple[int, int, int, int, int]:
+    """(layers, max_batch, kv_heads, slots, head_dim) of the model's KV cache.
+
+    A sequence holds at most `max_seq` tokens, in `max_seq + 1` slots: with the spare slot every
+    write and read is a strict part of the cache, which torch.export needs to keep the length
+    dynamic (a slice as long as the whole tensor is specialized).
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return (text.num_hidden_layers, max_batch, kv_heads, max_seq + 1, head_dim)
+
+
+def _cache_classes() -> tuple[type, type]:
+    """The cache layer and cache, defined on first use so that importing this module does not
+    import transformers."""
+    from transformers.cache_utils import Cache, StaticLayer
+
+    class DeviceKVLayer(StaticLayer):
+        """One layer's slots; `update` writes the call's tokens at `kv - q .. kv - 1` and
+        returns the slots `0 .. kv - 1` (kv from the owning cache, set per call)."""
+
+        def __init__(self, owner: DeviceKVCache, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__(max_cache_len=keys.shape[2])
+            self.owner = owner
+            self.keys, self.values = keys, values
+            self.device = keys.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self.owner.kv_length
+            start = end - key_states.shape[2]
+            self.keys[:, :, start:end] = key_states.to(self.keys.dtype)
+            self.values[:, :, start:end] = value_states.to(self.values.dtype)
+            return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
+
+        def get_seq_length(self) -> int:
+            return self.owner.kv_length
+
+        def get_mask_sizes(self, query_length: int, *args, **kwargs) -> tuple[int, int]:
+            return self.owner.kv_length, 0
+
+    class DeviceKVCache(Cache):
+        def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+            self.kv_length = 0
+            super().__init__(
+                layers=[DeviceKVLayer(self, k, v) for k, v in zip(keys, values, strict=True)]
+            )
+
+    return DeviceKVLayer, DeviceKVCache
+
+
+class CausalLMModule(torch.nn.Module):
+    """The model plus its KV cache as buffers; `prefill` and `decode` are what PLeX exports."""
+
+    def __init__(self, model: Any, options: CausalLMOptions) -> None:
+        super().__init__()
+        self.model = model
+        self.options = options
+        layers, batch, kv_heads, seq, head_dim = cache_shape(
+            model.config, options.max_batch, options.max_seq
+        )
+        # One buffer for every layer's keys (2i) and values (2i + 1): IREE 3.13 merges mutable
+        # globals of one type whose initial values are equal (uninitialized or zeros), so a
+        # global per layer would have every layer write the same memory.
+        self.register_buffer("kv_cache", torch.zeros(2 * layers, batch, kv_heads, seq, head_dim))
+        _, cache_class = _cache_classes()
+        self.cache = cache_class(list(self.kv_cache[0::2]), list(self.kv_cache[1::2]))
+
+    def _step(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        kv = attention_mask.shape[1]
+        q = input_ids.shape[1]
+        self.cache.kv_length = kv
+        # The layers take views of the buffer at each call: torch.export swaps a module's
+        # buffers for its tracing tensors, and a layer holding the originals would mutate
+        # constants instead of state.
+        for i, layer in enumerate(self.cache.layers):
+            layer.keys = self.kv_cache[2 * i]
+            layer.values = self.kv_cache[2 * i + 1]
+        # The 4-D additive mask: query i (slot kv - q + i) sees slot j <= its own, unless j is
+        # padding. transformers returns a 4-D mask as it is, so every family gets the same one.
+        slots = torch.arange(kv, device=input_ids.device)
+        query_slots = slots[kv - q :]
+        causal = slots[None, :] <= query_slots[:, None]  # [q, kv]
+        visible = causal[None, None, :, :] & (attention_mask[:, None, None, :] > 0)
+        # A padding query sees at least itself: a row with nothing visible gives NaN, which its
+        # cache slot would carry into every later step (0 * NaN in the attention sum).
+        visible = visible | (slots[None, :] == query_slots[:, None])[None, None, :, :]
+        mask = torch.zeros(visible.shape, dtype=torch.float32)
+        mask = mask.masked_fill(~visible, torch.finfo(torch.float32).min)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    def prefill(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        return self._step(input_ids, position_ids, attention_mask)
+
+    def decode(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        return self._step(input_ids, position_ids, attention_mask)
+
+
+def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
+    """What the generator needs to know about the model, recorded with the artifact."""
+    layers, batch, kv_heads, slots, head_dim = cache_shape(
+        model.config, options.max_batch, options.max_seq
+    )
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return {
+        "max_seq": options.max_seq,
+        "max_batch": batch,
+        "vocab": int(model.config.get_text_config().vocab_size),
+        "cache_bytes": 2 * layers * batch * kv_heads * slots * head_dim * 4,
+        "eos_token_ids": sorted({eos} if isinstance(eos, int) else set(eos or ())),
+        "model_type": model.config.model_type,
+    }
+
+
+def to_json(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+def options_of(request: FrontendRequest) -> CausalLMOptions:
+    return CausalLMOptions(
+        max_seq=request.max_seq or DEFAULT_MAX_SEQ,
+        max_batch=request.max_batch or DEFAULT_MAX_BATCH,
+    )
+
+
+def to_mlir(request: FrontendRequest) -> FrontendResult:
+    from myelin.frontends import torch as torch_frontend
+
+    folder = request.source.parent
+    what = f"{folder.name}/"
+    options = options_of(request)
+    if request.entrypoints is not None and set(request.entrypoints) != {PREFILL, DECODE}:
+        raise CompileError(
+            f"{what}: a causal-lm graph exports exactly {PREFILL} and {DECODE}; remove "
+            "`entrypoints` from the manifest"
+        )
+    tokenizer = folder / TOKENIZER_FILE
+    if not tokenizer.is_file():
+        raise CompileError(
+            f"{what}: no {TOKENIZER_FILE} in {folder}; save the tokenizer beside the model "
+            "(tokenizer.save_pretrained(folder)) so that the artifact can turn text into tokens"
+        )
+    with torch_frontend._EXPORT_LOCK, torch_frontend._quiet_export_warnings():
+        model = load_model(folder, what=what)
+        module = CausalLMModule(model, options)
+        programs = _export(module, options, what)
+        tensors = _externalize(programs, request.scope)
+        torch_mlir = torch_frontend._import(programs)
+        arg_names = {name: list(ARG_NAMES) for name in programs}
+    mlir, keys = torch_frontend._lower(torch_mlir, programs, arg_names, request, what)
+    record = describe(model, options)
+    mlir = _finish(mlir, record, tokenizer.read_text(encoding="utf-8"), what)
+    values = {}
+    for scope, key in keys:
+        if scope != request.scope or key not in tensors:
+            raise CompileError(f"{what}: the exported graph reads {scope}::{key}, not a weight")
+        values[key] = torch_frontend._numpy(tensors[key])
+    return FrontendResult(
+        mlir=mlir, input_type=torch_frontend.LOWERED_INPUT_TYPE, parameters=values
+    )
+
+
+ARG_NAMES = ("input_ids", "position_ids", "attention_mask")
+# The reflection keys of `prefill` that carry the model's record and its tokenizer.
+RECORD_KEY = "myelin.causal_lm"
+TOKENIZER_KEY = "myelin.tokenizer"
+
+
+def _export(
+    module: CausalLMModule, options: CausalLMOptions, what: str
+) -> dict[str, torch.export.ExportedProgram]:
+    from iree.turbine.aot.decompositions import extend_aot_decompositions
+    from iree.turbine.aot.fx_programs import FxProgramsBuilder
+
+    from myelin.frontends._torch_fixes import decomposition_table, float_scalar_comparisons
+
+    # torch.export specializes sizes 0 and 1: the examples have 2 and more (a 1-token prompt
+    # still runs, the compiled dim is dynamic).
+    batch, seq = options.max_batch, options.max_seq
+    prompt = torch.export.Dim("prompt", min=1, max=seq)
+    cache = torch.export.Dim("cache", min=2, max=seq)
+
+    # Separate tensors for every argument: torch.export reads aliased examples as one input.
+    def example(width: int) -> tuple[torch.Tensor, ...]:
+        ids = torch.zeros((batch, width), dtype=torch.int64)
+        positions = torch.arange(width, dtype=torch.int64).repeat(batch, 1)
+        return ids, positions, torch.ones((batch, 4), dtype=torch.int64)
+
+    builder = FxProgramsBuilder(module)
+    programs = {}
+    plans = {
+        PREFILL: (CausalLMModule.prefill, example(4), {1: prompt}, {1: prompt}),
+        DECODE: (CausalLMModule.decode, example(1), None, {1: cache}),
+    }
+    for name, (method, args, token_dims, mask_dims) in plans.items():
+        shapes = {"input_ids": token_dims, "position_ids": token_dims, "attention_mask": mask_dims}
+        try:
+            with extend_aot_decompositions(from_current=False):
+                program = builder.export_program(
+                    method, args=args, dynamic_shapes=shapes, strict=False, name=name
+                )
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CompileError(
+                f"{what}: torch.export of {name} failed: {type(e).__name__}: {first}"
+            ) from e
+        program = program.run_decompositions(decomposition_table())
+        float_scalar_comparisons(program)
+        programs[name] = program
+    return programs
+
+
+def _externalize(
+    programs: dict[str, torch.export.ExportedProgram], scope: str
+) -> dict[str, torch.Tensor]:
+    """Bind every weight to a named parameter under its transformers name
+    (`model.layers.0.self_attn.q_proj.weight`); the cache buffers stay module state."""
+    from iree.turbine.aot.tensor_traits import ExternalTensorTrait
+
+    by_key: dict[str, torch.Tensor] = {}
+    for program in programs.values():
+        for key, tensor in [*program.state_dict.items(), *program.constants.items()]:
+            if not isinstance(tensor, torch.Tensor) or key.endswith("kv_cache"):
+                continue
+            name = key.removeprefix("root.").removeprefix("model.")
+            if ExternalTensorTrait.get(tensor) is None:
+                ExternalTensorTrait(external_scope=scope, external_name=name).set(tensor)
+            by_key.setdefault(name, tensor)
+    return by_key
+
+
+def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> bytes:
+    """Leave the cache globals uninitialized (no cache bytes in the artifact) and record the
+    model and its tokenizer in `prefill`'s reflection, where the runtime reads them.
+
+    A zero initial value, even a splat, would be exported as a parameter of zeros.
+    Uninitialized is safe: a call reads only slots 0 .. kv - 1, which the sequence's prefill
+    and decode calls have written.
+    """
+    from iree.compiler import ir
+
+    from myelin.compiler.session import CompilerSession
+    from myelin.frontends.torch import _SESSION_FLAGS
+
+    with CompilerSession(_SESSION_FLAGS) as session:
+        module = session.parse(mlir, what=what)
+        with session.context, ir.Location.unknown():
+            states = 0
+            for op in module.regions[0].blocks[0].operations:
+                name = op.operation.name
+                attrs = op.operation.attributes
+                if name == "util.global" and "is_mutable" in attrs:
+                    value_type = ir.TypeAttr(attrs["type"]).value
+                    attrs["initial_value"] = ir.Attribute.parse(
+                        f"#util.uninitialized : {value_type}"
+                    )
+                    states += 1
+                elif name == "func.func" and ir.StringAttr(attrs["sym_name"]).value == PREFILL:
+                    attrs["iree.reflection"] = ir.DictAttr.get(
+                        {
+                            RECORD_KEY: ir.StringAttr.get(to_json(record)),
+                            TOKENIZER_KEY: ir.StringAttr.get(tokenizer),
+                        }
+                    )
+            if states == 0:
+                raise CompileError(f"{what}: the export kept no KV cache state")
+        buffer = io.BytesIO()
+        module.write_bytecode(buffer)
+    return buffer.getvalue()

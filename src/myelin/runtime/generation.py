@@ -1,0 +1,445 @@
+"""Text generation over a causal LM `.mln` (frontend = "causal-lm"): prompts in, a stream of
+tokens and text out.
+
+    model = myelin.Instance().load("lm.mln")
+    generator = Generator(model)
+    for step in generator.stream("Once upon a time", max_new_tokens=64):
+        print(step.text, end="", flush=True)
+
+The artifact carries what generation needs: `prefill` and `decode` entrypoints whose KV cache is
+module state (one cache per session, on the device, updated in place), and in `prefill`'s
+reflection the model's record (max_seq, max_batch, end-of-sequence ids) and its tokenizer.json,
+read with the `tokenizers` library. Per step only the new token ids go in and the last
+position's logits come back; sampling runs here, on the host, in numpy.
+
+A generator owns one session, so one generation runs at a time on it; for concurrent
+generations open one generator per thread. Each holds its own cache, which memory admission
+counts for as long as the generator is open.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from myelin.errors import Cancelled, InputError, MemoryBudgetExceeded, MyelinError
+from myelin.runtime.admission import CallNeed, format_bytes
+
+# Names shared with the frontend (myelin.frontends.causal_lm), which the runtime must not import.
+PREFILL = "prefill"
+DECODE = "decode"
+RECORD_KEY = "myelin.causal_lm"
+TOKENIZER_KEY = "myelin.tokenizer"
+
+
+class NotACausalLM(MyelinError):
+    """The artifact was not built from a causal-lm graph."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen, in the order transformers applies these: repetition
+    penalty, temperature, top-k, top-p. `temperature=0` is greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise InputError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise InputError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise InputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+@dataclass
+class Step:
+    """One generated token of one sequence, and the text it completes (may be empty while a
+    multi-byte character is still incomplete)."""
+
+    sequence: int
+    token: int
+    text: str
+
+
+@dataclass
+class Generation:
+    """A finished generation: per sequence its new tokens and text, why it stopped, and timing."""
+
+    tokens: list[list[int]]
+    texts: list[str]
+    stop_reasons: list[str]  # "eos", "stop_string", "max_new_tokens", "max_seq", "cancelled"
+    prompt_tokens: int  # the prompts' tokens (padding not counted)
+    time_to_first_token_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    decode_steps: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Generator:
+    """Generation over one session of a loaded causal-LM model."""
+
+    def __init__(self, model: Any, *, spin_us: float = 0.0, wait_for_memory: float = 0.0) -> None:
+        """`wait_for_memory`: seconds to wait, under a memory budget, for other generators or
+        calls to give back the bytes this generator's KV cache needs (0: fail at once)."""
+        self.model = model
+        try:
+            reflection = model.reflection(PREFILL)
+        except MyelinError as e:
+            raise NotACausalLM(
+                f"{model.path.name} has no '{PREFILL}' entrypoint: build it from a Hugging Face "
+                'folder with frontend = "causal-lm" (docs/llm.md)'
+            ) from e
+        if RECORD_KEY not in reflection:
+            raise NotACausalLM(
+                f"{model.path.name}: '{PREFILL}' was not built by the causal-lm frontend; build "
+                'the model with frontend = "causal-lm" (docs/llm.md)'
+            )
+        record = json.loads(reflection[RECORD_KEY])
+        self.max_seq: int = record["max_seq"]
+        self.max_batch: int = record["max_batch"]
+        self.vocab: int = record["vocab"]
+        self.cache_bytes: int = record["cache_bytes"]
+        self.eos_token_ids: tuple[int, ...] = tuple(record["eos_token_ids"])
+        self.tokenizer = _tokenizer(reflection.get(TOKENIZER_KEY), model.path.name)
+        # The cache is allocated when the session's VM context starts: count it first.
+        self._reservation = None
+        if model.budget is not None:
+            self._reservation = self._reserve_cache(model, wait_for_memory)
+        try:
+            self.session = model.session(spin_us=spin_us)
+        except BaseException:
+            self._release()
+            raise
+        self._prefill = self.session.resolve(PREFILL)
+        self._decode = self.session.resolve(DECODE)
+        self._cancelled = threading.Event()
+        self._busy = threading.Lock()
+
+    def _reserve_cache(self, model: Any, wait_s: float) -> Any:
+        what = f"{model.path.name}: the KV cache of a generator session"
+        deadline = time.monotonic() + wait_s
+
+        def stop() -> None:
+            if time.monotonic() >= deadline:
+                # Called under the budget's lock: nothing here may ask the budget again.
+                raise MemoryBudgetExceeded(
+                    f"{what} needs {format_bytes(self.cache_bytes)}, more than the memory "
+                    "budget has free while other generators and calls hold theirs; "
+                    "close a generator, wait longer (wait_for_memory=), raise [runtime] "
+                    "memory or rebuild with a smaller max_seq / max_batch"
+                )
+
+        return model.budget.reserve(
+            CallNeed(0, self.cache_bytes, 0), what, stop=stop, deadline=deadline
+        )
+
+    # -- lifetime --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.session.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def cancel(self) -> None:
+        """Stop the running generation (any thread): its stream ends after the current step,
+        whose call is cancelled too; the generator stays usable."""
+        self._cancelled.set()
+        self.session.cancel()
+
+    # -- text ------------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], **options: Any
+    ) -> Generation:
+        """Run `stream` to the end; returns every sequence's tokens, text and timing."""
+        stream = self.stream(prompts, **options)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(
+        self,
+        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        *,
+        max_new_tokens: int = 64,
+        sampling: Sampling | None = None,
+        stop_tokens: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        use_eos: bool = True,
+        timeout: float | None = None,
+    ) -> GenerationStream:
+        """An iterator of `Step`s, token by token, in sequence order within a step.
+
+        `prompts`: one text, one list of token ids, or a list of either (at most max_batch;
+        prompts of different lengths are left-padded). A sequence stops at an end-of-sequence
+        id of the model (`use_eos`), at any of `stop_tokens`, when its text contains one of
+        `stop_strings` (the text is cut before it), after `max_new_tokens`, or when it fills
+        max_seq. `timeout` bounds each device call (DeadlineExceeded).
+        """
+        batch = self._prompts(prompts)
+        if max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        return GenerationStream(
+            self,
+            batch,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling or Sampling(),
+            stop_tokens=frozenset(stop_tokens)
+            | (frozenset(self.eos_token_ids) if use_eos else frozenset()),
+            stop_strings=tuple(s for s in stop_strings if s),
+            timeout=timeout,
+        )
+
+    def _prompts(self, prompts: Any) -> list[list[int]]:
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int | np.integer)
+        )
+        items = [prompts] if single else list(prompts)
+        if not items:
+            raise InputError("no prompt given")
+        if len(items) > self.max_batch:
+            raise InputError(
+                f"{len(items)} prompts but the model was built for max_batch = {self.max_batch}; "
+                "pass fewer prompts or rebuild with a larger max_batch"
+            )
+        batch = []
+        for item in items:
+            tokens = self.encode(item) if isinstance(item, str) else [int(t) for t in item]
+            if not tokens:
+                raise InputError("a prompt has no tokens")
+            bad = [t for t in tokens if not 0 <= t < self.vocab]
+            if bad:
+                raise InputError(
+                    f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})"
+                )
+            if len(tokens) >= self.max_seq:
+                raise InputError(
+                    f"a prompt of {len(tokens)} tokens leaves no room in max_seq = {self.max_seq}; "
+                    "shorten it or rebuild with a larger max_seq"
+                )
+            batch.append(tokens)
+        return batch
+
+
+class GenerationStream:
+    """The iterator `Generator.stream` returns; `result` is set when it ends."""
+
+    def __init__(
+        self,
+        generator: Generator,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop_tokens: frozenset[int],
+        stop_strings: tuple[str, ...],
+        timeout: float | None,
+    ) -> None:
+        self.generator = generator
+        self.prompts = prompts
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.stop_tokens = stop_tokens
+        self.stop_strings = stop_strings
+        self.timeout = timeout
+        self.result: Generation | None = None
+        self._steps = self._run()
+
+    def __iter__(self) -> Iterator[Step]:
+        return self
+
+    def __next__(self) -> Step:
+        return next(self._steps)
+
+    def _run(self) -> Iterator[Step]:
+        g = self.generator
+        if not g._busy.acquire(blocking=False):
+            raise InputError(
+                "this generator is already generating; open one Generator per concurrent generation"
+            )
+        try:
+            g._cancelled.clear()
+            yield from self._generate()
+        finally:
+            g._busy.release()
+
+    def _generate(self) -> Iterator[Step]:
+        g, s = self.generator, self.sampling
+        rows = len(self.prompts)
+        width = max(len(p) for p in self.prompts)
+        # Left padding: every row's last prompt token sits in the same slot. Rows past the
+        # prompts given run a one-token dummy (the batch size is compiled in).
+        ids = np.zeros((g.max_batch, width), dtype=np.int64)
+        mask = np.zeros((g.max_batch, width), dtype=np.int64)
+        for r in range(g.max_batch):
+            tokens = self.prompts[r] if r < rows else [0]
+            ids[r, width - len(tokens) :] = tokens
+            mask[r, width - len(tokens) :] = 1
+        # Positions count real tokens, as transformers' generate computes them.
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
+        next_position = positions[:, -1] + 1
+        rng = np.random.default_rng(s.seed)
+        seen = [set(p) for p in self.prompts]  # for the repetition penalty
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        texts = [""] * rows
+        emitted = [""] * rows  # text already streamed, per row
+        reasons: list[str | None] = [None] * rows
+        room = g.max_seq - width  # decode calls that fit after the prompt
+
+        start = time.perf_counter()
+        logits = self._call(g._prefill, ids, positions, mask)
+        first = time.perf_counter()
+        decode_steps = 0
+        decode_s = 0.0
+        for step in range(self.max_new_tokens):
+            chosen = np.zeros(g.max_batch, dtype=np.int64)
+            for r in range(rows):
+                if reasons[r] is not None:
+                    continue
+                token = _choose(logits[r], s, seen[r], rng)
+                chosen[r] = token
+                tokens[r].append(token)
+                seen[r].add(token)
+                text, stop = self._text(r, tokens[r])
+                texts[r] = text
+                new, emitted[r] = text[len(emitted[r]) :], text
+                if token in self.stop_tokens:
+                    reasons[r] = "eos"
+                elif stop:
+                    reasons[r] = "stop_string"
+                yield Step(r, token, new)
+            if g._cancelled.is_set():
+                reasons = [x or "cancelled" for x in reasons]
+            if all(x is not None for x in reasons):
+                break
+            if step == self.max_new_tokens - 1:
+                break
+            if step >= room:  # the next decode would hold max_seq + 1 tokens
+                reasons = [x or "max_seq" for x in reasons]
+                break
+            # One more slot per row; finished rows keep running (their tokens are ignored).
+            mask = np.concatenate([mask, np.ones((g.max_batch, 1), dtype=np.int64)], axis=1)
+            t0 = time.perf_counter()
+            try:
+                logits = self._call(g._decode, chosen[:, None], next_position[:, None].copy(), mask)
+            except Cancelled:
+                reasons = [x or "cancelled" for x in reasons]
+                break
+            decode_s += time.perf_counter() - t0
+            decode_steps += 1
+            next_position = next_position + 1
+        reasons = [x or "max_new_tokens" for x in reasons]
+        prompt_tokens = sum(len(p) for p in self.prompts)  # the real ones, not padding
+        self.result = Generation(
+            tokens=tokens,
+            texts=texts,
+            stop_reasons=[str(x) for x in reasons],
+            prompt_tokens=prompt_tokens,
+            time_to_first_token_s=first - start,
+            prefill_tokens_per_s=prompt_tokens / max(first - start, 1e-9),
+            decode_tokens_per_s=decode_steps * rows / decode_s if decode_s > 0 else 0.0,
+            decode_steps=decode_steps,
+            timings={"prefill_s": first - start, "decode_s": decode_s},
+        )
+
+    def _call(self, call: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> Any:
+        return call(ids, positions, mask, output="numpy", timeout=self.timeout)
+
+    def _text(self, row: int, tokens: list[int]) -> tuple[str, bool]:
+        """The row's text so far, cut before a stop string (and whether one was found). A
+        trailing incomplete UTF-8 sequence is held back until its last byte arrives."""
+        text = self.generator.decode(tokens)
+        for stop in self.stop_strings:
+            at = text.find(stop)
+            if at >= 0:
+                return text[:at], True
+        text = text.rstrip("\ufffd")
+        # Hold back an ending that may be the start of a stop string, so that a stream never
+        # shows text the stop string will cut.
+        held = max(
+            (
+                n
+                for stop in self.stop_strings
+                for n in range(1, len(stop))
+                if text.endswith(stop[:n])
+            ),
+            default=0,
+        )
+        return text[: len(text) - held], False
+
+
+def _choose(logits: np.ndarray, s: Sampling, seen: set[int], rng: np.random.Generator) -> int:
+    """The next token from one row of logits (transformers' order of processors)."""
+    scores = logits.astype(np.float64, copy=True)
+    if s.repetition_penalty != 1.0 and seen:
+        index = np.fromiter(seen, dtype=np.int64)
+        values = scores[index]
+        scores[index] = np.where(
+            values < 0, values * s.repetition_penalty, values / s.repetition_penalty
+        )
+    if s.temperature == 0:
+        return int(np.argmax(scores))
+    scores /= s.temperature
+    if 0 < s.top_k < scores.size:
+        kth = np.partition(scores, -s.top_k)[-s.top_k]
+        scores[scores < kth] = -np.inf
+    if s.top_p < 1.0:
+        order = np.argsort(scores)  # ascending, as transformers' TopPLogitsWarper
+        probs = _softmax(scores[order])
+        cumulative = np.cumsum(probs)
+        remove = cumulative <= 1 - s.top_p
+        remove[-1] = False  # always keep the most likely token
+        scores[order[remove]] = -np.inf
+    probs = _softmax(scores)
+    return int(rng.choice(scores.size, p=probs))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def _tokenizer(text: str | None, name: str) -> Any:
+    try:
+        from tokenizers import Tokenizer
+    except ModuleNotFoundError as e:
+        raise MyelinError(
+            "generation needs the 'tokenizers' package to read the model's tokenizer: "
+            "pip install tokenizers"
+        ) from e
+    if not text:
+        raise NotACausalLM(f"{name} carries no tokenizer; rebuild it with plex build")
+    return Tokenizer.from_str(text)
