@@ -269,19 +269,20 @@ class ResolvedCall:
         on_cuda = driver == "cuda"
         self._cuda = self._device if on_cuda else None
 
-        # Binding (step 1). Per input: (dtype, rank, ((axis, size), ...) of static dims, HAL
-        # element type) for the fast check; None for scalars. The full check (check_inputs)
-        # converts what the fast one refuses, and words the error.
+        # Binding (step 3). Per input: (position, dtype, rank, ((axis, size), ...) of static
+        # dims, HAL element type) for the fast check; None for scalars. The full check
+        # (check_inputs) converts what the fast one refuses, and words the error.
         self._expected = [
             None
             if t.is_scalar
             else (
+                i,
                 numpy_dtype(t.dtype),
                 len(t.shape or ()),
                 tuple((a, d) for a, d in enumerate(t.shape or ()) if d is not None),
                 element_type_of(numpy_dtype(t.dtype)),  # None: no element type; full check
             )
-            for t in self.signature.inputs
+            for i, t in enumerate(self.signature.inputs)
         ]
         # Dynamic dims that share a name, as ((input, axis), ...) groups, for the fast check.
         self._equal_dims = [members for _, members in shared_dims(self.signature.inputs)]
@@ -325,9 +326,11 @@ class ResolvedCall:
         }
         # out= through the entrypoint's own output arguments, else through its twin.
         out_twin = twin if not self._output_args and twin is not None and twin.pairs else None
+        into_caller = CallerStorage(self, out_twin, to_host=False)
         self._caller_sinks = {
-            True: CallerStorage(self, out_twin, to_host=True),
-            False: CallerStorage(self, out_twin, to_host=False),
+            "numpy": CallerStorage(self, out_twin, to_host=True),
+            "device": into_caller,
+            "dlpack": into_caller,
         }
 
         # The guard (step 5): the memory budget and the weights' residency, which the model
@@ -353,13 +356,14 @@ class ResolvedCall:
         what `output`, `timeout` and `out` do). Every call takes these steps, each once;
         `submit` takes the same ones up to the wait:
 
-        1. Sink (`_sink`): where the results go, by `output` and `out=`: IREE's results as
-           numpy or device arrays, storage MyeLiN allocates (`"dlpack"`), or the caller's
-           `out=` (myelin.runtime.sinks).
+        1. Sink: where the results go, picked by `output` and `out=` from the sinks made at
+           resolve (`_sinks`, `_caller_sinks`): IREE's results as numpy or device arrays,
+           storage MyeLiN allocates (`"dlpack"`), or the caller's `out=` (myelin.runtime.sinks).
         2. Deadline: the call's timeout and `Session.cancel()`, checked at every step below
            and every CHECK_INTERVAL_S while it waits (myelin.runtime.deadline).
-        3. Bind (`_bind`): the inputs checked against the signature (the fast check, else the
-           full one), dim limits and index ranges checked, `out=` spliced in.
+        3. Bind (`_checked_arguments`; `_bind` with `out=`): the inputs checked against the
+           signature (the fast check, else the full one), dim limits and index ranges
+           checked, `out=` spliced in.
         4. Turn (`_take_turn`): the session's lock, waited for within the deadline.
         5. Guard (`_guard`): the call's memory reserved under the budget and the weights made
            resident while it runs; nothing for a plain entrypoint (`_plain`: `_call_plain`).
@@ -368,9 +372,11 @@ class ResolvedCall:
         7. Wait (`_wait_for`) for the fence, in slices, checking the deadline.
         8. Deliver: the sink turns IREE's results into what the caller asked for.
         """
-        sink = self._sink(output, out)
+        sink = (self._sinks if out is None else self._caller_sinks).get(output)
+        if sink is None:
+            raise self._unknown_output(output)
         deadline = Deadline(self.name, timeout, self._session)
-        bound = self._bind(inputs, out)
+        bound = self._checked_arguments(inputs) if out is None else self._bind(inputs, out)
         try:
             if self._plain:
                 outs = self._call_plain(bound, sink, deadline)
@@ -397,9 +403,9 @@ class ResolvedCall:
             )
         if not (self._async and self._plain):
             return PendingCall.completed(self, self(*inputs, output=output))
-        sink = self._sink(output, None)
+        sink = self._sinks[output]
         deadline = Deadline(self.name, None, self._session)
-        bound = self._bind(inputs, None)
+        bound = self._checked_arguments(inputs)
         lock = self._take_turn(deadline)
         try:
             in_flight = self._session._in_flight
@@ -411,40 +417,33 @@ class ResolvedCall:
             lock.release()
         return pending
 
-    # -- 1. the sink ---------------------------------------------------------------------------
-
-    def _sink(self, output: str, out: Any) -> Any:
-        sinks = self._sinks if out is None else self._caller_sinks
-        sink = sinks.get(output) if out is None else sinks.get(output == "numpy")
-        if sink is None or output not in OUTPUT_KINDS:
-            raise ValueError(
-                f"{self.name}: output must be one of {', '.join(map(repr, OUTPUT_KINDS))}, "
-                f"got {output!r}"
-            )
-        return sink
+    def _unknown_output(self, output: Any) -> ValueError:
+        return ValueError(
+            f"{self.name}: output must be one of {', '.join(map(repr, OUTPUT_KINDS))}, "
+            f"got {output!r}"
+        )
 
     # -- 3. binding ----------------------------------------------------------------------------
 
     def _bind(self, inputs: tuple[Any, ...], out: Any) -> Bound:
-        """The call's arguments, checked, with `out=` in the place the entrypoint (or, when its
-        source takes no result storage, its twin) takes result storage."""
-        if out is None:
-            return Bound(*self._checked_arguments(inputs))
+        """The call's arguments with `out=`: checked, and the `out=` tensors in the place the
+        entrypoint (or, when its source takes no result storage, its twin) takes storage."""
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-        twin = self._caller_sinks[False].twin
+        twin = self._caller_sinks["device"].twin
         if twin is None:  # the entrypoint's own {iree.abi.output} arguments (or an error)
             inputs = with_output_arguments(self.name, inputs, outs, self._output_args)
-            return Bound(*self._checked_arguments(inputs), outs)
-        values, ready = self._checked_arguments(inputs)
-        views = twin.caller_views(outs)
-        return Bound(
-            values, with_output_arguments(self.name, tuple(ready), views, twin.pairs), outs
-        )
+            bound = self._checked_arguments(inputs)
+        else:
+            bound = self._checked_arguments(inputs)
+            views = twin.caller_views(outs)
+            bound.ready = with_output_arguments(self.name, tuple(bound.ready), views, twin.pairs)
+        bound.outs = outs
+        return bound
 
-    def _checked_arguments(self, inputs: tuple[Any, ...]) -> tuple[Any, list[Any]]:
-        """The inputs checked against the signature, as the caller's values (their shapes key
-        learned result shapes) and as IREE's packer takes them; InputError names what is wrong.
-        """
+    def _checked_arguments(self, inputs: tuple[Any, ...]) -> Bound:
+        """The inputs checked against the signature (step 3 without `out=`), as the caller's
+        values (their shapes key what a shape decides) and as IREE's packer takes them;
+        InputError names what is wrong."""
         ready = self._fast_arguments(inputs)  # numpy or device arrays of the right kind
         if ready is not None:
             values: Any = inputs
@@ -466,7 +465,7 @@ class ResolvedCall:
             check_dim_limits(self.name, self.signature.inputs, self._dim_limits, values)
         if self._index_checks:
             check_index_ranges(self.name, self._index_checks, values)
-        return values, ready
+        return Bound(values, ready)
 
     def _fast_arguments(self, values: tuple[Any, ...]) -> list[Any] | None:
         """The fast check: numpy arrays, or device arrays already on this entrypoint's device,
@@ -478,19 +477,19 @@ class ResolvedCall:
         shapes: list[Any] = []
         ready: list[Any] = []
         passed = self._passed
-        for i, (expected, value) in enumerate(zip(self._expected, values, strict=True)):
+        for expected, value in zip(self._expected, values, strict=True):
             if expected is None:
                 shapes.append(None)
                 ready.append(value)
                 continue
             kind = type(value)
             if kind is DeviceTensor or kind is _DEVICE_ARRAY:
-                seen = passed.get((i, id(value)))
+                seen = passed.get((expected[0], id(value)))
                 if seen is not None and seen[0]() is value:  # this very array passed before
                     ready.append(buffer_view_of(value))
                     shapes.append(seen[1])
                     continue
-            dtype, rank, static, hal = expected
+            i, dtype, rank, static, hal = expected
             if kind is np.ndarray:
                 if value.dtype != dtype or value.ndim != rank:
                     return None
@@ -533,7 +532,9 @@ class ResolvedCall:
         which a serving loop pays every call."""
         lock = self._take_turn(deadline)
         try:
-            return self._run(bound, sink, deadline, None)
+            signal, args, results, state = self._start(bound, sink, deadline, None, False)
+            self._wait_for(signal, args, results, deadline, None)
+            return sink.deliver(results, bound, state)
         finally:
             lock.release()
 
@@ -547,7 +548,11 @@ class ResolvedCall:
         try:
             reservation = self._guard(need, deadline)
             try:
-                return self._run(bound, sink, deadline, reservation)
+                signal, args, results, state = self._start(
+                    bound, sink, deadline, reservation, False
+                )
+                self._wait_for(signal, args, results, deadline, reservation)
+                return sink.deliver(results, bound, state)
             finally:
                 if self._residency is not None:
                     self._residency.after_call()
@@ -586,14 +591,6 @@ class ResolvedCall:
                     reservation.release()
                 raise
         return reservation
-
-    def _run(
-        self, bound: Bound, sink: Any, deadline: Deadline, reservation: Reservation | None
-    ) -> list[Any]:
-        """Steps 6-8 (the session's turn taken and the call guarded)."""
-        signal, args, results, state = self._start(bound, sink, deadline, reservation, False)
-        self._wait_for(signal, args, results, deadline, reservation)
-        return sink.deliver(results, bound, state)
 
     def _start(
         self,

@@ -1,5 +1,5 @@
 """Result sinks: where a call's results go. A resolved call makes its sinks once, and each call
-takes one, by `output` and `out=` (`ResolvedCall._sink`):
+takes one, by `output` and `out=`:
 
 - `IreeResults`: results in memory IREE allocates, read to numpy or kept on the device as
   DeviceTensors (`output="numpy"`, `"device"`; `"dlpack"` without a storage twin).
