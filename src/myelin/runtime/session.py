@@ -73,6 +73,7 @@ OUTPUT_KINDS: tuple[str, ...] = get_args(OutputKind)
 
 # Looked up once: per-call attribute lookups add up on a call that costs tens of microseconds.
 _DEVICE_ARRAY = rt.DeviceArray
+_NDARRAY = np.ndarray
 _VARIANT_LIST = rt.VmVariantList
 _CREATE_FENCE = rt.HalFence.create_at
 _NO_WAIT = rt.HalFence  # HalFence(1): a fence with no timepoints, met from the start
@@ -490,7 +491,7 @@ class ResolvedCall:
                     shapes.append(seen[1])
                     continue
             i, dtype, rank, static, hal = expected
-            if kind is np.ndarray:
+            if kind is _NDARRAY:
                 if value.dtype != dtype or value.ndim != rank:
                     return None
                 shape = value.shape
@@ -511,7 +512,7 @@ class ResolvedCall:
             for axis, size in static:
                 if shape[axis] != size:
                     return None
-            if kind is not np.ndarray:
+            if kind is not _NDARRAY:
                 if len(passed) >= _PASSED_ENTRIES:
                     passed.clear()
                 passed[(i, id(value))] = (weakref.ref(value), shape)
@@ -533,7 +534,8 @@ class ResolvedCall:
         lock = self._take_turn(deadline)
         try:
             signal, args, results, state = self._start(bound, sink, deadline, None, False)
-            self._wait_for(signal, args, results, deadline, None)
+            if signal is not _MET:
+                self._wait_for(signal, args, results, deadline, None)
             return sink.deliver(results, bound, state)
         finally:
             lock.release()
@@ -551,7 +553,8 @@ class ResolvedCall:
                 signal, args, results, state = self._start(
                     bound, sink, deadline, reservation, False
                 )
-                self._wait_for(signal, args, results, deadline, reservation)
+                if signal is not _MET:
+                    self._wait_for(signal, args, results, deadline, reservation)
                 return sink.deliver(results, bound, state)
             finally:
                 if self._residency is not None:
@@ -612,8 +615,10 @@ class ResolvedCall:
         if transients is not None:  # a HAL buffer, which the packer does not take
             args.push_ref(transients)
         results = _VARIANT_LIST(len(self._out_dtypes))
-        if not self._async:
+        if not self._async:  # done when it returns: a cancel or timeout meanwhile drops it
             self._invoke(args, results, function)
+            deadline.where = "while it ran (a synchronous entrypoint stops once it returns)"
+            deadline.check()
             return _MET, args, results, state
         session = self._session
         wait, signal = session._submission_fences(self._device, unchained)
@@ -634,14 +639,9 @@ class ResolvedCall:
         deadline: Deadline,
         reservation: Reservation | None,
     ) -> None:
-        """Step 7: wait for the signal fence in slices, checking the deadline. A synchronous
-        call is done; a cancel or timeout that came while it ran drops its results. A stopped
-        async call hands its memory reservation to a background waiter: the device still uses
-        that memory."""
-        if signal is _MET:
-            deadline.where = "while it ran (a synchronous entrypoint stops once it returns)"
-            deadline.check()
-            return
+        """Step 7: wait for the signal fence in slices, checking the deadline (the caller skips
+        a met fence: a synchronous call is done). A stopped call hands its memory reservation
+        to a background waiter: the device still uses that memory."""
         deadline.where = "while the device ran it"
         try:
             self._wait.wait(signal, deadline.slice_s, deadline.check)
