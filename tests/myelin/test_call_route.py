@@ -22,9 +22,7 @@ def reference(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("budget", [None, "1MiB"], ids=["plain", "guarded"])
-def test_each_sink_gives_the_same_results_with_and_without_the_guard(
-    mlp_mln, mlp_weights, budget
-):
+def test_each_sink_gives_the_same_results_with_and_without_the_guard(mlp_mln, mlp_weights, budget):
     model = myelin.Instance().load(mlp_mln, memory_budget=budget)
     try:
         with model.session() as session:
