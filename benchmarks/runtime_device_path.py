@@ -100,7 +100,7 @@ def paths_for(model, name: str, arrays, before) -> dict:
 # MyeLiN's call, stage by stage: (class, method) in the order a "device" call meets them.
 STAGES = (
     ("ResolvedCall", "__call__"),
-    ("ResolvedCall", "_bind"),
+    ("ResolvedCall", "_checked_arguments"),
     ("ResolvedCall", "_call_plain"),
     ("Session", "_fences"),
     ("ResolvedCall", "_invoke"),
