@@ -72,6 +72,7 @@ def main() -> None:
         rt.flags.parse_flags(*flags)
     import myelin
     from myelin.runtime._iree_private import InvokeContext
+    from myelin.runtime.sinks import converted
     from plex.builder import build
 
     example = minilm_cpu.load_example()
@@ -120,7 +121,7 @@ def main() -> None:
             if call._async:
                 signal.wait()
             marks.append((clock(), cpu()))
-            call._convert(results, 0, device, "numpy")
+            converted(call, results, to_host=True)
             marks.append((clock(), cpu()))
             marks.append(marks[0])  # the last "stage": the whole, last mark minus the first
             stages.append([(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(marks)])

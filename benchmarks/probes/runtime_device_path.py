@@ -101,12 +101,12 @@ def paths_for(model, name: str, arrays, before) -> dict:
 # MyeLiN's call, stage by stage: (class, method) in the order a "device" call meets them.
 STAGES = (
     ("ResolvedCall", "__call__"),
-    ("ResolvedCall", "_fast_arguments"),
+    ("ResolvedCall", "_checked_arguments"),
     ("ResolvedCall", "_call_plain"),
     ("Session", "_fences"),
     ("ResolvedCall", "_invoke"),
     ("FenceWait", "wait"),
-    ("ResolvedCall", "_device_results"),
+    ("IreeResults", "deliver"),
 )
 
 
@@ -114,10 +114,11 @@ def stage_times(call, calls: int) -> dict[str, float]:
     """p50 microseconds of each stage of `call` (a MyeLiN "device" call), by wrapping the
     stages' methods for the duration."""
     from myelin.runtime import session as module
-    from myelin.runtime import waiting
+    from myelin.runtime import sinks, waiting
 
     classes = {"ResolvedCall": module.ResolvedCall, "Session": module.Session}
     classes["FenceWait"] = waiting.FenceWait
+    classes["IreeResults"] = sinks.IreeResults
     samples: dict[str, list[int]] = {}
     saved = []
     for cls_name, name in STAGES:

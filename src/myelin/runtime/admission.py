@@ -11,7 +11,6 @@ Python and numpy only: it runs on devices that have only `iree-base-runtime` and
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 
 from myelin.errors import ArtifactError, MemoryBudgetExceeded, MemoryNeedUnknown
 from myelin.mln import MAX_COUNT, MemoryRecord, size_formula_json
+from myelin.runtime.deadline import Deadline
 from myelin.size_formulas import SizeExpr, compile_size
 
 
@@ -145,11 +145,9 @@ class AdmissionBudget:
         with self._cond:
             return self._in_flight
 
-    def reserve(
-        self, need: CallNeed, what: str, *, stop: Callable[[], None], deadline: float | None
-    ) -> Reservation:
-        """Take `need.total` bytes; `stop()` raises when the caller is cancelled or out of
-        time while it waits."""
+    def reserve(self, need: CallNeed, what: str, deadline: Deadline) -> Reservation:
+        """Take `need.total` bytes; while it waits for other calls to finish, `deadline.check()`
+        raises when the caller is cancelled or out of time."""
         total = need.total
         if total > self.available:
             raise MemoryBudgetExceeded(
@@ -163,11 +161,8 @@ class AdmissionBudget:
                 self._waiting += 1
                 try:
                     while self._in_flight + total > self.available:
-                        stop()
-                        wait = 0.05
-                        if deadline is not None:
-                            wait = min(wait, max(deadline - time.monotonic(), 0))
-                        self._cond.wait(wait)
+                        deadline.check()
+                        self._cond.wait(deadline.slice_s())
                 finally:
                     self._waiting -= 1
             self._in_flight += total

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import deque
 from typing import Any
 
 import iree.runtime as rt
 
 from myelin.errors import DeadlineExceeded, MyelinError
-from myelin.runtime.waiting import CHECK_INTERVAL_S, FenceWait
+from myelin.runtime.deadline import Deadline
+from myelin.runtime.waiting import FenceWait
 
 # Most submissions of one session in flight at once: enough to keep a GPU fed many calls ahead
 # (a call costs the host ~10 us to submit), few enough that a runaway loop cannot queue up the
@@ -55,9 +55,9 @@ class PendingCall:
         "_error",
         "_keep",
         "_lock",
-        "_output",
         "_results",
         "_signal",
+        "_sink",
         "_value",
         "name",
     )
@@ -65,17 +65,17 @@ class PendingCall:
     def __init__(
         self,
         call: Any,
+        sink: Any,
         signal: rt.HalFence | None,
         results: Any,
         keep: tuple[Any, ...],
-        output: str,
     ) -> None:
         self.name = call.name
-        self._call = call  # the ResolvedCall: converts the results
+        self._call = call  # the ResolvedCall
+        self._sink = sink  # converts the results (myelin.runtime.sinks)
         self._signal = signal  # None: already complete (its results are in `_results`)
         self._results = results
         self._keep = keep  # arguments and inputs the device reads until the signal
-        self._output = output
         self._value: Any = _NOT_YET
         self._error: MyelinError | None = None
         # Two threads may read one result (the caller and a closing session): one converts.
@@ -85,7 +85,7 @@ class PendingCall:
     def completed(cls, call: Any, value: Any) -> PendingCall:
         """A call that ran to completion when it was submitted (an entrypoint that cannot be
         submitted asynchronously: see `ResolvedCall.submit`)."""
-        pending = cls(call, None, None, (), "device")
+        pending = cls(call, None, None, None, ())
         pending._value = value
         return pending
 
@@ -111,26 +111,13 @@ class PendingCall:
 
     def _wait(self, timeout: float | None) -> None:
         """Wait as the session's calls do (FenceWait: polling first under `spin_us`), in
-        blocking slices of at most CHECK_INTERVAL_S, until `timeout`."""
+        blocking slices checking a Deadline, until `timeout`."""
         signal = self._signal
         if signal is None:  # another thread read it meanwhile
             return
-        deadline = None if timeout is None else time.perf_counter() + timeout
-
-        def slice_s() -> float:
-            if deadline is None:
-                return CHECK_INTERVAL_S
-            return max(0.0, min(CHECK_INTERVAL_S, deadline - time.perf_counter()))
-
-        def check() -> None:
-            if deadline is not None and time.perf_counter() >= deadline:
-                raise DeadlineExceeded(
-                    f"{self.name}: the submitted call was not done within {timeout:g} s "
-                    "(it is still pending: ask result() again)"
-                )
-
+        deadline = Deadline.for_result(self.name, timeout)
         try:
-            FenceWait(self._call._session.spin_s).wait(signal, slice_s, check)
+            FenceWait(self._call._session.spin_s).wait(signal, deadline.slice_s, deadline.check)
         except DeadlineExceeded:
             raise
         except Exception as e:  # the device failed it: the results never come
@@ -145,7 +132,7 @@ class PendingCall:
             if self._error is not None or self._value is not _NOT_YET:
                 return
             try:
-                outs = self._call._results_of(self._results, self._output)
+                outs = self._sink.deliver(self._results, None, None)
                 self._value = outs[0] if len(outs) == 1 else tuple(outs)
             finally:
                 self._release()

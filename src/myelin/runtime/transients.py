@@ -7,7 +7,7 @@ memory as its last argument instead, and IREE compiles a function that says how 
 for given inputs (named in the twin's `iree.abi.transients.size` reflection, with the value
 itself in `...size.constant` when no input changes it). IREE does not check the buffer's size
 against that need (a short buffer is written out of bounds), so the size always comes from that
-function: once per input-shape key, remembered.
+function: once per input-shape key, remembered in the twin's memo (myelin.runtime.sinks).
 
 One buffer per entrypoint and session: calls of one session are serialized, and async calls are
 ordered on the session's timeline, so a call never runs while the previous one still uses it.
@@ -30,8 +30,6 @@ from myelin.runtime.admission import Reservation
 # Reflection keys IREE 3.13 sets on a function with external transients.
 SIZE_FUNCTION = "iree.abi.transients.size"
 SIZE_CONSTANT = "iree.abi.transients.size.constant"
-# Sizes remembered per entrypoint (input-shape keys); the oldest is forgotten first.
-_KNOWN_SIZES = 64
 # A buffer is never empty: IREE's CUDA allocator refuses a zero-byte allocation.
 _MIN_BYTES = 256
 _USAGE = int(rt.BufferUsage.TRANSFER | rt.BufferUsage.DISPATCH_STORAGE)
@@ -54,31 +52,19 @@ class TransientMemory:
         self.device = device
         self._buffer: Any = None
         self._held: Reservation | None = None  # its bytes under a memory budget
-        self._known: dict[tuple[Any, ...], int] = {}
 
     @property
     def nbytes(self) -> int:
         """The size of the buffer the session holds now (0 before the first call)."""
         return self._buffer.byte_length() if self._buffer is not None else 0
 
-    def size(
-        self,
-        key: tuple[Any, ...],
-        query: Any,
-        hold: Callable[[int], Reservation] | None = None,
-    ) -> int:
-        """The bytes a call with input-shape `key` needs. `query(function, buffer)` runs the
-        size function on the call's own arguments (with `buffer` in the transients' place)
-        and returns its value; it runs only for a key not seen yet."""
+    def size(self, query: Any, hold: Callable[[int], Reservation] | None = None) -> int:
+        """The bytes a call needs: the constant, or what `query(function, buffer)` returns,
+        which runs the size function on the call's own arguments (with `buffer` in the
+        transients' place)."""
         if self._constant is not None:
             return self._constant
-        known = self._known.get(key)
-        if known is None:
-            known = int(query(self._size_function, self.buffer(0, hold)))
-            if len(self._known) >= _KNOWN_SIZES:
-                self._known.pop(next(iter(self._known)))
-            self._known[key] = known
-        return known
+        return int(query(self._size_function, self.buffer(0, hold)))
 
     def buffer(self, nbytes: int, hold: Callable[[int], Reservation] | None = None) -> Any:
         """A buffer of at least `nbytes`: the one held, or a larger one that replaces it.

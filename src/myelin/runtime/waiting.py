@@ -5,8 +5,9 @@ hundreds of microseconds after the GPU is done (docs/runtime.md, "Overhead"); a 
 sees the fence as soon as IREE signals it but burns a CPU core while it waits. The hybrid policy
 blocks until shortly before the call is expected to finish (the previous call of the same
 entrypoint's wait, a good guess for a serving loop), then polls the fence for at most
-`spin_s` past that point, then blocks again. Every blocking wait is at most `slice_s` long, so
-the caller's cancel and deadline checks keep their latency.
+`spin_s` past that point, then blocks again. Every blocking wait is at most `slice_s` long (a
+Deadline's slice: myelin.runtime.deadline), so the caller's cancel and deadline checks keep
+their latency.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-# How often a waiting call looks at its cancel flag and deadline: the cancellation latency.
-CHECK_INTERVAL_S = 0.02
 
 
 @dataclass
