@@ -28,8 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from myelin.errors import Cancelled, InputError, MemoryBudgetExceeded, MyelinError
+from myelin.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    InputError,
+    MemoryBudgetExceeded,
+    MyelinError,
+)
 from myelin.runtime.admission import CallNeed, format_bytes
+from myelin.runtime.deadline import Deadline
 
 # Names shared with the frontend (myelin.frontends.causal_lm), which the runtime must not import.
 PREFILL = "prefill"
@@ -131,21 +138,17 @@ class Generator:
 
     def _reserve_cache(self, model: Any, wait_s: float) -> Any:
         what = f"{model.path.name}: the KV cache of a generator session"
-        deadline = time.monotonic() + wait_s
-
-        def stop() -> None:
-            if time.monotonic() >= deadline:
-                # Called under the budget's lock: nothing here may ask the budget again.
-                raise MemoryBudgetExceeded(
-                    f"{what} needs {format_bytes(self.cache_bytes)}, more than the memory "
-                    "budget has free while other generators and calls hold theirs; "
-                    "close a generator, wait longer (wait_for_memory=), raise [runtime] "
-                    "memory or rebuild with a smaller max_seq / max_batch"
-                )
-
-        return model.budget.reserve(
-            CallNeed(0, self.cache_bytes, 0), what, stop=stop, deadline=deadline
-        )
+        try:
+            return model.budget.reserve(
+                CallNeed(0, self.cache_bytes, 0), what, Deadline(what, wait_s)
+            )
+        except DeadlineExceeded:
+            raise MemoryBudgetExceeded(
+                f"{what} needs {format_bytes(self.cache_bytes)}, more than the memory "
+                "budget has free while other generators and calls hold theirs; "
+                "close a generator, wait longer (wait_for_memory=), raise [runtime] "
+                "memory or rebuild with a smaller max_seq / max_batch"
+            ) from None
 
     # -- lifetime --------------------------------------------------------------------------------
 
