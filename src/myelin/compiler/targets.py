@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from myelin import hostinfo
 from myelin.errors import CompileError
 from myelin.platforms import DEFAULT_CUDA_ARCH, TARGETS
 
@@ -28,10 +29,10 @@ class TargetDevice:
     cpu_features: str | None = None
     arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN
     # llvm-cpu: IREE's data tiling (--iree-global-opt-data-tiling) packs each matmul weight into
-    # its kernel's tile layout. all-MiniLM-L6-v2 (dynamic batch and sequence) ran 1.6-1.8x faster,
-    # but the packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
+    # its kernel's tile layout; apps leave it to the host by default (data_tiling_choice). The
+    # packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
     # MiniLM's 40.5 MiB of matrices), and an encoded matmul weight is decoded into them at load
-    # (myelin.codecs._loadtime). Off by default: PLeX's default keeps weights zero-copy.
+    # (myelin.codecs._loadtime).
     data_tiling: bool = False
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.result_storage)
     result_storage: bool = False
@@ -45,6 +46,43 @@ DATA_TILING_FLAGS = (
     "--iree-global-opt-data-tiling",
     f"--iree-opt-const-expr-max-size-increase-threshold={1 << 40}",
 )
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """An option the build chose for the CPU it targets (an app left it unset): the value and
+    why, recorded in the artifact and shown by `plex inspect`."""
+
+    value: bool
+    reason: str
+
+
+# x86 feature flags (as /proc/cpuinfo spells them) behind IREE 3.13's x86 mmt4d microkernels
+_X86_MATMUL_KERNEL_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"))
+
+
+def data_tiling_choice(cpu: str | None, cpu_features: str | None) -> HostChoice:
+    """Data tiling where IREE has matmul microkernels for the CPU targeted, else off.
+
+    With them (x86-64 AVX2 or AVX-512, arm64 NEON) packed weights feed IREE's mmt4d kernels; on
+    this Zen 4 host the ViT feed-forward block ran 8x faster with them (0.19x torch -> 1.6x)
+    and attention, decomposed into matmuls (myelin.compiler.cpu_attention), 30x (docs/tuning.md,
+    CPU defaults). Without microkernels packing only adds copies. A named LLVM CPU (`znver4`)
+    is not looked up: it stays off, and the app pins `data_tiling` to choose."""
+    features = cpu_features or ""
+    for flag, isa in _X86_MATMUL_KERNEL_FLAGS:
+        if f"+{flag}" in features.split(","):
+            return HostChoice(True, f"cpu_features has {isa}: IREE's mmt4d microkernels")
+    if (cpu or "host") != "host":
+        return HostChoice(False, f"cpu {cpu!r} is not looked up; pin data_tiling to choose")
+    machine = hostinfo.machine()
+    if machine in ("aarch64", "arm64"):
+        return HostChoice(True, "arm64 host: IREE's mmt4d microkernels")
+    flags = hostinfo.cpu_flags()
+    for flag, isa in _X86_MATMUL_KERNEL_FLAGS:
+        if flag in flags and (flag != "avx2" or "fma" in flags):
+            return HostChoice(True, f"{isa} host: IREE's mmt4d microkernels")
+    return HostChoice(False, f"no IREE matmul microkernel for this {machine} CPU")
 
 
 def _device_flags(device: TargetDevice) -> list[str]:

@@ -24,7 +24,7 @@ from myelin.codecs import kernels_key as codecs_kernels_key
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
-from myelin.compiler.targets import TargetDevice
+from myelin.compiler.targets import HostChoice, TargetDevice, data_tiling_choice
 from myelin.platforms import KERNELS_CUDA_ARCH
 from myelin.tuning.spec import spec_is_process_wide
 from plex.builder import records
@@ -77,6 +77,25 @@ class BuildRequest:
     resume: tuple[PhaseFile, ...] = field(default=(), hash=False)
 
 
+def data_tiling_of(device: DeviceSpec) -> tuple[bool, HostChoice | None]:
+    """A device's data tiling: the app's value where it pins one, else the host's choice
+    (returned too, for the artifact's record). Only llvm-cpu devices tile."""
+    if device.target != "llvm-cpu":
+        return False, None
+    if device.data_tiling is not None:
+        return device.data_tiling, None
+    choice = data_tiling_choice(device.cpu, device.cpu_features)
+    return choice.value, choice
+
+
+def host_chosen(device: DeviceSpec) -> dict[str, dict]:
+    """The artifact's record of the options the build chose for the CPU (empty: none)."""
+    _, choice = data_tiling_of(device)
+    if choice is None:
+        return {}
+    return {"data_tiling": {"value": choice.value, "reason": choice.reason}}
+
+
 def target_device(device: DeviceSpec) -> TargetDevice:
     return TargetDevice(
         name=device.name,
@@ -84,7 +103,7 @@ def target_device(device: DeviceSpec) -> TargetDevice:
         cpu=device.cpu,
         cpu_features=device.cpu_features,
         arch=device.arch,
-        data_tiling=device.data_tiling,
+        data_tiling=data_tiling_of(device)[0],
         result_storage=device.result_storage,
     )
 
@@ -601,7 +620,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                         for k, v in (
                             ("cpu", d.cpu),
                             ("cpu_features", d.cpu_features),
-                            ("data_tiling", d.data_tiling),
+                            ("data_tiling", data_tiling_of(d)[0]),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )
@@ -609,6 +628,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                     },
                     requires=device_requirements(d),
                     backend=Output(backend_node_id(d.backend)) if d.backend else None,
+                    host_chosen=host_chosen(d),
                 )
                 for d in variant.devices
             ),
