@@ -86,13 +86,14 @@ def _assert_computes_like_torch(mln: Path) -> dict:
 @pytest.mark.parametrize(
     ("cpu", "features", "chosen"),
     [
-        ("generic", "+avx2,+fma", True),
+        ("generic", "+avx2,+fma", False),  # measured no faster on an AVX2 host
         ("generic", "+avx512f", True),
+        ("generic", "+avx2,+avx512f", True),
         ("generic", "", False),
         ("znver4", "", False),  # a named CPU is not looked up
     ],
 )
-def test_data_tiling_is_chosen_where_iree_has_matmul_microkernels(cpu, features, chosen):
+def test_data_tiling_is_chosen_where_it_was_measured_to_pay(cpu, features, chosen):
     choice = data_tiling_choice(cpu, features)
     assert choice.value is chosen
     assert choice.reason

@@ -57,32 +57,20 @@ class HostChoice:
     reason: str
 
 
-# x86 feature flags (as /proc/cpuinfo spells them) behind IREE 3.13's x86 mmt4d microkernels
-_X86_MATMUL_KERNEL_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"))
-
-
 def data_tiling_choice(cpu: str | None, cpu_features: str | None) -> HostChoice:
-    """Data tiling where IREE has matmul microkernels for the CPU targeted, else off.
-
-    With them (x86-64 AVX2 or AVX-512, arm64 NEON) packed weights feed IREE's mmt4d kernels; on
-    this Zen 4 host the ViT feed-forward block ran 8x faster with them (0.19x torch -> 1.6x)
-    and attention, decomposed into matmuls (myelin.compiler.cpu_attention), 30x (docs/tuning.md,
-    CPU defaults). Without microkernels packing only adds copies. A named LLVM CPU (`znver4`)
-    is not looked up: it stays off, and the app pins `data_tiling` to choose."""
-    features = cpu_features or ""
-    for flag, isa in _X86_MATMUL_KERNEL_FLAGS:
-        if f"+{flag}" in features.split(","):
-            return HostChoice(True, f"cpu_features has {isa}: IREE's mmt4d microkernels")
+    """Data tiling where it was measured to pay: x86-64 with AVX-512, IREE's AVX-512 mmt4d
+    microkernels. There the ViT feed-forward block ran 8x faster (0.19x torch -> 1.6x) and
+    attention, decomposed into matmuls (myelin.compiler.cpu_attention), 30x (docs/platforms.md,
+    "CPU defaults"). On an AVX2 host MiniLM ran no faster with it (0.93-0.99x) while its packed
+    copies cost memory, and arm64 is unmeasured: both stay off. A named LLVM CPU (`znver4`) is
+    not looked up: off, and the app pins `data_tiling` to choose."""
+    if "+avx512f" in (cpu_features or "").split(","):
+        return HostChoice(True, "cpu_features has AVX-512: IREE's AVX-512 matmul microkernels")
     if (cpu or "host") != "host":
-        return HostChoice(False, f"cpu {cpu!r} is not looked up; pin data_tiling to choose")
-    machine = hostinfo.machine()
-    if machine in ("aarch64", "arm64"):
-        return HostChoice(True, "arm64 host: IREE's mmt4d microkernels")
-    flags = hostinfo.cpu_flags()
-    for flag, isa in _X86_MATMUL_KERNEL_FLAGS:
-        if flag in flags and (flag != "avx2" or "fma" in flags):
-            return HostChoice(True, f"{isa} host: IREE's mmt4d microkernels")
-    return HostChoice(False, f"no IREE matmul microkernel for this {machine} CPU")
+        return HostChoice(False, f"cpu {cpu!r} is not looked up")
+    if hostinfo.machine() in ("x86_64", "AMD64") and "avx512f" in hostinfo.cpu_flags():
+        return HostChoice(True, "AVX-512 host: IREE's AVX-512 matmul microkernels")
+    return HostChoice(False, "no AVX-512 on this host: packing measured no faster without it")
 
 
 def _device_flags(device: TargetDevice) -> list[str]:
