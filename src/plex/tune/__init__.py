@@ -159,7 +159,7 @@ def tune(
         hint = (
             " (data tiling is on: IREE's packed matmuls take no tile config; tune the device "
             "with data_tiling = false)"
-            if data_tiling_of(spec_device)[0]
+            if data_tiling_of(app, spec_device)[0]
             else ""
         )
         raise TuneError(f"{app.name}: no contraction dispatch to tune on device {device!r}{hint}")
