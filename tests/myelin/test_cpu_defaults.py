@@ -37,6 +37,7 @@ def build():
     return Attention(), (q, q.clone(), q.clone(), torch.ones(1, 1, 24, 24, dtype=torch.bool))
 """
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 APP = '[app]\nname = "attn"\npackages = ["{package}"]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
 
 
@@ -143,3 +144,21 @@ def test_attention_on_llvm_cpu_compiles_as_matmuls_and_a_softmax(package, tmp_pa
     text = "\n".join(p.read_text() for p in ir.rglob("*.mlir"))
     assert "iree_linalg_ext.attention" not in text
     assert text.count("linalg.batch_matmul") == 2  # Q @ K^T and P @ V (inlined by now)
+
+
+def test_an_app_that_encodes_weights_keeps_them_encoded(tmp_path):
+    """Data tiling would decode each encoded matmul weight at load into fp32's packed copies:
+    unpinned, the build leaves it off for an app with `[weights.codec]` and says why."""
+    app = tmp_path / "app.toml"
+    app.write_text(
+        f'[app]\nname = "mlp"\npackages = ["{EXAMPLES / "mlp"}"]\n\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\n\n[weights.codec]\n"*" = "int8"\n'
+    )
+    model = myelin.Instance().load(build(app, tmp_path / "mlp.mln").output)
+    variant = model.manifest["variants"][0]
+    model.close()
+    assert DATA_TILING_FLAGS[0] not in variant["flags"]
+    assert variant["devices"][0]["host_chosen"]["data_tiling"] == {
+        "value": False,
+        "reason": "the app encodes weights: they stay encoded in memory",
+    }
