@@ -162,3 +162,45 @@ def test_an_app_that_encodes_weights_keeps_them_encoded(tmp_path):
         "value": False,
         "reason": "the app encodes weights: they stay encoded in memory",
     }
+
+
+CONV_MODEL = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    convs = torch.nn.Sequential(
+        torch.nn.Conv1d(5, 7, 3, padding=1),
+        torch.nn.GELU(),
+        torch.nn.Conv1d(7, 6, 3, stride=2, padding=2, dilation=2),
+    )
+    return convs.eval(), (torch.randn(2, 5, 33),)
+"""
+
+
+def test_a_1d_convolution_on_llvm_cpu_is_a_matmul_and_computes_like_torch(tmp_path):
+    """Whisper's front end: 1-D convolutions (strided, dilated, padded) as gathered columns
+    times the filter (myelin.compiler.cpu_convolution)."""
+    package = tmp_path / "conv"
+    package.mkdir()
+    (package / "model.py").write_text(CONV_MODEL)
+    (package / "plex.toml").write_text(
+        '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(package=package))
+    build(app, tmp_path / "ir", compile_to="abi")
+    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
+    assert "linalg.conv_1d" not in text
+
+    namespace: dict = {}
+    exec(CONV_MODEL, namespace)
+    convs, (x,) = namespace["build"]()
+    model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
+    with model.session() as session:
+        got = np.asarray(session.call("forward", x.numpy()))
+    model.close()
+    with torch.inference_mode():
+        want = convs(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
