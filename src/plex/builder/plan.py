@@ -79,10 +79,11 @@ class BuildRequest:
 
 def data_tiling_of(app: AppSpec, device: DeviceSpec) -> tuple[bool, HostChoice | None]:
     """A device's data tiling: the app's value where it pins one, else the host's choice
-    (returned too, for the artifact's record). Only llvm-cpu devices tile. An app that encodes
+    (returned too, for the artifact's record). Only llvm-cpu devices tile, and a backend's
+    device is left as the app says (its matmuls run in the library). An app that encodes
     weights keeps them encoded: under data tiling each encoded matmul weight would be decoded
     at load into fp32's packed copies (docs/codecs.md), spending what the codec saved."""
-    if device.target != "llvm-cpu":
+    if device.target != "llvm-cpu" or (device.backend is not None and device.data_tiling is None):
         return False, None
     if device.data_tiling is not None:
         return device.data_tiling, None
