@@ -178,24 +178,49 @@ def build():
     return convs.eval(), (torch.randn(2, 5, 33),)
 """
 
+CONV2D_MODEL = """
+import torch
 
-def test_a_1d_convolution_on_llvm_cpu_is_a_matmul_and_computes_like_torch(tmp_path):
-    """Whisper's front end: 1-D convolutions (strided, dilated, padded) as gathered columns
-    times the filter (myelin.compiler.cpu_convolution)."""
+
+def build():
+    torch.manual_seed(0)
+    convs = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 1),
+    )
+    return convs.eval(), (torch.randn(1, 3, 20, 20),)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "gone", "phase", "pinned"),
+    [
+        # Whisper's front end: strided, dilated, padded 1-D convolutions as gathered columns
+        # times the filter (myelin.compiler.cpu_convolution), data tiling or not
+        (CONV_MODEL, "linalg.conv_1d", "abi", ""),
+        # ResNet's: IREE's im2col, which data tiling brings along (pinned: any host)
+        (CONV2D_MODEL, "linalg.conv_2d", "global-optimization", "data_tiling = true\n"),
+    ],
+    ids=["conv1d", "conv2d"],
+)
+def test_a_convolution_on_llvm_cpu_is_a_matmul_and_computes_like_torch(
+    tmp_path, source, gone, phase, pinned
+):
     package = tmp_path / "conv"
     package.mkdir()
-    (package / "model.py").write_text(CONV_MODEL)
+    (package / "model.py").write_text(source)
     (package / "plex.toml").write_text(
         '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
     )
     app = tmp_path / "app.toml"
-    app.write_text(APP.format(package=package))
-    build(app, tmp_path / "ir", compile_to="abi")
+    app.write_text(APP.format(package=package) + pinned)
+    build(app, tmp_path / "ir", compile_to=phase)
     text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
-    assert "linalg.conv_1d" not in text
+    assert gone not in text
 
     namespace: dict = {}
-    exec(CONV_MODEL, namespace)
+    exec(source, namespace)
     convs, (x,) = namespace["build"]()
     model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
     with model.session() as session:
