@@ -1,16 +1,16 @@
-"""Transformer encoders on the CPU: PLeX as shipped vs torch eager vs ONNX Runtime, batch 1.
+"""Encoders and a CNN on the CPU: PLeX as shipped vs torch eager vs ONNX Runtime, batch 1.
 
-    python benchmarks/cpu_models.py [--models minilm bert vit whisper] [--threads 2]
+    python benchmarks/cpu_models.py [--models minilm bert vit whisper resnet] [--threads 2]
                                     [--rounds 7] [--calls 3] [--untiled]
 
 Each model is built from its Hugging Face transformers config with seeded random weights (the
-speed of a dense model does not depend on its values; no download): all-MiniLM-L6-v2's shape
-(6 layers, 384 wide, 128 tokens), BERT-base (12 layers, 768, 128 tokens), ViT-B/16 (224 x 224:
-197 tokens) and Whisper-tiny's encoder (80 x 3000 mel frames: 1500 tokens). PLeX builds each
-with the default app (`[devices.cpu] target = "llvm-cpu"`, nothing pinned: the host chooses
-data tiling); `--untiled` adds a build with `data_tiling = false` to show what that choice is
-worth. ONNX Runtime runs the same module exported by torch.onnx (opset 17) with its default
-session options (all graph optimizations) and `--threads` intra-op threads.
+speed of a dense model does not depend on its values; no download): all-MiniLM-L6-v2's shape (6
+layers, 384 wide, 128 tokens), BERT-base (12 layers, 768, 128 tokens), ViT-B/16 (224 x 224: 197
+tokens), Whisper-tiny's encoder (80 x 3000 mel frames: 1500 tokens) and ResNet-50 (224 x 224).
+PLeX builds each with the default app (`[devices.cpu] target = "llvm-cpu"`, nothing pinned: the
+host chooses data tiling); `--untiled` adds a build with `data_tiling = false` to show what that
+choice is worth. ONNX Runtime runs the same module exported by torch.onnx (opset 17) with its
+default session options (all graph optimizations) and `--threads` intra-op threads.
 
 Runtimes are timed in chunks of `--calls` calls (a runtime's spinning worker threads would slow
 whichever runs next), interleaved, the order rotated per round; the table gives each runtime's
@@ -44,6 +44,7 @@ MODELS = {
     "bert": ("BERT-base, 12 layers, seq 128", ("input_ids", "attention_mask")),
     "vit": ("ViT-B/16, 224x224 (197 tokens)", ("pixel_values",)),
     "whisper": ("Whisper-tiny encoder, 1500 frames", ("input_features",)),
+    "resnet": ("ResNet-50 (HF), 224x224", ("pixel_values",)),
 }
 
 PACKAGE_MODEL = """
@@ -98,6 +99,9 @@ def make(name: str, batch: int = 1) -> tuple[torch.nn.Module, tuple[torch.Tensor
         )
         model = tf.WhisperModel(config).get_encoder()
         inputs = (torch.randn((batch, 80, 3000), generator=generator),)
+    elif name == "resnet":
+        model = tf.ResNetModel(tf.ResNetConfig())
+        inputs = (torch.randn((batch, 3, 224, 224), generator=generator),)
     else:
         raise SystemExit(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     return LastHidden(model).eval(), inputs
