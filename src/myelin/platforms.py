@@ -40,7 +40,8 @@ CUDA_SM_COUNT: dict[str, int] = {"sm_90a": 132}
 
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
-    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": False, "result_storage": False},
+    # data_tiling "host": the build chooses for the CPU it targets (compiler.targets)
+    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": "host", "result_storage": False},
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
     # arch: IREE's --iree-vulkan-target ("ampere", "rdna3", "valhall4"...); "" is IREE's

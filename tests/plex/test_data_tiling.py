@@ -1,4 +1,5 @@
-"""`[devices.<cpu>] data_tiling = true`: IREE's data tiling on llvm-cpu, opt-in, recorded."""
+"""`[devices.<cpu>] data_tiling`: IREE's data tiling on llvm-cpu, chosen for the host unless
+pinned, recorded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 import myelin
+from myelin.compiler.targets import data_tiling_choice
 from plex.builder import build
 from plex.errors import ManifestError
 from tests.models import mlp_reference
@@ -45,9 +47,12 @@ def test_data_tiling_compiles_with_the_flag_and_computes_the_same(tmp_path, mlp_
     model.close()
 
 
-def test_data_tiling_is_off_by_default(mlp_mln):
+def test_data_tiling_is_chosen_for_the_host_by_default(mlp_mln):
     model = myelin.Instance().load(mlp_mln)
-    assert "--iree-global-opt-data-tiling" not in model.manifest["variants"][0]["flags"]
+    variant = model.manifest["variants"][0]
+    chosen = data_tiling_choice("host", "").value
+    assert ("--iree-global-opt-data-tiling" in variant["flags"]) is chosen
+    assert variant["devices"][0]["host_chosen"]["data_tiling"]["value"] is chosen
     model.close()
 
 

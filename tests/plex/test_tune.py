@@ -22,13 +22,21 @@ pytest.importorskip("matplotlib")
 X = np.random.default_rng(1).standard_normal((7, 16)).astype(np.float32)
 
 
+def untiled_mlp(folder):
+    """examples/mlp with data tiling pinned off: plex tune searches tile configs, which IREE's
+    packed (data-tiled) matmuls do not take, and an AVX-512 host would choose data tiling."""
+    app = copy_example("mlp", folder)
+    app.write_text(app.read_text() + "data_tiling = false\n")
+    return app
+
+
 def forward(path):
     with myelin.Instance().load(path) as model, model.session() as session:
         return session.call("forward", X)
 
 
 def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reused(tmp_path):
-    app = copy_example("mlp", tmp_path / "mlp")
+    app = untiled_mlp(tmp_path / "mlp")
     out, cache = tmp_path / "tuned", tmp_path / "cache"
     kwargs = dict(trials=2, batch=2, max_dispatches=1, rounds=2, dims=["*=32"], cache_dir=cache)
     result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
@@ -50,7 +58,7 @@ def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reuse
     app.write_text(text + f'\n[myelin]\ntuning = "{name}:cpu"\n')
     assert [s.ref for s in load_app(app).tuning] == [f"{name}:cpu"]
     build(app, tmp_path / "tuned.mln", cache_dir=cache)
-    build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
+    build(untiled_mlp(tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
     np.testing.assert_allclose(
         forward(tmp_path / "tuned.mln"), forward(tmp_path / "plain.mln"), rtol=1e-5, atol=1e-6
     )
@@ -60,9 +68,7 @@ def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reuse
     # second run must cover both to be sure to meet it again.
     lines: list[str] = []
     again_kwargs = {**kwargs, "max_dispatches": 2}
-    again = tune(
-        copy_example("mlp", tmp_path / "mlp2"), "cpu", out, log=lines.append, **again_kwargs
-    )
+    again = tune(untiled_mlp(tmp_path / "mlp2"), "cpu", out, log=lines.append, **again_kwargs)
     [tuned] = [d for d in again.dispatches if d.key in database["entries"]]
     assert tuned.reused
     assert len(tuned.trials) == len(entry["trials"])
@@ -72,7 +78,7 @@ def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reuse
 def test_at_batch_one_the_weight_layout_is_searched_and_the_package_builds_the_same(tmp_path):
     """examples/mlp at batch 1 is a chain of GEMVs: its weights' other stored layout is one
     candidate each, timed against the default; a kept layout goes into the package."""
-    app = copy_example("mlp", tmp_path / "mlp")
+    app = untiled_mlp(tmp_path / "mlp")
     out, cache = tmp_path / "tuned", tmp_path / "cache"
     kwargs = dict(trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache)
     result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
@@ -93,7 +99,7 @@ def test_at_batch_one_the_weight_layout_is_searched_and_the_package_builds_the_s
     text = app.read_text().replace('packages = ["."]', f'packages = [".", "{out}"]')
     app.write_text(text + f'\n[myelin]\ntuning = "{name}:cpu"\n')
     build(app, tmp_path / "tuned.mln", cache_dir=cache)
-    build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
+    build(untiled_mlp(tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
     x = X[:1]
     with myelin.Instance().load(tmp_path / "tuned.mln") as m, m.session() as s:
         tuned = np.asarray(s.call("forward", x))
@@ -109,7 +115,7 @@ def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, m
     from plex.tune import _layouts
 
     monkeypatch.setattr(_layouts, "KEEP_BELOW", 1e9)
-    app = copy_example("mlp", tmp_path / "mlp")
+    app = untiled_mlp(tmp_path / "mlp")
     out, cache = tmp_path / "tuned", tmp_path / "cache"
     kwargs = dict(trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache)
     result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
@@ -125,7 +131,7 @@ def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, m
     build(app, tmp_path / "tuned.mln", cache_dir=cache)
     with myelin.Instance().load(tmp_path / "tuned.mln") as m, m.session() as s:
         tuned = np.asarray(s.call("forward", X[:1]))
-    build(copy_example("mlp", tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
+    build(untiled_mlp(tmp_path / "plain"), tmp_path / "plain.mln", cache_dir=cache)
     with myelin.Instance().load(tmp_path / "plain.mln") as m, m.session() as s:
         np.testing.assert_allclose(
             tuned, np.asarray(s.call("forward", X[:1])), rtol=1e-5, atol=1e-6
@@ -139,7 +145,7 @@ def test_the_blas_backend_is_one_more_candidate(tmp_path):
     from pathlib import Path
 
     blas = Path(__file__).resolve().parents[2] / "examples" / "backends" / "blas"
-    app = copy_example("mlp", tmp_path / "mlp")
+    app = untiled_mlp(tmp_path / "mlp")
     out = tmp_path / "tuned"
     kwargs = dict(trials=1, batch=1, max_dispatches=1, rounds=2, dims=["*=32"])
     result = tune(

@@ -16,6 +16,9 @@ from iree.compiler import ir
 
 from myelin.codecs import finalize
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
+from myelin.compiler.cpu_attention import applies as cpu_attention_applies
+from myelin.compiler.cpu_attention import decompose_cpu_attentions
+from myelin.compiler.cpu_convolution import rewrite_cpu_convolutions
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
     ParameterRef,
@@ -368,6 +371,11 @@ def compile_module(
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
                     host = [d.name for d in devices if d.target in ("llvm-cpu", "vmvx")]
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
+                # llvm-cpu: attentions left become two matmuls and a softmax (not IREE's fused
+                # op), 1-D convolutions gathered columns times the filter (not a direct loop)
+                if cpu_attention_applies(devices):
+                    decompose_cpu_attentions(module)
+                    rewrite_cpu_convolutions(module)
             elif module_name is not None or export_only is not None:
                 raise CompileError(
                     f"{what}: renaming and export lists apply only to IR at phase '{IMPORT_PHASE}'"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from myelin import hostinfo
 from myelin.errors import CompileError
 from myelin.platforms import DEFAULT_CUDA_ARCH, TARGETS
 
@@ -28,10 +29,10 @@ class TargetDevice:
     cpu_features: str | None = None
     arch: str | None = None  # cuda: sm_XX; rocm: gfxNNNN; vulkan-spirv: --iree-vulkan-target
     # llvm-cpu: IREE's data tiling (--iree-global-opt-data-tiling) packs each matmul weight into
-    # its kernel's tile layout. all-MiniLM-L6-v2 (dynamic batch and sequence) ran 1.6-1.8x faster,
-    # but the packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
+    # its kernel's tile layout; apps leave it to the host by default (data_tiling_choice). The
+    # packed copies live in memory beside the mapped parameters (+45 MiB anonymous RSS on
     # MiniLM's 40.5 MiB of matrices), and an encoded matmul weight is decoded into them at load
-    # (myelin.codecs._loadtime). Off by default: PLeX's default keeps weights zero-copy.
+    # (myelin.codecs._loadtime).
     data_tiling: bool = False
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.storage_twins)
     result_storage: bool = False
@@ -41,9 +42,12 @@ class TargetDevice:
 # the bytes for int8) is hoisted with its pack into one initializer, run at load
 # (myelin.codecs._loadtime); IREE's default, 1 MiB of growth per hoisted value, keeps MiniLM's
 # encoded matrices per call. fp32 weights grow by nothing when packed and hoist either way.
+# IREE's im2col rewrite of 2-D convolutions rides along: the packed matmul kernels then take
+# them. HF ResNet-50 at batch 1 (1 thread, 2026-12-06): 403 ms -> 80 ms, 0.28x -> 1.42x torch.
 DATA_TILING_FLAGS = (
     "--iree-global-opt-data-tiling",
     f"--iree-opt-const-expr-max-size-increase-threshold={1 << 40}",
+    "--iree-global-opt-use-im2col-for-convs",
 )
 
 
@@ -55,6 +59,31 @@ DATA_TILING_FLAGS = (
 # arch is not used for lavapipe: its code assumes the GPU's subgroup size (32 for "ampere"), and
 # on lavapipe (8) the MLP's results came out wrong.
 VULKAN_BASELINE_FEATURES = "spirv:v1.3,cap:Shader,cap:Float64,cap:Int64"
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    """An option the build chose for the CPU it targets (an app left it unset): the value and
+    why, recorded in the artifact and shown by `plex inspect`."""
+
+    value: bool
+    reason: str
+
+
+def data_tiling_choice(cpu: str | None, cpu_features: str | None) -> HostChoice:
+    """Data tiling where it was measured to pay: x86-64 with AVX-512, IREE's AVX-512 mmt4d
+    microkernels. There the ViT feed-forward block ran 8x faster (0.19x torch -> 1.6x) and
+    attention, decomposed into matmuls (myelin.compiler.cpu_attention), 30x (docs/platforms.md,
+    "CPU defaults"). On an AVX2 host MiniLM ran no faster with it (0.93-0.99x) while its packed
+    copies cost memory, and arm64 is unmeasured: both stay off. A named LLVM CPU (`znver4`) is
+    not looked up: off, and the app pins `data_tiling` to choose."""
+    if "+avx512f" in (cpu_features or "").split(","):
+        return HostChoice(True, "cpu_features has AVX-512: IREE's AVX-512 matmul microkernels")
+    if (cpu or "host") != "host":
+        return HostChoice(False, f"cpu {cpu!r} is not looked up")
+    if hostinfo.machine() in ("x86_64", "AMD64") and "avx512f" in hostinfo.cpu_flags():
+        return HostChoice(True, "AVX-512 host: IREE's AVX-512 matmul microkernels")
+    return HostChoice(False, "no AVX-512 on this host: packing measured no faster without it")
 
 
 def _device_flags(device: TargetDevice) -> list[str]:

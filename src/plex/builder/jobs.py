@@ -9,7 +9,7 @@ process or on another machine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from myelin.codecs import CodecPolicy
@@ -191,6 +191,9 @@ class DeviceLink:
     options: dict  # the device's target options that were set
     requires: dict
     backend: Output | None = None  # the backend node of an external backend's device
+    # options the app left unset and the build chose for the CPU it targets:
+    # option -> {"value": ..., "reason": ...} (plex.builder.plan.data_tiling_of)
+    host_chosen: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

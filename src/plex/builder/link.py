@@ -456,6 +456,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                         "driver": d.driver,
                         "options": dict(d.options),
                         "requires": dict(d.requires),
+                        **({"host_chosen": dict(d.host_chosen)} if d.host_chosen else {}),
                         **_backend_fields(d, outputs, sections),
                         **_kernel_sites(d, metas),
                     }

@@ -24,7 +24,7 @@ from myelin.codecs import kernels_key as codecs_kernels_key
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
-from myelin.compiler.targets import TargetDevice
+from myelin.compiler.targets import HostChoice, TargetDevice, data_tiling_choice
 from myelin.platforms import KERNELS_CUDA_ARCH
 from myelin.tuning.spec import spec_is_process_wide
 from plex.builder import records
@@ -77,14 +77,38 @@ class BuildRequest:
     resume: tuple[PhaseFile, ...] = field(default=(), hash=False)
 
 
-def target_device(device: DeviceSpec) -> TargetDevice:
+def data_tiling_of(app: AppSpec, device: DeviceSpec) -> tuple[bool, HostChoice | None]:
+    """A device's data tiling: the app's value where it pins one, else the host's choice
+    (returned too, for the artifact's record). Only llvm-cpu devices tile, and a backend's
+    device is left as the app says (its matmuls run in the library). An app that encodes
+    weights keeps them encoded: under data tiling each encoded matmul weight would be decoded
+    at load into fp32's packed copies (docs/codecs.md), spending what the codec saved."""
+    if device.target != "llvm-cpu" or (device.backend is not None and device.data_tiling is None):
+        return False, None
+    if device.data_tiling is not None:
+        return device.data_tiling, None
+    if any(not codec_policy(app, graph).trivial for graph in app.graphs):
+        return False, HostChoice(False, "the app encodes weights: they stay encoded in memory")
+    choice = data_tiling_choice(device.cpu, device.cpu_features)
+    return choice.value, choice
+
+
+def host_chosen(app: AppSpec, device: DeviceSpec) -> dict[str, dict]:
+    """The artifact's record of the options the build chose for the CPU (empty: none)."""
+    _, choice = data_tiling_of(app, device)
+    if choice is None:
+        return {}
+    return {"data_tiling": {"value": choice.value, "reason": choice.reason}}
+
+
+def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
     return TargetDevice(
         name=device.name,
         target=device.target,
         cpu=device.cpu,
         cpu_features=device.cpu_features,
         arch=device.arch,
-        data_tiling=device.data_tiling,
+        data_tiling=data_tiling_of(app, device)[0],
         result_storage=device.result_storage,
     )
 
@@ -131,7 +155,8 @@ def _kernels_toolchain(library: str) -> str:
 
 
 def app_variant_flags(app: AppSpec, variant: VariantSpec) -> list[str]:
-    return variant_flags([target_device(d) for d in variant.devices], cancellable=app.cancellable)
+    devices = [target_device(app, d) for d in variant.devices]
+    return variant_flags(devices, cancellable=app.cancellable)
 
 
 def graph_scope(graph: GraphSpec) -> str:
@@ -497,7 +522,7 @@ def _compile_node(
     writes_phases = request.dump_phases is not None or request.compile_to is not None
     job = CompileJob(
         source=Output(_compile_source_id(app, unit, variant)),
-        devices=tuple(target_device(d) for d in variant.devices),
+        devices=tuple(target_device(app, d) for d in variant.devices),
         requirements=tuple(device_requirements(d) for d in variant.devices),
         cancellable=app.cancellable,
         favor=app.favor,
@@ -616,7 +641,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                         for k, v in (
                             ("cpu", d.cpu),
                             ("cpu_features", d.cpu_features),
-                            ("data_tiling", d.data_tiling),
+                            ("data_tiling", data_tiling_of(app, d)[0]),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )
@@ -624,6 +649,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                     },
                     requires=device_requirements(d),
                     backend=Output(backend_node_id(d.backend)) if d.backend else None,
+                    host_chosen=host_chosen(app, d),
                 )
                 for d in variant.devices
             ),

@@ -22,6 +22,22 @@ def shown(text: str) -> str:
     return escape(printable(text))
 
 
+def _print_host_chosen(console, manifest) -> None:
+    """Options the app left unset and the build chose for the CPU it targeted, and why."""
+    from rich.markup import escape
+
+    for v in manifest.variants:
+        for d in v.devices:
+            for option, choice in (d.extras.get("host_chosen") or {}).items():
+                console.print(
+                    escape(
+                        f"  host-chosen [{v.name}/{d.name}]: {option} = "
+                        f"{str(choice.get('value')).lower()} ({choice.get('reason')}; "
+                        f"pin it in [devices.{d.name}] to choose)"
+                    )
+                )
+
+
 def _print_backends(console, manifest, sections) -> None:
     """External backends (docs/backends.md): which device hosts each, its ops, and the plugin
     and vendor libraries the artifact carries for it."""
@@ -132,6 +148,7 @@ def inspect(
             shown(", ".join(v.parameter_scopes)),
         )
     console.print(variants)
+    _print_host_chosen(console, manifest)
     _print_backends(console, manifest, sections)
     _print_kernels(console, manifest)
     entry = Table(title="entrypoints")

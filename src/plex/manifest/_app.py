@@ -378,7 +378,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             driver=d.driver or drivers[0],
             cpu=value["cpu"],
             cpu_features=value["cpu_features"],
-            data_tiling=bool(value["data_tiling"]),
+            data_tiling=d.data_tiling,  # unset: chosen for the CPU at plan time
             result_storage=bool(value["result_storage"]),
             arch=value["arch"],
             kernels=value["kernels"] or None,

@@ -42,7 +42,9 @@ class DeviceSpec:
     cpu_features: str | None  # llvm-cpu only
     arch: str | None  # cuda: sm_XX; rocm: gfxNNNN
     backend: BackendSpec | None = None  # the device of an external backend
-    data_tiling: bool = False  # llvm-cpu only: IREE packs weights for its matmul kernels
+    # llvm-cpu only: IREE packs weights for its matmul kernels; None: the build chooses for the
+    # CPU it targets (plex.builder.plan.data_tiling_of)
+    data_tiling: bool | None = None
     kernels: str | None = None  # cuda only: a kernel library (myelin.kernels), e.g. "triton"
     # cuda, llvm-cpu: storage twins: device results export DLPack (myelin.compiler.storage_twins)
     result_storage: bool = False

@@ -79,6 +79,7 @@ def tune(
     from myelin.tuning.cpu import configured_contractions, cpu_target_of
     from myelin.tuning.timing import outputs_of, same_outputs
     from plex.builder import build, default_cache_dir
+    from plex.builder.plan import data_tiling_of
     from plex.builder.versions import versions
     from plex.manifest import load_app
     from plex.tensor_args import parse_dims, synthetic_inputs
@@ -139,9 +140,9 @@ def tune(
     ranked = sorted(found, key=lambda c: share_of(c.dispatch), reverse=True)[:max_dispatches]
     if not ranked:
         hint = (
-            " (data_tiling = true: IREE's packed matmuls take no tile config; tune the device "
+            " (data tiling is on: IREE's packed matmuls take no tile config; tune the device "
             "with data_tiling = false)"
-            if spec_device.data_tiling
+            if data_tiling_of(app, spec_device)[0]
             else ""
         )
         raise TuneError(f"{app.name}: no contraction dispatch to tune on device {device!r}{hint}")

@@ -1,0 +1,231 @@
+"""The CPU as shipped: data tiling chosen for the host, attention decomposed on llvm-cpu.
+
+An app that leaves `data_tiling` unset gets the host's choice (on where IREE has matmul
+microkernels for the CPU), recorded in the .mln with its reason and shown by `plex inspect`; an
+app that pins it gets what it pinned. Attentions of llvm-cpu variants compile as two matmuls and
+a softmax (myelin.compiler.cpu_attention) and compute what torch computes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+import myelin
+from myelin import hostinfo
+from myelin.compiler.targets import DATA_TILING_FLAGS, data_tiling_choice
+from plex.builder import build
+from plex.cli import app as plex_app
+
+MODEL = """
+import torch
+import torch.nn.functional as F
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def build():
+    q = torch.randn(1, 3, 24, 16)
+    return Attention(), (q, q.clone(), q.clone(), torch.ones(1, 1, 24, 24, dtype=torch.bool))
+"""
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+APP = '[app]\nname = "attn"\npackages = ["{package}"]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("attn_pkg")
+    (folder / "model.py").write_text(MODEL)
+    (folder / "plex.toml").write_text(
+        '[package]\nname = "attn"\n[graph.attn]\nsource = "model.py:build"\nfrontend = "torch"\n'
+    )
+    return folder
+
+
+def _build(package: Path, folder: Path, pinned: str = "") -> Path:
+    app = folder / "app.toml"
+    app.write_text(APP.format(package=package) + pinned)
+    return build(app, folder / "attn.mln").output
+
+
+@pytest.fixture(scope="module")
+def default_mln(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(package, tmp_path_factory.mktemp("default"))
+
+
+def _inputs() -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 3, 24, 16), dtype=np.float32) for _ in range(3))
+    keep = rng.random((1, 1, 24, 24)) < 0.6
+    keep[..., 0] = True  # every query sees a key
+    return q, k, v, keep
+
+
+def _assert_computes_like_torch(mln: Path) -> dict:
+    model = myelin.Instance().load(mln)
+    q, k, v, keep = _inputs()
+    with model.session() as session:
+        got = np.asarray(session.call("forward", q, k, v, keep))
+    want = F.scaled_dot_product_attention(
+        *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(keep)
+    ).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    manifest = model.manifest
+    model.close()
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("cpu", "features", "chosen"),
+    [
+        ("generic", "+avx2,+fma", False),  # measured no faster on an AVX2 host
+        ("generic", "+avx512f", True),
+        ("generic", "+avx2,+avx512f", True),
+        ("generic", "", False),
+        ("znver4", "", False),  # a named CPU is not looked up
+    ],
+)
+def test_data_tiling_is_chosen_where_it_was_measured_to_pay(cpu, features, chosen):
+    choice = data_tiling_choice(cpu, features)
+    assert choice.value is chosen
+    assert choice.reason
+
+
+def test_the_host_choice_follows_this_cpus_isa():
+    flags = hostinfo.cpu_flags()
+    expected = (
+        "avx512f" in flags or {"avx2", "fma"} <= flags or hostinfo.machine() in ("aarch64", "arm64")
+    )
+    assert data_tiling_choice("host", "").value is expected
+
+
+def test_an_unpinned_app_records_the_host_choice_and_computes_like_torch(default_mln):
+    manifest = _assert_computes_like_torch(default_mln)
+    variant = manifest["variants"][0]
+    choice = data_tiling_choice("host", "")
+    assert variant["devices"][0]["host_chosen"] == {
+        "data_tiling": {"value": choice.value, "reason": choice.reason}
+    }
+    assert (DATA_TILING_FLAGS[0] in variant["flags"]) is choice.value
+
+
+def test_plex_inspect_shows_the_host_chosen_options(default_mln):
+    result = CliRunner().invoke(plex_app, ["inspect", str(default_mln)])
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.output.split())  # rich wraps lines at the terminal's width
+    choice = data_tiling_choice("host", "")
+    assert f"host-chosen [default/cpu]: data_tiling = {str(choice.value).lower()}" in shown
+    assert choice.reason in shown
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_pinned_data_tiling_is_honoured_and_not_host_chosen(package, tmp_path, pinned):
+    mln = _build(package, tmp_path, f"data_tiling = {str(pinned).lower()}\n")
+    manifest = _assert_computes_like_torch(mln)
+    device = manifest["variants"][0]["devices"][0]
+    assert "host_chosen" not in device
+    assert (DATA_TILING_FLAGS[0] in manifest["variants"][0]["flags"]) is pinned
+
+
+def test_attention_on_llvm_cpu_compiles_as_matmuls_and_a_softmax(package, tmp_path):
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(package=package))
+    ir = tmp_path / "ir"
+    build(app, ir, compile_to="abi")
+    text = "\n".join(p.read_text() for p in ir.rglob("*.mlir"))
+    assert "iree_linalg_ext.attention" not in text
+    assert text.count("linalg.batch_matmul") == 2  # Q @ K^T and P @ V (inlined by now)
+
+
+def test_an_app_that_encodes_weights_keeps_them_encoded(tmp_path):
+    """Data tiling would decode each encoded matmul weight at load into fp32's packed copies:
+    unpinned, the build leaves it off for an app with `[weights.codec]` and says why."""
+    app = tmp_path / "app.toml"
+    app.write_text(
+        f'[app]\nname = "mlp"\npackages = ["{EXAMPLES / "mlp"}"]\n\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\n\n[weights.codec]\n"*" = "int8"\n'
+    )
+    model = myelin.Instance().load(build(app, tmp_path / "mlp.mln").output)
+    variant = model.manifest["variants"][0]
+    model.close()
+    assert DATA_TILING_FLAGS[0] not in variant["flags"]
+    assert variant["devices"][0]["host_chosen"]["data_tiling"] == {
+        "value": False,
+        "reason": "the app encodes weights: they stay encoded in memory",
+    }
+
+
+CONV_MODEL = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    convs = torch.nn.Sequential(
+        torch.nn.Conv1d(5, 7, 3, padding=1),
+        torch.nn.GELU(),
+        torch.nn.Conv1d(7, 6, 3, stride=2, padding=2, dilation=2),
+    )
+    return convs.eval(), (torch.randn(2, 5, 33),)
+"""
+
+CONV2D_MODEL = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    convs = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 1),
+    )
+    return convs.eval(), (torch.randn(1, 3, 20, 20),)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "gone", "phase", "pinned"),
+    [
+        # Whisper's front end: strided, dilated, padded 1-D convolutions as gathered columns
+        # times the filter (myelin.compiler.cpu_convolution), data tiling or not
+        (CONV_MODEL, "linalg.conv_1d", "abi", ""),
+        # ResNet's: IREE's im2col, which data tiling brings along (pinned: any host)
+        (CONV2D_MODEL, "linalg.conv_2d", "global-optimization", "data_tiling = true\n"),
+    ],
+    ids=["conv1d", "conv2d"],
+)
+def test_a_convolution_on_llvm_cpu_is_a_matmul_and_computes_like_torch(
+    tmp_path, source, gone, phase, pinned
+):
+    package = tmp_path / "conv"
+    package.mkdir()
+    (package / "model.py").write_text(source)
+    (package / "plex.toml").write_text(
+        '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(package=package) + pinned)
+    build(app, tmp_path / "ir", compile_to=phase)
+    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
+    assert gone not in text
+
+    namespace: dict = {}
+    exec(source, namespace)
+    convs, (x,) = namespace["build"]()
+    model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
+    with model.session() as session:
+        got = np.asarray(session.call("forward", x.numpy()))
+    model.close()
+    with torch.inference_mode():
+        want = convs(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
