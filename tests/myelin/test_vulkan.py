@@ -132,6 +132,14 @@ def transformers_mln(tmp_path_factory) -> Path:
     return _two_variants(root, "tiny", root / "tiny")
 
 
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory) -> Path:
+    """examples/minilm as it is (SDPA, dynamic batch and sequence): on Vulkan its attentions
+    become two matmuls and a softmax (myelin.compiler.cpu_attention), which SPIR-V lowers."""
+    pytest.importorskip("transformers")
+    return _two_variants(tmp_path_factory.mktemp("vk-minilm"), "minilm", EXAMPLES / "minilm")
+
+
 def _both(path: Path, function: str, *args: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(Vulkan result, CPU result) of one call."""
     instance = myelin.Instance()
@@ -147,6 +155,16 @@ def test_the_example_mlp_runs_on_vulkan_as_on_the_cpu(mlp):
     on_vulkan, on_cpu = _both(mlp, "forward", x)
     assert on_vulkan.dtype == np.float32 and on_vulkan.shape == (3, 8)
     np.testing.assert_allclose(on_vulkan, on_cpu, rtol=RTOL, atol=ATOL)
+
+
+def test_the_minilm_example_runs_on_vulkan_as_on_the_cpu(minilm):
+    rng = np.random.default_rng(0)
+    for batch, seq in ((2, 12), (1, 7)):  # dynamic dims: two shapes, one artifact
+        ids = rng.integers(0, 30000, (batch, seq)).astype(np.int64)
+        mask = np.ones((batch, seq), np.int64)
+        mask[-1, seq - 3 :] = 0  # padding in the last sentence
+        vk, cpu = _both(minilm, "forward", ids, mask)
+        np.testing.assert_allclose(vk, cpu, rtol=RTOL, atol=ATOL)
 
 
 def test_device_results_stay_on_vulkan_and_read_through_a_staging_copy(mlp):

@@ -9,10 +9,14 @@ replaced, at the input phase, by a call of a private function computing that dec
 (backend_attention.decompose_attention). The score matrix [batch*heads, L, S] is materialized
 (the fused op keeps it in tiles): transient, 1.8 MiB for ViT-B/16's 12 x 197 x 197.
 
-Only attentions of static shapes are decomposed: with a dynamic batch and sequence (the MiniLM
-example) IREE 3.13 fails to compile the decomposition under data tiling ("'affine.
+Only attentions of static shapes are decomposed on llvm-cpu: with a dynamic batch and sequence
+(the MiniLM example) IREE 3.13 fails to compile the decomposition under data tiling ("'affine.
 delinearize_index' op no basis element may be statically non-positive"), so those keep the
 fused op.
+
+vulkan-spirv variants get the decomposition too, dynamic shapes included (no data tiling
+there): IREE 3.13's SPIR-V pipeline cannot lower the fused op at all, so without it a model
+using `scaled_dot_product_attention` (examples/minilm) does not compile for Vulkan.
 """
 
 from __future__ import annotations
@@ -28,9 +32,15 @@ FUNCTION_PREFIX = "plex_cpu_attention"
 
 
 def applies(devices: Sequence[TargetDevice]) -> bool:
-    """Whether a variant's attentions are decomposed: only where every device is llvm-cpu (a GPU
-    lowers the fused op well, and one module's op cannot be split by device here)."""
-    return bool(devices) and all(d.target == "llvm-cpu" for d in devices)
+    """Whether a variant's attentions are decomposed: only where every device is llvm-cpu, or
+    every device is vulkan-spirv (CUDA lowers the fused op well, and one module's op cannot be
+    split by device here)."""
+    targets = {d.target for d in devices}
+    return targets == {"llvm-cpu"} or targets == {"vulkan-spirv"}
+
+
+def _dynamic_ok(devices: Sequence[TargetDevice]) -> bool:
+    return all(d.target == "vulkan-spirv" for d in devices)
 
 
 def _static(op: ir.Operation) -> bool:
@@ -38,12 +48,14 @@ def _static(op: ir.Operation) -> bool:
     return all(ir.RankedTensorType(t).has_static_shape for t in tensors)
 
 
-def decompose_cpu_attentions(module: ir.Operation) -> int:
-    """Decompose every covered attention of `module`; the number decomposed."""
+def decompose_cpu_attentions(module: ir.Operation, devices: Sequence[TargetDevice]) -> int:
+    """Decompose every covered attention of `module` (of static shapes on llvm-cpu); the number
+    decomposed."""
     found: list[ir.Operation] = []
+    dynamic_ok = _dynamic_ok(devices)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == ATTENTION and why_not(op) is None and _static(op):
+        if op.name == ATTENTION and why_not(op) is None and (dynamic_ok or _static(op)):
             found.append(op)
         return ir.WalkResult.ADVANCE
 

@@ -371,10 +371,12 @@ def compile_module(
                 if backend_ops:  # calls of external backends (myelin.compiler.backend_ops)
                     host = [d.name for d in devices if d.target in ("llvm-cpu", "vmvx")]
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
-                # llvm-cpu: attentions left become two matmuls and a softmax (not IREE's fused
-                # op), 1-D convolutions gathered columns times the filter (not a direct loop)
+                # llvm-cpu and vulkan-spirv: attentions left become two matmuls and a softmax
+                # (not IREE's fused op); llvm-cpu: 1-D convolutions gathered columns times the
+                # filter (not a direct loop)
                 if cpu_attention_applies(devices):
-                    decompose_cpu_attentions(module)
+                    decompose_cpu_attentions(module, devices)
+                if devices and all(d.target == "llvm-cpu" for d in devices):
                     rewrite_cpu_convolutions(module)
             elif module_name is not None or export_only is not None:
                 raise CompileError(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from myelin.tuning.timing import outputs_of, same_outputs, time_interleaved
+from myelin.tuning.timing import outputs_of, same_outputs, time_interleaved, tuning_instance
 
 BUNDLE_JSON = "bundle.json"
 RESULTS_JSON = "results.json"
@@ -55,10 +55,9 @@ def time_bundle(bundle_dir: Path, rounds: int | None = None, warmup: int = 2) ->
 
     A case may name its own `function` and `inputs` (shapes and dtypes, generated here from the
     bundle's seed): the kernel-config cases time one generated matmul function each."""
-    import myelin
 
     bundle = json.loads((bundle_dir / BUNDLE_JSON).read_text())
-    instance = myelin.Instance()  # one for every artifact: one device, created once
+    instance = tuning_instance()  # one for every artifact: one device, created once
     reference = bundle_dir / bundle["reference"]
     shared = load_inputs(bundle_dir) if (bundle_dir / INPUTS_NPZ).is_file() else None
     resident = bool(bundle.get("resident", False))

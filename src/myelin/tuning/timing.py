@@ -28,14 +28,21 @@ class Timing:
         return {"median_s": self.median_s, "spread": self.spread, "rounds": self.rounds}
 
 
+def tuning_instance() -> Any:
+    """The Instance the tuner loads its candidates into. A candidate is a build the tuner made
+    itself from the app's own sources, backend plugins included (compiled from the app's C
+    files), so their native code is allowed (docs/security.md, "Native code: backend plugins")."""
+    import myelin
+
+    return myelin.Instance(allow_native_code=True)
+
+
 def outputs_of(
     artifact: Path, function: str, inputs: Sequence[np.ndarray], instance: Any = None
 ) -> list[np.ndarray]:
     """The outputs of one call; `instance`: a myelin.Instance to load into (one per process
     saves creating a device per artifact)."""
-    import myelin
-
-    instance = instance or myelin.Instance()
+    instance = instance or tuning_instance()
     with instance.load(artifact) as model, model.session() as session:
         result = session.call(function, *inputs)
     return list(result) if isinstance(result, tuple | list) else [result]
@@ -77,9 +84,7 @@ def time_interleaved(
     every call and hide the kernel)."""
     import iree.runtime as rt
 
-    import myelin
-
-    instance = instance or myelin.Instance()
+    instance = instance or tuning_instance()
     models = [instance.load(a) for a in artifacts]
     sessions = [m.session() for m in models]
     try:
