@@ -17,6 +17,11 @@ from tests.models import write_stablehlo_package
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
+# Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when it is first imported: set before any
+# test imports Ray, every test cluster binds 127.0.0.1 (docs/cluster.md), whichever test runs
+# first (a module fixture setting it later is too late once another module imported Ray).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -17,6 +17,11 @@ WIDE_N = 256
 WIDE_CHAINS = 4
 _ID2 = "affine_map<(d0, d1) -> (d0, d1)>"
 
+# The default CPU device with data tiling pinned off: these models' memory plans, schedules and
+# dispatch names are what the tests check, and data tiling (on by default on AVX-512 hosts)
+# would add its packing dispatches and transients.
+UNTILED_CPU = '\n[devices.cpu]\ntarget = "llvm-cpu"\ndata_tiling = false\n'
+
 
 def write_wide_app(folder: Path, favor: str) -> Path:
     """`forward(x, w) = sum_c ((c+1) * x) @ w @ w`: 4 chains of two 256^3 matmuls, then adds."""
@@ -63,7 +68,7 @@ def write_wide_app(folder: Path, favor: str) -> Path:
         'arg_names = { forward = ["x", "w"] }\n'
     )
     (folder / "app.toml").write_text(
-        f'[app]\nname = "wide"\npackages = ["."]\n\n[scheduling]\nfavor = "{favor}"\n'
+        f'[app]\nname = "wide"\npackages = ["."]\n\n[scheduling]\nfavor = "{favor}"\n' + UNTILED_CPU
     )
     return folder / "app.toml"
 
@@ -126,7 +131,9 @@ def write_chain_app(folder: Path, app_extra: str = "") -> Path:
         'arg_names = { forward = ["x"] }\n\n[weights.w]\nsource = "w.safetensors"\n'
         'scope = "chain"\n'
     )
-    (folder / "app.toml").write_text(f'[app]\nname = "chain"\npackages = ["."]\n{app_extra}')
+    (folder / "app.toml").write_text(
+        f'[app]\nname = "chain"\npackages = ["."]\n{app_extra}\n{UNTILED_CPU}'
+    )
     return folder / "app.toml"
 
 

@@ -182,4 +182,7 @@ def test_the_rewrite_sends_sdpa_attention_to_the_kernel_and_leaves_the_rest(kern
 def test_the_matmul_library_leaves_attention_to_iree(kernelized):
     imported, _ = kernelized
     k = apply_kernels(imported.module_bytecode, library="triton")
-    assert k.sites == () and k.kernels == ()
+    # every attention is reported, none matched, and the reason names the library that would
+    assert k.kernels == () and k.sites
+    assert all(s["op"] == "attention" and s["kernel"] is None for s in k.sites), k.sites
+    assert all('"triton-attention"' in s["reason"] for s in k.sites)

@@ -204,9 +204,11 @@ packages = ["{pkg}"]
 
 [devices.cpu0]
 target = "llvm-cpu"
+data_tiling = false
 
 [devices.cpu1]
 target = "llvm-cpu"
+data_tiling = false
 
 [[variant]]
 name = "two"
@@ -269,9 +271,11 @@ def write_app(root: Path, name: str, source: str) -> Path:
 
         [devices.cpu0]
         target = "llvm-cpu"
+        data_tiling = false
 
         [devices.cpu1]
         target = "llvm-cpu"
+        data_tiling = false
         """)
     )
     return root / "app.toml"
@@ -291,7 +295,7 @@ def test_placement_naming_no_graph_is_a_manifest_error(tmp_path):
     )
     with pytest.raises(
         ManifestError,
-        match=r"app.toml:22: \[placement\] \"mpl.forward\": 'mpl' "
+        match=r"app.toml:24: \[placement\] \"mpl.forward\": 'mpl' "
         "matches no graph or shard module",
     ):
         build(tmp_path / "app.toml", tmp_path / "x.mln")

@@ -194,7 +194,8 @@ def _perturbations(value: object, tmp: Path) -> list[object]:
             for i, v in enumerate(value)
             for p in _perturbations(v, tmp)
         ]
-        return [*changed, (*value, value[0] if value else "extra")[: len(value) + 1], value[:-1]]
+        longer = (*value, value[0] if value else "extra")[: len(value) + 1]
+        return [*changed, longer, *([value[:-1]] if value else [])]  # () has no shorter form
     if isinstance(value, list):
         return [list(p) for p in _perturbations(tuple(value), tmp)]
     if isinstance(value, dict):
