@@ -47,8 +47,9 @@ def test_data_tiling_compiles_with_the_flag_and_computes_the_same(tmp_path, mlp_
     model.close()
 
 
-def test_data_tiling_is_chosen_for_the_host_by_default(mlp_mln):
-    model = myelin.Instance().load(mlp_mln)
+def test_data_tiling_is_chosen_for_the_host_by_default(tmp_path):
+    app = write_app(tmp_path, "cpu", 'target = "llvm-cpu"')  # data_tiling left unset
+    model = myelin.Instance().load(build(app, tmp_path / "host.mln").output)
     variant = model.manifest["variants"][0]
     chosen = data_tiling_choice("host", "").value
     assert ("--iree-global-opt-data-tiling" in variant["flags"]) is chosen
