@@ -176,7 +176,7 @@ def write_app(root: Path, *, scope: str = "mlp", profile_output: str | None = No
 @pytest.mark.parametrize(
     ("profile_output", "message"),
     [
-        ("/tmp/x-{capture}.ireeprof", "app.toml:13: [runtime.profile] output: '/tmp/x-{capture}"),
+        ("/tmp/x-{capture}.ireeprof", "app.toml:17: [runtime.profile] output: '/tmp/x-{capture}"),
         ("../x-{capture}.ireeprof", "steps out of its folder with '..'"),
     ],
 )
