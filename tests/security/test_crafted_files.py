@@ -15,7 +15,13 @@ import myelin
 from myelin.errors import SignatureError
 from myelin.mln import FLAG_SIGNED, TRAILER_SIZE, MlnReader, generate_key_pair, sign_file
 from tests.conftest import REPO
-from tests.security.crafting import PLUGIN_SECTION, marker_plugin, rewrite, with_plugin_variant
+from tests.security.crafting import (
+    PLUGIN_SECTION,
+    marker_plugin,
+    plex,
+    rewrite,
+    with_plugin_variant,
+)
 
 _spec = importlib.util.spec_from_file_location("plex_fuzz_tool", REPO / "tools" / "fuzz.py")
 assert _spec is not None and _spec.loader is not None
@@ -120,3 +126,22 @@ def test_the_watch_on_native_loads_is_live(targets):
 
     with pytest.raises(fuzz.NativeCodeLoaded):
         ctypes.CDLL("/proc/self/fd/0")
+
+
+def test_inspect_shows_crafted_kernel_records_escaped_and_without_a_traceback(mlp_mln, tmp_path):
+    """The kernel report comes from the file: odd types count as unknown sizes, and names are
+    shown escaped (no terminal escape sequence reaches the screen)."""
+
+    def kernels(data: dict) -> None:
+        data["variants"][0]["devices"][0]["kernels"] = [
+            {"op": "matmul", "m": "64", "n": True, "k": -1, "kernel": None,
+             "function": "f\x1b[2J", "reason": "odd"},
+            {"op": "batch_matmul", "flops": "many", "function": "g", "reason": "r"},
+        ]  # fmt: skip
+
+    crafted = rewrite(mlp_mln, tmp_path / "kernels.mln", manifest=kernels)
+    done = plex("inspect", crafted)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "\x1b" not in done.stdout
+    assert "kernels: 0 of 2 contractions on sm_90a kernels" in done.stdout
+    assert "f\\x1b[2J" in done.stdout

@@ -159,16 +159,24 @@ def _product(*factors: int | None) -> int | None:
     return None if any(f is None for f in factors) else math.prod(factors)  # type: ignore[arg-type]
 
 
+def _count(value: object) -> int | None:
+    """A size or FLOP count as recorded: a non-negative int, else unknown (None). The records
+    come from a file, so anything else (a string, a bool) counts as unknown, never as a size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
 def site_flops(site: dict) -> int | None:
     """A site's FLOPs at its static sizes (None where a size is dynamic or unknown)."""
     if "flops" in site:
-        return site["flops"]
+        return _count(site["flops"])
     op = str(site.get("op", ""))
     if op == "concat":
         return 0
-    m, n, k = site.get("m"), site.get("n"), site.get("k")
+    m, n, k = (_count(site.get(d)) for d in ("m", "n", "k"))
     if op.startswith("attention"):  # QK^T and PV: 2 x 2 x m x n x k per batch-head
-        return _product(4, site.get("batch", 1), m, n, k)
+        return _product(4, _count(site.get("batch", 1)), m, n, k)
     return _product(2, m, n, k)
 
 
@@ -200,5 +208,7 @@ def left_to_codegen(sites: Iterable[dict]) -> list[str]:
         if not is_contraction(s) or s.get("kernel"):
             continue
         shape = "x".join("?" if s.get(d) is None else str(s[d]) for d in ("m", "n", "k"))
-        phrases.append(f"{s['op']} {shape} in {s['function']} ({s['reason']})")
+        phrases.append(
+            f"{s.get('op', '?')} {shape} in {s.get('function', '?')} ({s.get('reason', '?')})"
+        )
     return phrases

@@ -24,13 +24,11 @@ def shown(text: str) -> str:
 
 def _print_host_chosen(console, manifest) -> None:
     """Options the app left unset and the build chose for the CPU it targeted, and why."""
-    from rich.markup import escape
-
     for v in manifest.variants:
         for d in v.devices:
             for option, choice in (d.extras.get("host_chosen") or {}).items():
                 console.print(
-                    escape(
+                    shown(
                         f"  host-chosen [{v.name}/{d.name}]: {option} = "
                         f"{str(choice.get('value')).lower()} ({choice.get('reason')}; "
                         f"pin it in [devices.{d.name}] to choose)"
@@ -71,7 +69,6 @@ def _print_backends(console, manifest, sections) -> None:
 def _print_kernels(console, manifest) -> None:
     """Per device built with a kernel library: the coverage line, then each contraction left to
     IREE's codegen and why (docs/kernels.md, "Which ops went to which kernel")."""
-    from rich.markup import escape
     from rich.table import Table
 
     from myelin.kernels import KERNELS_CUDA_ARCH, coverage_line, left_to_codegen
@@ -81,14 +78,16 @@ def _print_kernels(console, manifest) -> None:
             if d.kernels is None:
                 continue
             console.print(
-                escape(f"[{v.name}/{d.name}] {coverage_line(d.kernels, KERNELS_CUDA_ARCH)}")
+                shown(f"[{v.name}/{d.name}] {coverage_line(d.kernels, KERNELS_CUDA_ARCH)}")
             )
             left = left_to_codegen(d.kernels)
             if left:
-                table = Table(title=f"contractions left to IREE's codegen [{v.name}/{d.name}]")
+                table = Table(
+                    title=shown(f"contractions left to IREE's codegen [{v.name}/{d.name}]")
+                )
                 table.add_column("op, M x N x K, function (why no kernel)")
                 for phrase in left:
-                    table.add_row(escape(phrase))
+                    table.add_row(shown(phrase))
                 console.print(table)
 
 
