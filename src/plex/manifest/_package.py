@@ -327,11 +327,11 @@ def _graph(
                 (*at, "arg_names", entry), *unknown(entry, g.entrypoints, what="entrypoint")
             )
         _check_unique(doc, (*at, "arg_names", entry), args)
-    for key in ("max_seq", "max_batch"):
+    for key in ("max_seq", "max_batch", "dtype"):
         if getattr(g, key) is not None and frontend != "causal-lm":
             raise doc.error(
                 (*at, key),
-                f"{key} sizes a causal-lm graph's KV cache",
+                f"{key} is a causal-lm graph's setting (its KV cache's size or dtype)",
                 'set frontend = "causal-lm" or remove it',
             )
     if g.dynamic and frontend in ("mlir", "stablehlo"):
@@ -380,6 +380,7 @@ def _graph(
         host_fallback=g.host_fallback,
         max_seq=g.max_seq,
         max_batch=g.max_batch,
+        dtype=g.dtype,
     )
 
 
