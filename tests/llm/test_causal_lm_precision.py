@@ -40,10 +40,10 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
 # name -> (max |logit - fp32 logit| of the first decode step, earliest allowed index of the first
 # greedy token that differs from fp32's among NEW_TOKENS; NEW_TOKENS: all identical).
 TOLERANCES: dict[str, tuple[float, int]] = {
-    "fp16": (1e-3, NEW_TOKENS),
-    "int8": (5e-3, 8),
-    "q4": (3e-2, 0),
-    "dtype float16": (5e-3, 8),
+    "fp16": (1e-3, 32),
+    "int8": (1e-2, 16),
+    "q4": (0.15, 8),
+    "dtype float16": (1e-2, 16),
 }
 
 
@@ -106,6 +106,7 @@ def measured(tmp_path_factory) -> dict[str, tuple[float, int]]:
         finally:
             model.close()
     logits32, tokens32, _ = runs["fp32"]
+    print(f"fp32 first decode step: max abs logit {float(np.abs(logits32).max()):.3g}")
     return {
         name: (float(np.abs(logits - logits32).max()), first_divergence(tokens, tokens32))
         for name, (logits, tokens, _) in runs.items()

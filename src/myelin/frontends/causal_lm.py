@@ -5,14 +5,19 @@ KV cache kept in the module's own state:
     prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s]) -> logits[b, vocab]
     decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
 
-The model runs through its own code (`AutoModelForCausalLM`, local files only). Only the cache is
-ours: `DeviceKVCache` replaces the model's cache object with one tensor of
-[2 x layers, max_batch, kv_heads, max_seq + 1, head_dim] registered as a buffer of the exported
-module. torch.export records its update as a buffer mutation, which iree-turbine imports as a
-mutable `util.global`: IREE keeps it on the device, one per VM context (one per MyeLiN session).
-Its initial value is `#util.uninitialized`, so the `.mln` stores no cache bytes. Whether IREE
-writes the new slots in place or copies the cache per step is measured by
-benchmarks/llm_kv_cache.py (docs/llm.md: it copies, for now).
+The model runs through its own code (`AutoModelForCausalLM`, local files only), in the manifest's
+`dtype` (float32 unless it says float16 or bfloat16). Only the cache is ours: `DeviceKVCache`
+replaces the model's cache object with ONE buffer of rows (`cache_rows`: row
+`(2 * layer + kind) * slots + slot` holds one slot of every sequence's keys or values), in the
+model's dtype, registered as a buffer of the exported module. torch.export records its update
+as a buffer mutation, which iree-turbine imports as a mutable `util.global`: IREE keeps it on the
+device, one per VM context (one per MyeLiN session). Its initial value is `#util.uninitialized`,
+so the `.mln` stores no cache bytes.
+
+Each layer's write is one contiguous block of rows of the buffer itself, which IREE lowers to a
+`flow.tensor.update` of the global and performs in place: a step's time and device traffic grow
+with the tokens held, not with `max_seq` (benchmarks/llm_kv_cache.py, docs/llm.md). One buffer,
+not one per layer: IREE 3.13 gives equal uninitialized globals one allocation (see `_finish`).
 
 The attention mask carries the cache length of a call: `attention_mask.shape[1]` is how many
 slots the sequence occupies after the call (past + new tokens), so a call writes slots
@@ -368,12 +373,18 @@ def _externalize(
 
 
 def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> bytes:
-    """Leave the cache globals uninitialized (no cache bytes in the artifact) and record the
+    """Leave the cache global uninitialized (no cache bytes in the artifact) and record the
     model and its tokenizer in `prefill`'s reflection, where the runtime reads them.
 
     A zero initial value, even a splat, would be exported as a parameter of zeros.
     Uninitialized is safe: a call reads only slots 0 .. kv - 1, which the sequence's prefill
     and decode calls have written.
+
+    There must be exactly one mutable global. IREE 3.13 turns each `#util.uninitialized` into a
+    `stream.tensor.empty` in the global's initializer; `iree-util-combine-initializers` puts
+    them in one initializer, where CSE merges equal (pure) empties into one allocation stored
+    into every such global, after which `iree-util-fuse-globals` fuses the globals: several
+    caches of one type would be the same memory (wrong logits, no error).
     """
     from iree.compiler import ir
 
@@ -400,8 +411,11 @@ def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> b
                             TOKENIZER_KEY: ir.StringAttr.get(tokenizer),
                         }
                     )
-            if states == 0:
-                raise CompileError(f"{what}: the export kept no KV cache state")
+            if states != 1:
+                raise CompileError(
+                    f"{what}: the export kept {states} mutable globals, not the one KV cache "
+                    "buffer; a model that keeps other state is not supported by causal-lm"
+                )
         buffer = io.BytesIO()
         module.write_bytecode(buffer)
     return buffer.getvalue()
