@@ -43,7 +43,7 @@ TOLERANCES: dict[str, tuple[float, int]] = {
     "fp16": (1e-3, 32),
     "int8": (1e-2, 16),
     "q4": (0.15, 8),
-    "dtype float16": (1e-2, 16),
+    "dtype float16": (2e-3, 32),
 }
 
 
