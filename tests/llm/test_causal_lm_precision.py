@@ -1,4 +1,4 @@
-"""A causal LM built with weight codecs (`[weights.codec]`) or a float16 `dtype`, against the
+"""A causal LM built with weight codecs (`[weights.codec]`) or a 16-bit `dtype`, against the
 same model built fp32: how soon greedy decoding departs from fp32's tokens and how far the
 first decode step's logits move. The numbers are in docs/llm.md ("Weight codecs and dtype");
 the tolerances here sit above them with room for other CPUs' rounding."""
@@ -35,6 +35,7 @@ VARIANTS: dict[str, tuple[str, str | None]] = {
     "int8": ('[weights.codec]\n"*" = "int8"\n', None),
     "q4": ('[weights.codec]\n"*" = "q4"\n', None),
     "dtype float16": ("", "float16"),
+    "dtype bfloat16": ("", "bfloat16"),
 }
 
 # name -> (max |logit - fp32 logit| of the first decode step, earliest allowed index of the first
@@ -44,6 +45,7 @@ TOLERANCES: dict[str, tuple[float, int]] = {
     "int8": (1e-2, 16),
     "q4": (0.15, 8),
     "dtype float16": (2e-3, 32),
+    "dtype bfloat16": (1e-2, 8),
 }
 
 
@@ -88,8 +90,9 @@ def first_divergence(tokens: list[int], reference: list[int]) -> int:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> dict[str, tuple[float, int]]:
-    """name -> (max abs logit error of the first decode step, first divergent token index)."""
+def measured(tmp_path_factory) -> dict:
+    """name -> (max abs logit error of the first decode step, first divergent token index);
+    "cache" -> {name -> (cache bytes, cache dtype)}."""
     runs: dict[str, tuple[np.ndarray, list[int], int]] = {}
     dtypes: dict[str, str] = {}
     for name, (codecs, dtype) in VARIANTS.items():
@@ -110,10 +113,7 @@ def measured(tmp_path_factory) -> dict[str, tuple[float, int]]:
     return {
         name: (float(np.abs(logits - logits32).max()), first_divergence(tokens, tokens32))
         for name, (logits, tokens, _) in runs.items()
-    } | {
-        "cache bytes": (runs["fp32"][2], runs["dtype float16"][2]),
-        "cache dtype": (dtypes["fp32"], dtypes["dtype float16"]),
-    }
+    } | {"cache": {name: (runs[name][2], dtypes[name]) for name in runs}}
 
 
 @pytest.mark.parametrize("name", list(TOLERANCES))
@@ -125,7 +125,10 @@ def test_agreement_with_fp32_is_within_the_stated_tolerance(measured, name):
     assert divergence >= earliest
 
 
-def test_a_float16_model_keeps_a_float16_cache(measured):
-    fp32_bytes, fp16_bytes = measured["cache bytes"]
-    assert fp16_bytes * 2 == fp32_bytes
-    assert measured["cache dtype"] == ("float32", "float16")
+def test_the_cache_holds_the_models_dtype(measured):
+    cache = measured["cache"]
+    fp32_bytes = cache["fp32"][0]
+    assert cache["fp32"][1] == "float32"
+    assert cache["int8"] == (fp32_bytes, "float32")  # a weight codec leaves compute float32
+    assert cache["dtype float16"] == (fp32_bytes // 2, "float16")
+    assert cache["dtype bfloat16"] == (fp32_bytes // 2, "bfloat16")

@@ -45,6 +45,8 @@ PREFILL = "prefill"
 DECODE = "decode"
 # What the frontend records for the runtime, in the module's `myelin.causal_lm` attribute.
 TOKENIZER_FILE = "tokenizer.json"
+# The module's buffer that holds the KV cache.
+CACHE_KEY = "kv_cache"
 # Defaults when the manifest gives none.
 DEFAULT_MAX_SEQ = 256
 DEFAULT_MAX_BATCH = 1
@@ -183,7 +185,7 @@ class CausalLMModule(torch.nn.Module):
         shape = cache_shape(model.config, options.max_batch, options.max_seq)
         cache_dtype = options.torch_dtype
         # One buffer of rows for every layer's keys and values (see `cache_rows`).
-        self.register_buffer("kv_cache", torch.zeros(cache_rows(shape), dtype=cache_dtype))
+        self.register_buffer(CACHE_KEY, torch.zeros(cache_rows(shape), dtype=cache_dtype))
         _, cache_class = _cache_classes()
         self.cache = cache_class(shape)
 
@@ -195,7 +197,7 @@ class CausalLMModule(torch.nn.Module):
         self.cache.kv_length = kv
         # The layers read the buffer at each call: torch.export swaps a module's buffers for its
         # tracing tensors, and a cache holding the original would mutate a constant, not state.
-        self.cache.rows = self.kv_cache
+        self.cache.rows = getattr(self, CACHE_KEY)
         # The 4-D additive mask: query i (slot kv - q + i) sees slot j <= its own, unless j is
         # padding. transformers returns a 4-D mask as it is, so every family gets the same one.
         slots = torch.arange(kv, device=input_ids.device)
@@ -295,6 +297,8 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
     mlir = _finish(mlir, record, tokenizer.read_text(encoding="utf-8"), what)
     values = {}
     for scope, key in keys:
+        if key == CACHE_KEY:
+            continue  # module state, left uninitialized by _finish
         if scope != request.scope or key not in tensors:
             raise CompileError(f"{what}: the exported graph reads {scope}::{key}, not a weight")
         values[key] = torch_frontend._numpy(tensors[key])
@@ -357,13 +361,19 @@ def _externalize(
     programs: dict[str, torch.export.ExportedProgram], scope: str
 ) -> dict[str, torch.Tensor]:
     """Bind every weight to a named parameter under its transformers name
-    (`model.layers.0.self_attn.q_proj.weight`); the cache buffers stay module state."""
+    (`model.layers.0.self_attn.q_proj.weight`). The cache buffer gets a name too, CACHE_KEY,
+    which no weight file provides: iree-turbine would otherwise copy its zeros into the IR
+    (through numpy, which has no bfloat16), and `_finish` replaces it by `#util.uninitialized`."""
     from iree.turbine.aot.tensor_traits import ExternalTensorTrait
 
     by_key: dict[str, torch.Tensor] = {}
     for program in programs.values():
         for key, tensor in [*program.state_dict.items(), *program.constants.items()]:
-            if not isinstance(tensor, torch.Tensor) or key.endswith("kv_cache"):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if key.endswith(CACHE_KEY):
+                if ExternalTensorTrait.get(tensor) is None:
+                    ExternalTensorTrait(external_scope=scope, external_name=CACHE_KEY).set(tensor)
                 continue
             name = key.removeprefix("root.").removeprefix("model.")
             if ExternalTensorTrait.get(tensor) is None:
