@@ -386,7 +386,8 @@ def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> b
     """Leave the cache global uninitialized (no cache bytes in the artifact) and record the
     model and its tokenizer in `prefill`'s reflection, where the runtime reads them.
 
-    A zero initial value, even a splat, would be exported as a parameter of zeros.
+    The global arrives bound to the parameter CACHE_KEY (`_externalize`), which no file
+    provides; a zero initial value, even a splat, would be exported as a parameter of zeros.
     Uninitialized is safe: a call reads only slots 0 .. kv - 1, which the sequence's prefill
     and decode calls have written.
 
