@@ -46,7 +46,11 @@ DEVICES = {
 }
 KERNELS = ("triton-attention", "triton", "none")  # cuda: the device's `kernels`
 # Weight storage per codec name: `none` keeps what the frontend exports.
-CODECS = {"none": "", "fp16": '[weights.codec]\n"*" = "fp16"\n', "q4": '[weights.codec]\n"*" = "q4"\n'}
+CODECS = {
+    "none": "",
+    "fp16": '[weights.codec]\n"*" = "fp16"\n',
+    "q4": '[weights.codec]\n"*" = "q4"\n',
+}
 PACKAGE = """[package]
 name = "llm"
 version = "0.1.0"
