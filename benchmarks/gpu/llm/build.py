@@ -3,13 +3,15 @@ to its skeleton (manifest and compiled module, no weights: benchmarks/gpu/payloa
 every build travels in one device call, and the weights are computed again there.
 
     python benchmarks/gpu/llm/build.py                            # Llama-2-7B layers, Hopper
-    python benchmarks/gpu/llm/build.py --families llama qwen2 --codecs fp16 q4
+    python benchmarks/gpu/llm/build.py --families llama qwen2 --codecs none q4
     python benchmarks/gpu/llm/build.py --size small --target cpu -o /tmp/llm   # check scripts
 
 Per build: the seeded Hugging Face folder (models.py) in a temporary folder, an app with
 `frontend = "causal-lm"`, `max_seq` = prompt + new tokens and `max_batch` = the batch timed
 (one build per batch: the Generator runs the compiled batch whatever the number of prompts, so a
-batch-1 run on a batch-8 build would time 8 sequences), weights stored as `--codecs` says, for a
+batch-1 run on a batch-8 build would time 8 sequences), `dtype = "float16"` (the model loaded and
+computed in float16, its KV cache float16: `--dtype float32` leaves the line out, for a frontend
+without it), weights stored as `--codecs` says (`none`: as the model holds them), for a
 CUDA device with `arch = "sm_90a"` and the kernel library (`kernels = "triton-attention"`,
 docs/kernels.md). `plex build` runs in a process of its own without the build cache (the
 import step would store GBs of weights); its peak memory is recorded. Writes `llm.json` (builds,
@@ -51,6 +53,7 @@ CODECS = {
     "fp16": '[weights.codec]\n"*" = "fp16"\n',
     "q4": '[weights.codec]\n"*" = "q4"\n',
 }
+DTYPES = ("float16", "bfloat16", "float32")  # the graph's `dtype`; float32 is the default
 PACKAGE = """[package]
 name = "llm"
 version = "0.1.0"
@@ -60,12 +63,12 @@ source = "model"
 frontend = "causal-lm"
 max_seq = {max_seq}
 max_batch = {max_batch}
-"""
+{dtype}"""
 APP = '[app]\nname = "{name}"\npackages = ["llm"]\ngraphs = ["llm:lm"]\n\n{device}\n{codec}'
 
 
-def build_name(family: str, batch: int, codec: str) -> str:
-    return f"{family}-b{batch}-{codec}"
+def build_name(family: str, batch: int, dtype: str, codec: str) -> str:
+    return f"{family}-b{batch}-{dtype}-{codec}"
 
 
 def build_one(
@@ -73,12 +76,13 @@ def build_one(
     size: str,
     layers: int,
     batch: int,
+    dtype: str,
     codec: str,
     target: str,
     kernels: str,
     out: Path,
 ) -> dict:
-    name = build_name(family, batch, codec)
+    name = build_name(family, batch, dtype, codec)
     folder = out / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -88,7 +92,11 @@ def build_one(
         models.write_folder(root / "llm" / "model", family, size, layers)
         wrote_s = time.perf_counter() - start
         (root / "llm" / "plex.toml").write_text(
-            PACKAGE.format(max_seq=PROMPT + NEW, max_batch=batch)
+            PACKAGE.format(
+                max_seq=PROMPT + NEW,
+                max_batch=batch,
+                dtype="" if dtype == "float32" else f'dtype = "{dtype}"\n',
+            )
         )
         app = root / "app.toml"
         app.write_text(
@@ -129,6 +137,7 @@ def build_one(
         "parameters": models.parameter_count(family, size, layers),
         "batch": batch,
         "max_seq": PROMPT + NEW,
+        "dtype": dtype,
         "codec": codec,
         "target": target,
         "kernels": kernels if target == "cuda" else None,
@@ -149,7 +158,8 @@ def main() -> int:
     p.add_argument("--target", choices=tuple(DEVICES), default="cuda")
     p.add_argument("--families", nargs="+", choices=tuple(models.FAMILIES), default=["llama"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--codecs", nargs="+", choices=tuple(CODECS), default=["fp16"])
+    p.add_argument("--dtype", choices=DTYPES, default="float16", help="the graph's dtype")
+    p.add_argument("--codecs", nargs="+", choices=tuple(CODECS), default=["none"])
     p.add_argument("--layers", type=int, help="decoder layers (default: 2)")
     p.add_argument("--kernels", choices=KERNELS, default=KERNELS[0], help="cuda: the library")
     args = p.parse_args()
@@ -164,11 +174,19 @@ def main() -> int:
     for family in args.families:
         for codec in args.codecs:
             for batch in args.batches:
-                name = build_name(family, batch, codec)
+                name = build_name(family, batch, args.dtype, codec)
                 print(f"building {name} ({args.size}, {layers} layers, {args.target}) ...")
                 sys.stdout.flush()
                 built[name] = build_one(
-                    family, args.size, layers, batch, codec, args.target, args.kernels, args.out
+                    family,
+                    args.size,
+                    layers,
+                    batch,
+                    args.dtype,
+                    codec,
+                    args.target,
+                    args.kernels,
+                    args.out,
                 )
                 b = built[name]
                 print(f"  {b['build_s']} s, peak {b['peak_rss_gib']} GiB; {b['coverage']}")

@@ -121,13 +121,18 @@ def write_folder(folder: Path, family: str, size: str, layers: int) -> Path:
     return folder
 
 
-def frontend_values(folder: Path) -> dict[str, np.ndarray]:
-    """What the causal-lm frontend stores for `folder`'s model: every parameter and buffer
-    of the model as myelin.frontends.causal_lm.load_model reads it, under its transformers name
-    (the keys of the .mln's parameters; payload.rebuild encodes them as the build did)."""
+def frontend_values(folder: Path, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """What the causal-lm frontend stores for `folder`'s model built with graph `dtype`: every
+    parameter and buffer of the model as myelin.frontends.causal_lm.load_model reads it, under
+    its transformers name (the keys of the .mln's parameters; payload.rebuild encodes them as
+    the build did)."""
+    import torch
+
     from myelin.frontends.causal_lm import load_model
 
-    model = load_model(folder, what=f"{folder.name}/")
+    # float32 is the frontend's default, which a frontend without `dtype` also loads
+    options = {} if dtype == "float32" else {"dtype": getattr(torch, dtype)}
+    model = load_model(folder, what=f"{folder.name}/", **options)
     named = [
         *model.named_parameters(remove_duplicate=False),
         *model.named_buffers(remove_duplicate=False),

@@ -68,6 +68,10 @@ class Settings:
     new: int = 128
     compile: bool = True  # transformers compiled (static cache + torch.compile)
     builds: tuple[str, ...] = ()  # a subset of llm.json's builds (empty: all)
+    families: tuple[str, ...] = ()  # a subset of families (empty: all)
+    # Builds not started by this many seconds after the start are skipped (reported), so the
+    # results are written before the device call's limit (600 s) ends the process.
+    budget_s: float = 480.0
 
 
 def rebuild_all(index: dict, artifacts: Path, work: Path) -> dict[str, dict]:
@@ -78,22 +82,32 @@ def rebuild_all(index: dict, artifacts: Path, work: Path) -> dict[str, dict]:
         builds = [b for b in index["builds"] if b["family"] == family]
         start = time.perf_counter()
         folder = models.write_folder(work / family, family, index["size"], builds[0]["layers"])
-        values = models.frontend_values(folder)
-        for b in builds:
-            mln = work / f"{b['name']}.mln"
-            try:
-                differ = payload.rebuild(
-                    artifacts / b["name"] / "skeleton", mln, lambda v=values: v
-                )
-                status[b["name"]] = {"weights_as_built": not differ, "sections_differ": differ[:5]}
-            except Exception as e:  # reported; the other builds go on
-                status[b["name"]] = {"weights_as_built": False, "error": f"{type(e).__name__}: {e}"}
-            status[b["name"]]["mln"] = str(mln)
-            took = time.perf_counter() - start
-            print(f"{b['name']}: rebuilt ({took:.1f} s so far): {status[b['name']]}", flush=True)
-        del values
-        gc.collect()
+        for dtype in sorted({b.get("dtype", "float32") for b in builds}):
+            _rebuild_family(
+                [b for b in builds if b.get("dtype", "float32") == dtype],
+                models.frontend_values(folder, dtype),
+                artifacts,
+                work,
+                status,
+            )
+            gc.collect()
+        print(f"{family}: {time.perf_counter() - start:.1f} s", flush=True)
     return status
+
+
+def _rebuild_family(
+    builds: list[dict], values: dict, artifacts: Path, work: Path, status: dict
+) -> None:
+    """Each build's .mln from one family's values (one dtype), into `status`."""
+    for b in builds:
+        mln = work / f"{b['name']}.mln"
+        try:
+            differ = payload.rebuild(artifacts / b["name"] / "skeleton", mln, lambda v=values: v)
+            status[b["name"]] = {"weights_as_built": not differ, "sections_differ": differ[:5]}
+        except Exception as e:  # reported; the other builds go on
+            status[b["name"]] = {"weights_as_built": False, "error": f"{type(e).__name__}: {e}"}
+        status[b["name"]]["mln"] = str(mln)
+        print(f"{b['name']}: {status[b['name']]}", flush=True)
 
 
 class _Clock:
@@ -319,8 +333,11 @@ def run(artifacts: Path, out_dir: Path, args: Settings) -> dict:
     import torch
 
     index = json.loads((artifacts / "llm.json").read_text())
+    began = time.perf_counter()
     if args.builds:
         index["builds"] = [b for b in index["builds"] if b["name"] in args.builds]
+    if args.families:
+        index["builds"] = [b for b in index["builds"] if b["family"] in args.families]
     torch.backends.cuda.matmul.allow_tf32 = False
     out: dict = {
         "device": args.device,
@@ -336,7 +353,10 @@ def run(artifacts: Path, out_dir: Path, args: Settings) -> dict:
         for b in index["builds"]:
             name, status = b["name"], rebuilt[b["name"]]
             row: dict = dict(status)
-            if status.get("weights_as_built"):
+            late = time.perf_counter() - began > args.budget_s
+            if late:
+                row["error"] = f"not run: past the time budget ({args.budget_s:.0f} s)"
+            elif status.get("weights_as_built"):
                 try:
                     row.update(run_build(b, Path(status["mln"]), work / b["family"], args))
                 except Exception as e:  # reported; the other builds run
@@ -360,6 +380,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("llm-results"))
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--builds", nargs="*", help="a subset of llm.json's builds (default: all)")
+    p.add_argument("--families", nargs="*", help="a subset of families (default: all)")
+    p.add_argument("--budget-s", type=float, default=480.0, help="start no build after this")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=128)
@@ -372,6 +394,8 @@ def main() -> int:
         new=a.new,
         compile=not a.no_compile,
         builds=tuple(a.builds or ()),
+        families=tuple(a.families or ()),
+        budget_s=a.budget_s,
     )
     run(a.artifacts, a.out, settings)
     return 0
