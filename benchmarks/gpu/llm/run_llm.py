@@ -77,7 +77,7 @@ class Settings:
     families: tuple[str, ...] = ()  # a subset of families (empty: all)
     # Builds not started by this many seconds after the start are skipped (reported), so the
     # results are written before the device call's limit (600 s) ends the process.
-    budget_s: float = 480.0
+    budget_s: float = 420.0
 
 
 def rebuild_all(index: dict, artifacts: Path, work: Path) -> dict[str, dict]:
@@ -395,7 +395,7 @@ def main() -> int:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--builds", nargs="*", help="a subset of llm.json's builds (default: all)")
     p.add_argument("--families", nargs="*", help="a subset of families (default: all)")
-    p.add_argument("--budget-s", type=float, default=480.0, help="start no build after this")
+    p.add_argument("--budget-s", type=float, default=420.0, help="start no build after this")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=128)
