@@ -50,9 +50,10 @@ def torch_launches(module: torch.nn.Module, device: str, n: int) -> Runner:
     module = module.to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
-    def run(*args: torch.Tensor) -> torch.Tensor:
+    def run(*args: np.ndarray) -> torch.Tensor:
         with torch.inference_mode():
-            outs = [_first(module(*args)) for _ in range(n)]
+            tensors = [torch.as_tensor(a, device=device) for a in args]  # no copy where they are
+            outs = [_first(module(*tensors)) for _ in range(n)]
             sync()
             return outs[-1]
 

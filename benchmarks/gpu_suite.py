@@ -79,18 +79,28 @@ def prepare(cases: list[runner.Case], out: Path) -> int:
         return 1
     out.mkdir(parents=True, exist_ok=True)
     context = multiprocessing.get_context("spawn")
+    built, failed = [], []
     for case in cases:
         print(f"== {case.id}: building", file=sys.stderr, flush=True)
-        with ProcessPoolExecutor(1, mp_context=context) as pool:
-            seconds = pool.submit(_build_and_strip, asdict(case), str(out)).result()
+        try:
+            with ProcessPoolExecutor(1, mp_context=context) as pool:
+                seconds = pool.submit(_build_and_strip, asdict(case), str(out)).result()
+        except Exception as e:  # the other cases still build; the exit status says it
+            print(f"== {case.id}: FAILED: {e}".splitlines()[0][:400], file=sys.stderr, flush=True)
+            failed.append(case.id)
+            continue
         print(f"== {case.id}: built and stripped in {seconds:.0f} s", file=sys.stderr, flush=True)
-    (out / "cases.json").write_text(json.dumps([asdict(c) for c in cases], indent=1) + "\n")
+        built.append(case)
+    (out / "cases.json").write_text(json.dumps([asdict(c) for c in built], indent=1) + "\n")
     parts = travelling_bytes(out)
     total = sum(parts.values())
     shown = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in parts.items())
     print(f"{out}: {len(cases)} cases; the device call carries {total / 2**20:.1f} MiB ({shown})")
     if total > TRAVEL_LIMIT:
         print(f"error: over {TRAVEL_LIMIT / 2**20:.0f} MiB: prepare fewer cases", file=sys.stderr)
+        return 1
+    if failed:
+        print(f"error: {failed} did not build (above); the rest are prepared", file=sys.stderr)
         return 1
     return 0
 
