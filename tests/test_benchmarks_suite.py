@@ -70,7 +70,8 @@ def test_a_case_becomes_the_app_its_options_say(tmp_path):
     assert 'target = "llvm-cpu"' in app and "data_tiling = false" in app
     assert '[weights.codec]\n"*" = "q4"' in app
     assert (
-        "zoo.build('decoder-decode', 1, 128, None, {})" in (tmp_path / "package/graph.py").read_text()
+        "zoo.build('decoder-decode', 1, 128, None, {})"
+        in (tmp_path / "package/graph.py").read_text()
     )
 
 
