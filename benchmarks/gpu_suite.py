@@ -150,12 +150,15 @@ def run_prebuilt(
 
 
 def _release_gpu_memory() -> None:
-    """torch's cached blocks from one case are memory the next case's PLeX cannot use."""
+    """torch's cached blocks and compiled graphs from one case are memory the next case's PLeX
+    cannot use (and the zoo's models share one `forward`, whose compiled graphs would pile up
+    against dynamo's per-function cache limit)."""
     import gc
 
-    gc.collect()
     if "torch" in sys.modules:
         import torch
 
+        torch._dynamo.reset()
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
