@@ -165,7 +165,10 @@ def whisper_encoder(size: str):
     if size == "real":
         config = transformers.WhisperConfig(  # openai/whisper-base's encoder
             d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048,
-            decoder_layers=1, num_mel_bins=80, max_source_positions=1500,
+            # the unused decoder is built too: its heads must divide d_model (the default's 6
+            # in recent transformers does not)
+            decoder_layers=1, decoder_attention_heads=8, num_mel_bins=80,
+            max_source_positions=1500,
         )  # fmt: skip
     else:
         config = transformers.WhisperConfig(
