@@ -47,7 +47,16 @@ def run_model_suite(args: argparse.Namespace) -> dict:
                 "here, then `python -m benchmarks gpu --prebuilt benchmarks/gpu/suite` on the "
                 "GPU machine (benchmarks/gpu/run_suite.sh)"
             )
-        run["cases"] = gpu_suite.run_prebuilt(Path(args.prebuilt), cases, threads, args.deadline)
+        # written after every case: a run stopped by the device call's time limit keeps its cases
+        partial = None if args.no_write else results.write(run, args.results)
+
+        def keep(result: dict) -> None:
+            run["cases"].append(result)
+            if partial:
+                results.write(run, args.results, partial)
+
+        gpu_suite.run_prebuilt(Path(args.prebuilt), cases, threads, args.deadline, keep)
+        run["_partial"] = partial
         return run
     import tempfile
 
@@ -142,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     args.suite = args.command
     run = run_model_suite(args) if args.suite in ("cpu", "gpu") else run_scenario_suite(args)
     if args.no_write:
+        run.pop("_partial", None)
         report.print_run(run)
         return 0
-    path = results.write(run, args.results)
+    path = results.write(run, args.results, run.pop("_partial", None))
     run["_path"] = str(path)
     report.print_run(run)
     print(f"wrote {path}")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -105,17 +106,35 @@ def prepare(cases: list[runner.Case], out: Path) -> int:
     return 0
 
 
+class _Done(list):
+    """The results so far; `on_case` hears of each one as it is added."""
+
+    def __init__(self, on_case: Callable[[dict], None] | None) -> None:
+        super().__init__()
+        self.on_case = on_case
+
+    def append(self, result: dict) -> None:
+        super().append(result)
+        if self.on_case:
+            self.on_case(result)
+
+
 def run_prebuilt(
-    folder: Path, wanted: list[runner.Case], threads: int, deadline_s: float | None = None
+    folder: Path,
+    wanted: list[runner.Case],
+    threads: int,
+    deadline_s: float | None = None,
+    on_case: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Rebuild each prepared case's .mln from seeds and run it; the cases are those prepared
     (cases.json, in its order), limited to `wanted`'s ids. Past `deadline_s` seconds no case
-    starts: the rest are recorded as skipped, so one slow case cannot cost the whole run."""
+    starts: the rest are recorded as skipped, so one slow case cannot cost the whole run.
+    `on_case` gets each case's result as soon as it exists (the caller writes it down)."""
     payload = _payload()
     wanted_ids = {c.id for c in wanted}
     prepared = json.loads((folder / "cases.json").read_text())
     start = time.monotonic()
-    done = []
+    done = _Done(on_case)
     with tempfile.TemporaryDirectory(prefix="plex-bench-gpu-") as tmp:
         for raw in prepared:
             raw["anchors"] = tuple(raw["anchors"])
@@ -146,7 +165,7 @@ def run_prebuilt(
                 done.append(runner.failed_case(case, e, "run"))
             mln.unlink()
             _release_gpu_memory()
-    return done
+    return list(done)
 
 
 def _release_gpu_memory() -> None:

@@ -9,8 +9,9 @@
 #
 # The GPU machine has python3.12 with torch (CUDA), transformers and numpy, and no IREE
 # compiler; the wheels are installed with pip --target, without dependencies (its torch and
-# transformers stay). No case starts after DEADLINE seconds (default 420): the rest are recorded
-# as skipped, and the result file is written inside the device call's 10 minutes.
+# transformers stay). The result file is written again after every case, and no case starts
+# after DEADLINE seconds (default 420): the rest are recorded as skipped, so the file is complete
+# inside the device call's 10 minutes (and holds every finished case if the run is cut short).
 # Writes to $OUT: device.txt (nvidia-smi, versions), suite.log (the run) and gpu/<date>_<gpu>.json
 # (the result file: copy it into benchmarks/results/gpu/ here, then `python -m benchmarks report
 # --write docs/benchmarks.md`).
