@@ -45,6 +45,7 @@ from myelin.runtime._iree_private import (
 )
 from myelin.runtime.admission import Reservation
 from myelin.runtime.deadline import CHECK_INTERVAL_S, Deadline
+from myelin.runtime.host_transfer import StagingBuffers
 from myelin.runtime.pending import InFlight, PendingCall
 from myelin.runtime.result_storage import KDL_CPU, KDL_CUDA
 from myelin.runtime.sinks import Bound, CallerStorage, IreeResults, OwnStorage, StorageTwin
@@ -269,6 +270,8 @@ class ResolvedCall:
         driver = registry.driver_of(self._device) if registry is not None else None
         on_cuda = driver == "cuda"
         self._cuda = self._device if on_cuda else None
+        # Staging buffers for reading results to numpy, kept for the next call's same sizes.
+        self._staging = StagingBuffers(self._device)
 
         # Binding (step 3). Per input: (position, dtype, rank, ((axis, size), ...) of static
         # dims, HAL element type) for the fast check; None for scalars. The full check

@@ -77,7 +77,9 @@ def converted(call: Any, results: rt.VmVariantList, to_host: bool) -> list[Any]:
     get = results.get_as_object
     if to_host:
         return [
-            results.get_variant(i) if d is None else read_to_host(device, get(i, _BUFFER_VIEW), d)
+            results.get_variant(i)
+            if d is None
+            else read_to_host(device, get(i, _BUFFER_VIEW), d, call._staging)
             for i, d in enumerate(dtypes)
         ]
     cuda = call._cuda is not None
