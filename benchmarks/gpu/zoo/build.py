@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 import payload  # noqa: E402
 
 # the zoo the GPU run times (GPT-2 is in CI only: tests/plex/test_kernels_zoo.py)
-GPU_MODELS = ("llama", "qwen2", "bert", "vit", "whisper_encoder", "timm_vit_base", "timm_resnet50")
+GPU_MODELS = ("llama", "qwen2", "gpt2", "bert", "vit", "whisper_encoder", "timm_vit_base", "timm_resnet50")
 LIMIT_MIB = 60
 DEVICES = {
     "cuda": '[devices.hopper]\ntarget = "cuda"\narch = "sm_90a"\n',

@@ -149,7 +149,16 @@ def apply_kernels(
     from myelin.compiler.session import CompilerSession
     from myelin.compiler.targets import TargetDevice
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _concat, _coverage, _q4, _rewrite, _space, _triton
+    from myelin.kernels import (
+        _attention,
+        _concat,
+        _coverage,
+        _normalize,
+        _q4,
+        _rewrite,
+        _space,
+        _triton,
+    )
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -165,6 +174,8 @@ def apply_kernels(
             finalize(module, [TargetDevice("kernels", target="cuda", arch=arch)], kernel_forms=True)
             # q4 decode-step matmuls first: their fused forms (erased here) hold matmuls too
             q4_sites, q4_kernels = _q4.rewrite_q4(module, arch)
+            # linears the frontends lowered to batched forms, as the 2-D matmuls kernels match
+            _normalize.linears_as_matmuls(module)
             choose = _space.with_tuned(choose_matmul_config, tuned or {})
             matches = _rewrite.find_matmuls(module, choose)
             if tuned:
