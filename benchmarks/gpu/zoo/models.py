@@ -163,6 +163,7 @@ def whisper_encoder(size: str):
     if size == "real":
         config = transformers.WhisperConfig(  # openai/whisper-base's encoder
             d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048,
+            decoder_attention_heads=8,
             decoder_layers=1, num_mel_bins=80, max_source_positions=1500,
         )  # fmt: skip
     else:

@@ -36,6 +36,7 @@ from myelin.errors import CompileError
 from myelin.frontends import FrontendRequest, FrontendResult
 from myelin.frontends._torch_fixes import (
     constant_attention_masks,
+    eager_attention_as_sdpa,
     decomposition_table,
     float_scalar_comparisons,
     lowering_failure,
@@ -323,6 +324,7 @@ def _export(entry: Entry, request: FrontendRequest, what: str) -> torch.export.E
         )
     program = program.run_decompositions(decomposition_table())
     float_scalar_comparisons(program)
+    eager_attention_as_sdpa(program)
     constant_attention_masks(program)
     return program
 
