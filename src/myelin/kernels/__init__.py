@@ -151,6 +151,7 @@ def apply_kernels(
     from myelin.errors import CompileError
     from myelin.kernels import (
         _attention,
+        _attention_ir,
         _concat,
         _coverage,
         _normalize,
@@ -176,6 +177,8 @@ def apply_kernels(
             q4_sites, q4_kernels = _q4.rewrite_q4(module, arch)
             # linears the frontends lowered to batched forms, as the 2-D matmuls kernels match
             _normalize.linears_as_matmuls(module)
+            # attention written as batched matmuls around a softmax, as one attention op
+            _attention_ir.hand_written_attention(module)
             choose = _space.with_tuned(choose_matmul_config, tuned or {})
             matches = _rewrite.find_matmuls(module, choose)
             if tuned:
