@@ -27,8 +27,10 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent))
 import payload  # noqa: E402
 
-# the zoo the GPU run times (GPT-2 is in CI only: tests/plex/test_kernels_zoo.py)
-GPU_MODELS = ("llama", "qwen2", "gpt2", "bert", "vit", "whisper_encoder", "timm_vit_base", "timm_resnet50")
+# the zoo the GPU run times: every model of models.py
+GPU_MODELS = (
+    "llama", "qwen2", "gpt2", "bert", "vit", "whisper_encoder", "timm_vit_base", "timm_resnet50"
+)  # fmt: skip
 LIMIT_MIB = 60
 DEVICES = {
     "cuda": '[devices.hopper]\ntarget = "cuda"\narch = "sm_90a"\n',

@@ -36,8 +36,8 @@ from myelin.errors import CompileError
 from myelin.frontends import FrontendRequest, FrontendResult
 from myelin.frontends._torch_fixes import (
     constant_attention_masks,
-    eager_attention_as_sdpa,
     decomposition_table,
+    eager_attention_as_sdpa,
     float_scalar_comparisons,
     lowering_failure,
 )

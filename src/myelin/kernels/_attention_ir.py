@@ -34,8 +34,10 @@ _MAPS = (
 )
 _MASK_MAP = "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>"
 _OUT_MAP = "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>"
-# The reason a batched matmul of attention written by hand keeps, when the chain is not taken.
-HAND_WRITTEN = "attention written as batched matmuls"
+# The reason a batched matmul of attention written by hand keeps, when the chain is not taken,
+# held by the op (attribute WHY) until the report reads it.
+HAND_WRITTEN = "attention written as batched matmuls, not taken as one attention op"
+WHY = "plex.kernels_why"
 
 
 @dataclass
@@ -163,12 +165,23 @@ def _plain_batch_matmul(value: ir.Value) -> ir.Operation | None:
     return op if maps in (None, _BATCH_MAPS) else None
 
 
-def _match(pv: ir.Operation) -> _Attention | None:
-    """The hand-written attention that ends in the batched matmul `pv`, or None."""
+def _match(pv: ir.Operation) -> _Attention | str | None:
+    """The hand-written attention that ends in the batched matmul `pv`; None when `pv` does
+    not multiply a softmax; why not, when it does but the rest is not the form above."""
     chain: list[ir.Operation] = [pv]
     x = _softmax_input(_strip(pv.operands[0], chain), chain)
     if x is None:
         return None
+    found = _match_scores(pv, x, chain)
+    if isinstance(found, str):
+        # the report gives both products (those found) the reason
+        for op in (o for o in chain if o.name == "linalg.batch_matmul"):
+            op.attributes[WHY] = ir.StringAttr.get(f"{HAND_WRITTEN}: {found}")
+    return found
+
+
+def _match_scores(pv: ir.Operation, x: ir.Value, chain: list[ir.Operation]) -> _Attention | str:
+    """The rest of `_match`, from the softmax's input X back to q @ k^T."""
     scores = _strip(x, chain)
     mask = mask_map = None
     scores_type = scores.type
@@ -182,46 +195,44 @@ def _match(pv: ir.Operation) -> _Attention | None:
         scores_type = scores.type
     qk = _plain_batch_matmul(_strip(scores, chain))
     if qk is None:
-        return None
+        return "the softmax's input is not q @ k^T, times a constant, plus a mask"
     chain.append(qk)
     q, kt, v = qk.operands[0], qk.operands[1], pv.operands[1]
-    types = {_element(x.type) for x in (q, kt, v)}
-    if len(types) != 1 or not types <= set(_INPUTS):
-        return None
+    types = [_element(x.type) for x in (q, kt, v)]
+    if len(set(types)) != 1 or types[0] not in _INPUTS:
+        return f"q, k, v are {' x '.join(types)}: the attention kernels take f16 or bf16"
     dims = [_dims(x.type) for x in (q, kt, v)]
     if any(d is None for ds in dims for d in ds):
-        return None
+        return "dynamic shapes: the attention op is built for static ones"
     (bh, m, d), (_, d2, n), (_, n2, dv) = dims[0], dims[1], dims[2]
     if d != d2 or n != n2 or dv != d:
-        return None
+        return "q, k and v do not have one head dim"
     acc = _element(pv.results[0].type)
     replaced = pv
     if acc == "f32":
         narrowing = _narrowing(pv.results[0])
-        if narrowing is None or _element(narrowing.results[0].type) != _element(q.type):
-            return None
+        if narrowing is None or _element(narrowing.results[0].type) != types[0]:
+            return f"the product's f32 result is used as f32, not narrowed to {types[0]}"
         replaced = narrowing
-    elif acc != _element(q.type):
-        return None
+    elif acc != types[0]:
+        return f"the product accumulates in {acc}"
     chain.append(replaced)
     # the scores and probabilities must be seen by nothing but the chain
     for op in chain:
-        if op == replaced or op == qk:
+        if op in (replaced, qk):
             continue
         for result in op.results:
             for use in result.uses:
                 owner = getattr(use.owner, "operation", use.owner)
                 if not any(owner == c for c in chain):
-                    return None
+                    return "the scores or probabilities are used outside the softmax"
     if mask is not None:
         sdims = _dims(scores_type)
-        if any(x is None for x in sdims) or len(sdims) < 3 or sdims[-2:] != [m, n]:
-            return None
         count = 1
         for x in sdims[:-2]:
-            count *= x
-        if count != bh:
-            return None
+            count *= x or 0
+        if len(sdims) < 3 or sdims[-2:] != [m, n] or count != bh:
+            return "the mask is added to scores of another shape than q @ k^T"
     return _Attention(pv, replaced, q, kt, v, scale, mask, mask_map, scores_type, chain)
 
 
@@ -292,7 +303,7 @@ def hand_written_attention(module: ir.Operation) -> int:
     count = 0
     for pv in find_ops(module, lambda o: o.name == "linalg.batch_matmul"):
         found = _match(pv)
-        if found is None:
+        if not isinstance(found, _Attention):
             continue
         operands = [found.q, found.kt, found.v] + ([found.mask] if found.mask is not None else [])
         with found.replaced.location:

@@ -124,7 +124,11 @@ def _generic_linear(op: ir.Operation) -> tuple[ir.Value, ir.Value, bool] | None:
     if len(op.operands) != 3 or len(op.results) != 1:
         return None
     maps = _maps(op)
-    if maps[0] != _GENERIC_A or maps[2] != _GENERIC_OUT or maps[1] not in (_GENERIC_KN, _GENERIC_NK):
+    if (
+        maps[0] != _GENERIC_A
+        or maps[2] != _GENERIC_OUT
+        or maps[1] not in (_GENERIC_KN, _GENERIC_NK)
+    ):
         return None
     if str(op.attributes["iterator_types"]).count("reduction") != 1:
         return None
@@ -139,7 +143,10 @@ def _generic_linear(op: ir.Operation) -> tuple[ir.Value, ir.Value, bool] | None:
     factors = {value_of.get(x, x) for x in mul.operands}
     if factors != {block.arguments[0], block.arguments[1]}:
         return None
-    if set(add.operands) != {mul.results[0], block.arguments[2]} or yld.operands[0] != add.results[0]:
+    if (
+        set(add.operands) != {mul.results[0], block.arguments[2]}
+        or yld.operands[0] != add.results[0]
+    ):
         return None
     return op.operands[0], op.operands[1], maps[1] == _GENERIC_NK
 
@@ -184,12 +191,16 @@ def _function_text(lin: _Linear) -> str:
     wdims = _dims(lin.weight.type)
     n = wdims[0] if lin.transposed else wdims[1]
     rows = b * m if b is not None and m is not None else None
-    a_el, w_el = _element(lin.a.type), _element(lin.weight.type)
+    a_el = _element(lin.a.type)
     acc = _element(lin.op.results[0].type)
     out_el = _element(lin.truncf.results[0].type) if lin.truncf is not None else acc
     a_t, w_t = _tensor([b, m, k], a_el), str(lin.weight.type)
     rows_t = _tensor([rows, k], a_el)
-    acc_t, out2_t, out3_t = _tensor([rows, n], acc), _tensor([rows, n], out_el), _tensor([b, m, n], out_el)
+    acc_t, out2_t, out3_t = (
+        _tensor([rows, n], acc),
+        _tensor([rows, n], out_el),
+        _tensor([b, m, n], out_el),
+    )
     lines = ["%c0 = arith.constant 0 : index", "%c1 = arith.constant 1 : index"]
     lines.append(f"%rows = tensor.collapse_shape %a [[0, 1], [2]] : {a_t} into {rows_t}")
     dyn = ""
