@@ -14,6 +14,7 @@ import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from myelin.errors import CompileError
 from myelin.kernels._coverage import coverage_line, left_to_codegen
 from myelin.kernels._space import (
     config_from_json,
@@ -40,6 +41,7 @@ __all__ = [
     "kernel_entry",
     "left_to_codegen",
     "matmul_space",
+    "normalize_contractions",
     "site_key",
     "spread_sample",
     "tuned_configs",
@@ -207,6 +209,28 @@ def apply_kernels(
             buffer = io.BytesIO()
             module.write_bytecode(buffer)
     return KernelizedGraph(buffer.getvalue(), tuple(sites), tuple(sorted(kernels)))
+
+
+def normalize_contractions(module: str | bytes, what: str = "graph") -> tuple[str, dict[str, int]]:
+    """The IR (input phase, text or bytecode) with the rewrites the kernels step makes before it
+    matches anything: batched linears as 2-D matmuls (myelin.kernels._normalize) and attention
+    written by hand as one attention op (myelin.kernels._attention_ir); as text, with how many
+    of each. The kernels step applies them on CUDA devices; this lets the normal form be
+    compiled for any target, to check that it computes what the written form does."""
+    from myelin.compiler.session import CompilerSession
+    from myelin.kernels import _attention_ir, _normalize
+
+    with CompilerSession(["--iree-hal-target-device=llvm-cpu"]) as session:
+        parsed = session.parse(module, what=what)
+        with session.context:
+            counts = {
+                "linears": _normalize.linears_as_matmuls(parsed),
+                "attention": _attention_ir.hand_written_attention(parsed),
+            }
+            _attention_ir.forget_reasons(parsed)
+            if not parsed.verify():
+                raise CompileError(f"{what}: the normalized graph does not verify (internal)")
+            return str(parsed), counts
 
 
 def _mark_tuned(matches: list, tuned: Mapping[str, MatmulConfig]) -> None:

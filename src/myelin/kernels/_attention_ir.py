@@ -330,3 +330,9 @@ def _erase_unused(ops: list[ir.Operation]) -> None:
             for f in feeders:
                 if f is not None and f.name in ("linalg.fill", "tensor.empty") and f not in pending:
                     pending.append(f)
+
+
+def forget_reasons(module: ir.Operation) -> None:
+    """Drop the reasons left on batched matmuls (WHY) where no report reads them."""
+    for op in find_ops(module, lambda o: WHY in o.attributes):
+        del op.attributes[WHY]
