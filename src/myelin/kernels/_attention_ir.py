@@ -73,8 +73,26 @@ def _generic(value: ir.Value, names: list[str], inputs: int) -> ir.Operation | N
     return op
 
 
-def _strip(value: ir.Value, chain: list[ir.Operation], casts: bool = True) -> ir.Value:
-    """Through reshapes and elementwise casts (`extf`, `truncf`) to the value they come from."""
+def _broadcast(value: ir.Value) -> ir.Operation | None:
+    """The `linalg.generic` that only copies its one input over more (or equal) dims: how
+    StableHLO's broadcast of a reduction's result back to the scores' shape lowers."""
+    op = _owner(value)
+    if op is None or op.name != "linalg.generic" or len(op.operands) != 2:
+        return None
+    if "reduction" in str(op.attributes["iterator_types"]):
+        return None
+    body = _body(op)
+    block = op.regions[0].blocks[0]
+    if [o.name for o in body] != ["linalg.yield"] or body[0].operands[0] != block.arguments[0]:
+        return None
+    return op
+
+
+def _strip(
+    value: ir.Value, chain: list[ir.Operation], casts: bool = True, broadcasts: bool = False
+) -> ir.Value:
+    """Through reshapes, elementwise casts (`extf`, `truncf`) and, where asked, broadcasts to
+    the value they come from."""
     while True:
         op = _owner(value)
         if op is None:
@@ -83,13 +101,15 @@ def _strip(value: ir.Value, chain: list[ir.Operation], casts: bool = True) -> ir
             chain.append(op)
             value = op.operands[0]
             continue
-        cast = None
+        step = None
         if casts:
-            cast = _generic(value, ["arith.extf"], 1) or _generic(value, ["arith.truncf"], 1)
-        if cast is None:
+            step = _generic(value, ["arith.extf"], 1) or _generic(value, ["arith.truncf"], 1)
+        if step is None and broadcasts:
+            step = _broadcast(value)
+        if step is None:
             return value
-        chain.append(cast)
-        value = cast.operands[0]
+        chain.append(step)
+        value = step.operands[0]
 
 
 def _softmax_input(value: ir.Value, chain: list[ir.Operation]) -> ir.Value | None:
@@ -98,9 +118,9 @@ def _softmax_input(value: ir.Value, chain: list[ir.Operation]) -> ir.Value | Non
     div = _generic(value, ["arith.divf"], 2)
     if div is None:
         return None
-    e, total = div.operands[0], _strip(div.operands[1], chain, casts=False)
+    e, total = div.operands[0], _strip(div.operands[1], chain, broadcasts=True)
     add = _owner(total)
-    if add is None or add.name != "linalg.generic" or add.operands[0] != e:
+    if add is None or add.name != "linalg.generic" or _strip(add.operands[0], chain) != e:
         return None
     if "reduction" not in str(add.attributes["iterator_types"]) or _names(add) != [
         "arith.addf", "linalg.yield"
@@ -110,7 +130,7 @@ def _softmax_input(value: ir.Value, chain: list[ir.Operation]) -> ir.Value | Non
     sub = exp and _generic(exp.operands[0], ["arith.subf"], 2)
     if sub is None:
         return None
-    x, peak = sub.operands[0], _strip(sub.operands[1], chain, casts=False)
+    x, peak = sub.operands[0], _strip(sub.operands[1], chain, casts=False, broadcasts=True)
     peak_op = _owner(peak)
     if (
         peak_op is None
@@ -144,12 +164,16 @@ def _scalar(value: ir.Value) -> float | None:
 
 
 def _scaled(value: ir.Value, chain: list[ir.Operation]) -> tuple[ir.Value, float]:
-    """(scores, scale) when `value` is scores times (or divided by) a constant scalar."""
+    """(scores, scale) when `value` is scores times (or divided by) a constant scalar: a second
+    input of the elementwise op, or a constant its body uses (StableHLO's form)."""
     for name in ("arith.mulf", "arith.divf"):
-        op = _generic(value, [name], 2)
+        op = _generic(value, [name], 2) or _generic(value, [name], 1)
         if op is None:
             continue
-        c = _scalar(op.operands[1])
+        if len(op.operands) == 3:
+            c = _scalar(op.operands[1])
+        else:
+            c = _scalar(_body(op)[0].operands[1])
         if c is None or c == 0.0:
             continue
         chain.append(op)
@@ -316,7 +340,10 @@ def hand_written_attention(module: ir.Operation) -> int:
 
 def _erase_unused(ops: list[ir.Operation]) -> None:
     """Erase the ops (and the fills and empties only they used) once nothing uses them."""
-    pending = list(ops)
+    pending: list[ir.Operation] = []
+    for op in ops:  # an op may be in the chain twice (reached from two uses)
+        if not any(op == p for p in pending):
+            pending.append(op)
     changed = True
     while changed:
         changed = False
