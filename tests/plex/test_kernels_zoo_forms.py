@@ -215,43 +215,119 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
 F16_TOLERANCE = 5e-3
 
 
-def test_the_normal_forms_compute_what_the_onnx_graphs_do(onnx_files, tmp_path):
-    """BERT (linears, attention without a mask) and Llama (GQA, an additive causal mask) from
-    ONNX, rewritten as the kernels step rewrites them and compiled for the CPU, against the
-    same graphs compiled as imported and against torch eager in f32."""
+def _normal_and_plain_cpu_builds(
+    root: Path, graphs: str, expected: dict[str, dict[str, int]]
+) -> tuple[Path, Path]:
+    """The package's graphs built for llvm-cpu twice: as imported (plain) and rewritten as the
+    kernels step rewrites them (`normalize_contractions` on the input-phase IR, resumed)."""
     from myelin.compiler.phases import read_phase_file, render_phase_file
     from myelin.kernels import normalize_contractions
 
-    root = tmp_path / "cpu"
-    root.mkdir()
-    models = ("bert", "llama")
-    graphs = ""
-    for m in models:
-        (root / f"{m}.onnx").write_bytes((onnx_files / f"{m}.onnx").read_bytes())
-        graphs += f'[graph.{m}]\nsource = "{m}.onnx"\n'
-    (root / "plex.toml").write_text(f'[package]\nname = "cpu_forms"\n{graphs}')
-    (root / "app.toml").write_text(APP.format(name="cpu_forms") + CPU)
+    (root / "plex.toml").write_text(f'[package]\nname = "{root.name}"\n{graphs}')
+    (root / "app.toml").write_text(APP.format(name=root.name) + CPU)
     build(root / "app.toml", root / "ir", compile_to="input")
     normal = []
-    for m in models:
-        saved = read_phase_file(root / "ir" / m / "default" / "01.input.mlir")
-        text, counts = normalize_contractions(saved.text, what=m)
-        assert counts == {"linears": {"bert": 12, "llama": 15}[m], "attention": 2}, counts
-        path = root / f"{m}.normal.mlir"
+    for graph, counts in expected.items():
+        saved = read_phase_file(root / "ir" / graph / "default" / "01.input.mlir")
+        text, done = normalize_contractions(saved.text, what=graph)
+        assert done == counts, (graph, done)
+        path = root / f"{graph}.normal.mlir"
         path.write_text(render_phase_file(text, saved.fields))
         normal.append(path)
     build(root / "app.toml", root / "normal.mln", resume_from=normal)
     build(root / "app.toml", root / "plain.mln")
+    return root / "plain.mln", root / "normal.mln"
+
+
+def _call(artifact: Path, function: str, *args: np.ndarray) -> np.ndarray:
+    with myelin.Instance().load(artifact) as model, model.session() as s:
+        return np.asarray(s.call(function, *args))
+
+
+def test_the_normal_forms_compute_what_the_onnx_graphs_do(onnx_files, tmp_path):
+    """BERT (linears, attention without a mask) and Llama (GQA, an additive causal mask) from
+    ONNX, rewritten as the kernels step rewrites them and compiled for the CPU, against the
+    same graphs compiled as imported and against torch eager in f32."""
+    root = tmp_path / "cpu_onnx"
+    root.mkdir()
+    models = ("bert", "llama")
+    for m in models:
+        (root / f"{m}.onnx").write_bytes((onnx_files / f"{m}.onnx").read_bytes())
+    graphs = "".join(f'[graph.{m}]\nsource = "{m}.onnx"\n' for m in models)
+    expected = {"bert": {"linears": 12, "attention": 2}, "llama": {"linears": 15, "attention": 2}}
+    artifacts = _normal_and_plain_cpu_builds(root, graphs, expected)
     zoo = zoo_models()
     for m in models:
         module, inputs = zoo.eager(m, "small")
         ((name, x),) = inputs.items()
         with torch.no_grad():
             want = zoo._FirstOutput(module.float(), name, m in zoo.DECODERS)(x).numpy()
-        for artifact in ("plain.mln", "normal.mln"):
-            with myelin.Instance().load(root / artifact) as model, model.session() as s:
-                got = np.asarray(s.call(f"{m}.forward", x.numpy()))
-            assert _relative(got, want) < F16_TOLERANCE, (m, artifact, _relative(got, want))
+        for artifact in artifacts:
+            got = _call(artifact, f"{m}.forward", x.numpy())
+            assert _relative(got, want) < F16_TOLERANCE, (m, artifact.name, _relative(got, want))
+
+
+JAX_PY = """
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def block():
+    rng = np.random.default_rng(0)
+    p = {
+        name: (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float16)
+        for name, shape in (("wq", (128, 128)), ("wk", (128, 128)), ("wv", (128, 128)))
+    }
+    p["bq"] = (0.1 * rng.standard_normal(128)).astype(np.float16)
+
+    def fn(p, x):
+        b, s, _ = x.shape
+        heads = lambda t: t.reshape(b, s, 2, 64).transpose(0, 2, 1, 3)
+        q = heads(x @ p["wq"] + p["bq"])
+        k = heads(jnp.einsum("bsd,ed->bse", x, p["wk"]))  # the weight as [n, k]
+        v = heads(x @ p["wv"])
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+
+    return fn, p, (rng.standard_normal((2, 64, 128)).astype(np.float16),)
+"""
+
+
+def test_a_jax_block_reaches_the_kernels_and_its_normal_form_computes_the_same(tmp_path):
+    """JAX's linears (2-D already: StableHLO's dot_general) and its attention written out
+    (einsum, softmax, einsum) through the JAX frontend: every contraction on a kernel, and the
+    normal form on the CPU equal to the graph as imported and to numpy in f32."""
+    pytest.importorskip("jax")
+    hopper = tmp_path / "jax_hopper"
+    hopper.mkdir()
+    (hopper / "block.py").write_text(JAX_PY)
+    graph = '[graph.block]\nsource = "block.py:block"\nfrontend = "jax"\n'
+    sites, _ = _build_sites(hopper, f'[package]\nname = "jax_block"\n{graph}', HOPPER)
+    ops = Counter((s["op"], bool(s["kernel"])) for s in sites["block"] if s["op"] != "concat")
+    assert ops == Counter({("matmul", True): 3, ("attention", True): 1}), sites["block"]
+
+    cpu = tmp_path / "jax_cpu"
+    cpu.mkdir()
+    (cpu / "block.py").write_text(JAX_PY)
+    artifacts = _normal_and_plain_cpu_builds(cpu, graph, {"block": {"linears": 0, "attention": 1}})
+    spec = importlib.util.spec_from_file_location("jax_block", cpu / "block.py")
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    _, p, (x,) = source.block()
+    f = {k: v.astype(np.float32) for k, v in p.items()}
+    xf = x.astype(np.float32)
+
+    def heads(t: np.ndarray) -> np.ndarray:
+        return t.reshape(2, 64, 2, 64).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(xf @ f["wq"] + f["bq"]), heads(xf @ f["wk"].T), heads(xf @ f["wv"])
+    scores = q @ k.transpose(0, 1, 3, 2) * 0.125
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (probs / probs.sum(-1, keepdims=True)) @ v
+    for artifact in artifacts:
+        got = _call(artifact, "block.forward", x)
+        assert _relative(got, want) < F16_TOLERANCE, (artifact.name, _relative(got, want))
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen2", "gpt2", "bert"])
