@@ -133,12 +133,13 @@ _SDPA = aten.scaled_dot_product_attention.default
 # from the exported graph; a copy or an alias remains).
 _PASS_THROUGH = (aten.clone.default, aten.alias.default, aten.detach.default)
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
+_ASSERT = aten._assert_tensor_metadata.default
 _CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 
 
 def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
     """The one real user of `node` (metadata asserts aside), or None."""
-    users = [u for u in node.users if u.target is not aten._assert_tensor_metadata.default]
+    users = [u for u in node.users if u.target is not _ASSERT]
     return users[0] if len(users) == 1 else None
 
 
@@ -202,9 +203,26 @@ def _hand_written_attention(pv: torch.fx.Node) -> tuple | None:
     dtypes = {x.dtype for x in values}
     if len(dtypes) != 1 or not values[0].dtype.is_floating_point:
         return None
+    if len({tuple(x.shape[:-2]) for x in values}) != 1:
+        return None  # K, V broadcast over Q's heads: SDPA wants them expanded
     if mask is not None and (_val(mask) is None or _val(mask).dtype != values[0].dtype):
         return None  # SDPA takes a float mask only in the query's dtype
     return q, k, v, mask, scale
+
+
+def _dead_inputs(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """`node` and what only it (or metadata asserts) uses, transitively: a replaced chain."""
+    dead: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in dead or n.op != "call_function":
+            continue
+        if any(u not in dead and u.target is not _ASSERT for u in n.users):
+            continue
+        dead.add(n)
+        stack.extend(n.all_input_nodes)
+    return dead
 
 
 def eager_attention_as_sdpa(program: torch.export.ExportedProgram) -> int:
@@ -212,6 +230,7 @@ def eager_attention_as_sdpa(program: torch.export.ExportedProgram) -> int:
     returns the number rewritten. Run before `constant_attention_masks`."""
     graph = program.graph
     count = 0
+    dead: set[torch.fx.Node] = set()
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not aten.matmul.default:
             continue
@@ -223,13 +242,12 @@ def eager_attention_as_sdpa(program: torch.export.ExportedProgram) -> int:
             sdpa = graph.call_function(_SDPA, (q, k, v, mask, 0.0, False), {"scale": scale})
         sdpa.meta = dict(node.meta)
         node.replace_all_uses_with(sdpa)
+        dead |= _dead_inputs(node)
         count += 1
     if count:
-        # the scores' metadata asserts would keep the dead softmax alive
+        # the scores' metadata asserts would keep the replaced softmax alive
         for node in list(graph.nodes):
-            if node.target is aten._assert_tensor_metadata.default and all(
-                len(a.users) == 1 for a in node.all_input_nodes
-            ):
+            if node.target is _ASSERT and all(a in dead for a in node.all_input_nodes):
                 graph.erase_node(node)
         graph.eliminate_dead_code()
         program.graph_module.recompile()

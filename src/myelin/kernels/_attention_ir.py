@@ -170,10 +170,9 @@ def _scaled(value: ir.Value, chain: list[ir.Operation]) -> tuple[ir.Value, float
         op = _generic(value, [name], 2) or _generic(value, [name], 1)
         if op is None:
             continue
-        if len(op.operands) == 3:
-            c = _scalar(op.operands[1])
-        else:
-            c = _scalar(_body(op)[0].operands[1])
+        # the constant: the op's second input, or the body's operand from outside the op
+        constant = op.operands[1] if len(op.operands) == 3 else _body(op)[0].operands[1]
+        c = _scalar(constant)
         if c is None or c == 0.0:
             continue
         chain.append(op)
