@@ -203,7 +203,8 @@ def _hand_written_attention(pv: torch.fx.Node) -> tuple | None:
     dtypes = {x.dtype for x in values}
     if len(dtypes) != 1 or not values[0].dtype.is_floating_point:
         return None
-    if len({tuple(x.shape[:-2]) for x in values}) != 1:
+    # by name: a dynamic dim is a SymInt, which neither hashes nor compares without a guard
+    if len({tuple(str(d) for d in x.shape[:-2]) for x in values}) != 1:
         return None  # K, V broadcast over Q's heads: SDPA wants them expanded
     if mask is not None and (_val(mask) is None or _val(mask).dtype != values[0].dtype):
         return None  # SDPA takes a float mask only in the query's dtype
