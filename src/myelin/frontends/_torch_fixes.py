@@ -208,6 +208,10 @@ def _hand_written_attention(pv: torch.fx.Node) -> tuple | None:
         return None  # K, V broadcast over Q's heads: SDPA wants them expanded
     if mask is not None and (_val(mask) is None or _val(mask).dtype != values[0].dtype):
         return None  # SDPA takes a float mask only in the query's dtype
+    if mask is not None and _val(mask).dim() != values[0].dim():
+        # a mask of fewer dims (a decode step's [max_len] over its cache slots): IREE's torch
+        # input crashes (SIGSEGV) on SDPA with it; Hugging Face's masks have the scores' rank
+        return None
     return q, k, v, mask, scale
 
 
