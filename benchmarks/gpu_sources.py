@@ -128,7 +128,9 @@ def _zoo(name: str):
     return source
 
 
-ZOO = ("llama", "qwen2", "bert", "vit", "whisper_encoder", "timm_vit_base", "timm_resnet50")
+ZOO = (
+    "llama", "qwen2", "gpt2", "bert", "vit", "whisper_encoder", "timm_vit_base", "timm_resnet50"
+)  # fmt: skip
 SOURCES = {
     "matmul": matmul,
     "linear": linear,

@@ -111,27 +111,26 @@ def test_linears_over_three_dims_go_to_kernels_and_every_contraction_is_listed(b
     linears = by_op.pop("matmul_transpose_b")
     assert sorted((s["m"], s["n"], s["k"]) for s in linears) == [(128, 256, 256), (128, 768, 256)]
     assert all(s["kernel"] for s in linears), linears
-    # QK^T and PV written by hand stay batched matmuls; SDPA needs the attention library
-    assert [(s["m"], s["n"], s["k"], s["kernel"]) for s in by_op.pop("batch_matmul")] == [
-        (64, 64, 64, None)
-    ] * 2
-    (attention,) = by_op.pop("attention")
-    assert attention["kernel"] is None and "triton-attention" in attention["reason"]
+    # the attention written by hand is exported as SDPA, like the one beside it: both attention
+    # ops, which need the attention library
+    attentions = by_op.pop("attention")
+    assert [(s["m"], s["n"], s["k"], s["kernel"]) for s in attentions] == [(64, 64, 64, None)] * 2
+    assert all("triton-attention" in s["reason"] for s in attentions)
     assert not by_op, by_op
 
 
 def test_the_build_warns_with_the_coverage_line_and_inspect_shows_it(built):
     out, warned = built
     (warning,) = [w for w in warned if "kernels:" in w]
-    assert "kernels: 2 of 5 contractions (80% of FLOPs) on sm_90a kernels" in warning
-    assert "batch_matmul 64x64x64 in forward (batched matmul" in warning
+    assert "kernels: 2 of 4 contractions (80% of FLOPs) on sm_90a kernels" in warning
+    assert "attention 64x64x64 in forward (attention kernels need" in warning
     from typer.testing import CliRunner
 
     from plex.cli import app
 
     shown = CliRunner().invoke(app, ["inspect", str(out)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
-    assert "[default/hopper] kernels: 2 of 5 contractions (80% of FLOPs)" in shown.output
+    assert "[default/hopper] kernels: 2 of 4 contractions (80% of FLOPs)" in shown.output
     assert "attention 64x64x64 in forward" in shown.output
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -225,3 +226,55 @@ def _source(model: str, size: str) -> Callable:
 for _model in MODELS:
     for _size in SIZES:
         globals()[f"{_model}_{_size}"] = _source(_model, _size)
+
+
+# Hugging Face models: their attention as written out by hand (attn_implementation="eager":
+# matmul, scale, additive mask, softmax, matmul) is another form users build from.
+HF_MODELS = ("llama", "qwen2", "gpt2", "bert", "vit", "whisper_encoder")
+DECODERS = ("llama", "qwen2", "gpt2")
+
+
+def with_eager_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with Hugging Face's eager attention in every layer, in place."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = "eager"
+    return model
+
+
+def eager(model: str, size: str):
+    """A Hugging Face zoo model with eager attention, and its example inputs."""
+    module, inputs = MODELS[model](size)
+    return with_eager_attention(module), inputs
+
+
+class _FirstOutput(torch.nn.Module):
+    """The model called with its one input by name; returns its first output (logits or last
+    hidden state). Decoders also get an all-ones attention mask: without one, Hugging Face's
+    masking looks for packed sequences with `torch.diff`, which the TorchScript ONNX exporter
+    cannot export (the mask values are the same)."""
+
+    def __init__(self, model: torch.nn.Module, name: str, decoder: bool) -> None:
+        super().__init__()
+        self.model, self.name, self.decoder = model, name, decoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra = {"attention_mask": torch.ones_like(x)} if self.decoder else {}
+        out = self.model(**{self.name: x}, **extra)
+        if isinstance(out, torch.Tensor):
+            return out
+        return out[0]
+
+
+def export_onnx(model: str, size: str, path: Path) -> Path:
+    """The zoo model exported by `torch.onnx.export` (TorchScript exporter, opset 17), as a
+    user exports it: Hugging Face models with eager attention (their SDPA export computes in
+    f32), timm's as they are. The ONNX input keeps the torch argument's name."""
+    module, inputs = eager(model, size) if model in HF_MODELS else MODELS[model](size)
+    ((name, x),) = inputs.items()
+    wrapped = _FirstOutput(module, name, model in DECODERS)
+    torch.onnx.export(
+        wrapped, (x,), str(path), input_names=[name], dynamo=False, opset_version=17
+    )  # fmt: skip
+    return path

@@ -28,7 +28,14 @@ docs/frontends.md).
    (decoders without a padding mask). Such a mask is evaluated at export, and
    `scaled_dot_product_attention` gets no mask, or `is_causal=True`, instead: the same function,
    in the form the attention kernels (and IREE's own attention) know.
-7. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
+7. Attention written by hand (GPT-2's and BERT's "eager" attention, Llama's with `repeat_kv`):
+   `softmax(q @ k^T * scale + mask) @ v` through `matmul`, a scalar `mul`/`div`, an additive
+   `add` and `softmax` (upcast to f32 and back, or not). torch-mlir lowers it to two batched
+   matmuls around a decomposed softmax, which no attention kernel (and no IREE attention
+   codegen) sees. It is exported as `scaled_dot_product_attention(q, k, v, mask, scale=scale)`:
+   the same function, so 6. then drops or makes causal a mask no input reaches, and the
+   attention kernels take it.
+8. Ops IREE cannot lower: the compiler's diagnostic names an MLIR op; we map it back to the FX
    node and the user's source line, and say so in one line.
 """
 
@@ -122,6 +129,134 @@ def addmm_as_matmul(
 
 
 _SDPA = aten.scaled_dot_product_attention.default
+# Ops between the attention's parts that change nothing it computes (eval-mode dropout is gone
+# from the exported graph; a copy or an alias remains).
+_PASS_THROUGH = (aten.clone.default, aten.alias.default, aten.detach.default)
+_SOFTMAX = (aten.softmax.int, aten._softmax.default)
+_ASSERT = aten._assert_tensor_metadata.default
+_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The one real user of `node` (metadata asserts aside), or None."""
+    users = [u for u in node.users if u.target is not _ASSERT]
+    return users[0] if len(users) == 1 else None
+
+
+def _through(node: object, targets: tuple) -> object:
+    """`node`'s input as long as it is a one-user call of one of `targets`."""
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target in targets
+        and _only_user(node) is not None
+    ):
+        node = node.args[0]
+    return node
+
+
+def _val(node: object) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _hand_written_attention(pv: torch.fx.Node) -> tuple | None:
+    """(q, k, v, mask, scale) when `pv` is `softmax(q @ k^T * scale + mask) @ v` (7.), else
+    None. Every op between the two matmuls must have no other user: the scores and the
+    probabilities are never seen elsewhere."""
+    p, v = pv.args[0], pv.args[1]
+    p = _through(p, _PASS_THROUGH + _CASTS)
+    if not (isinstance(p, torch.fx.Node) and p.target in _SOFTMAX and _only_user(p)):
+        return None
+    rank = _val(p).dim() if _val(p) is not None else 0
+    if p.args[1] not in (-1, rank - 1) or (p.target is aten._softmax.default and p.args[2]):
+        return None
+    s = _through(p.args[0], _CASTS)
+    mask = None
+    if isinstance(s, torch.fx.Node) and s.target is aten.add.Tensor and _only_user(s):
+        scores, mask = s.args
+        if not isinstance(mask, torch.fx.Node):
+            return None
+        s = scores
+    scale = 1.0
+    if (
+        isinstance(s, torch.fx.Node)
+        and s.target in (aten.mul.Tensor, aten.div.Tensor)
+        and isinstance(s.args[1], float | int)
+        and not isinstance(s.args[1], bool)
+        and _only_user(s)
+    ):
+        scale = float(s.args[1]) if s.target is aten.mul.Tensor else 1.0 / float(s.args[1])
+        s = s.args[0]
+    if not (isinstance(s, torch.fx.Node) and s.target is aten.matmul.default and _only_user(s)):
+        return None
+    q, kt = s.args
+    if not (isinstance(kt, torch.fx.Node) and kt.target is aten.transpose.int):
+        return None
+    k = kt.args[0]
+    values = [_val(x) for x in (q, k, v)]
+    if any(x is None for x in values) or len({x.dim() for x in values}) != 1:
+        return None
+    dims = {d % values[1].dim() for d in kt.args[1:]}
+    if values[0].dim() < 3 or dims != {values[1].dim() - 1, values[1].dim() - 2}:
+        return None
+    dtypes = {x.dtype for x in values}
+    if len(dtypes) != 1 or not values[0].dtype.is_floating_point:
+        return None
+    # by name: a dynamic dim is a SymInt, which neither hashes nor compares without a guard
+    if len({tuple(str(d) for d in x.shape[:-2]) for x in values}) != 1:
+        return None  # K, V broadcast over Q's heads: SDPA wants them expanded
+    if mask is not None and (_val(mask) is None or _val(mask).dtype != values[0].dtype):
+        return None  # SDPA takes a float mask only in the query's dtype
+    if mask is not None and _val(mask).dim() != values[0].dim():
+        # a mask of fewer dims (a decode step's [max_len] over its cache slots): IREE's torch
+        # input crashes (SIGSEGV) on SDPA with it; Hugging Face's masks have the scores' rank
+        return None
+    return q, k, v, mask, scale
+
+
+def _dead_inputs(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """`node` and what only it (or metadata asserts) uses, transitively: a replaced chain."""
+    dead: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in dead or n.op != "call_function":
+            continue
+        if any(u not in dead and u.target is not _ASSERT for u in n.users):
+            continue
+        dead.add(n)
+        stack.extend(n.all_input_nodes)
+    return dead
+
+
+def eager_attention_as_sdpa(program: torch.export.ExportedProgram) -> int:
+    """Rewrite hand-written attention to `scaled_dot_product_attention` (7.), in place;
+    returns the number rewritten. Run before `constant_attention_masks`."""
+    graph = program.graph
+    count = 0
+    dead: set[torch.fx.Node] = set()
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.matmul.default:
+            continue
+        found = _hand_written_attention(node)
+        if found is None:
+            continue
+        q, k, v, mask, scale = found
+        with graph.inserting_before(node):
+            sdpa = graph.call_function(_SDPA, (q, k, v, mask, 0.0, False), {"scale": scale})
+        sdpa.meta = dict(node.meta)
+        node.replace_all_uses_with(sdpa)
+        dead |= _dead_inputs(node)
+        count += 1
+    if count:
+        # the scores' metadata asserts would keep the replaced softmax alive
+        for node in list(graph.nodes):
+            if node.target is _ASSERT and all(a in dead for a in node.all_input_nodes):
+                graph.erase_node(node)
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
+    return count
 
 
 def constant_attention_masks(program: torch.export.ExportedProgram) -> int:
@@ -144,7 +279,7 @@ def constant_attention_masks(program: torch.export.ExportedProgram) -> int:
             continue
         query, key = node.args[0].meta["val"], node.args[1].meta["val"]
         keep = value if value.dtype == torch.bool else value == 0
-        if value.dtype != torch.bool and not bool(((value == 0) | (value == -torch.inf)).all()):
+        if value.dtype != torch.bool and not bool(((value == 0) | _hides(value)).all()):
             continue  # an additive mask with other values changes the scores
         q_len, k_len = query.shape[-2], key.shape[-2]
         causal = torch.ones(q_len, k_len, dtype=torch.bool).tril()
@@ -167,6 +302,13 @@ def constant_attention_masks(program: torch.export.ExportedProgram) -> int:
         graph.eliminate_dead_code()
         program.graph_module.recompile()
     return count
+
+
+def _hides(mask: torch.Tensor) -> torch.Tensor:
+    """Where an additive mask hides a key: -inf, or the dtype's lowest finite value, which
+    Hugging Face's eager masks use; either gives the key a zero weight after the softmax in a
+    row that keeps any key (the only rows a causal or all-keep mask has)."""
+    return mask <= torch.finfo(mask.dtype).min
 
 
 # Evaluating a mask: its producers must be calls only (no placeholder: neither an input nor a

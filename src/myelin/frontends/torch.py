@@ -37,6 +37,7 @@ from myelin.frontends import FrontendRequest, FrontendResult
 from myelin.frontends._torch_fixes import (
     constant_attention_masks,
     decomposition_table,
+    eager_attention_as_sdpa,
     float_scalar_comparisons,
     lowering_failure,
 )
@@ -323,6 +324,7 @@ def _export(entry: Entry, request: FrontendRequest, what: str) -> torch.export.E
         )
     program = program.run_decompositions(decomposition_table())
     float_scalar_comparisons(program)
+    eager_attention_as_sdpa(program)
     constant_attention_masks(program)
     return program
 

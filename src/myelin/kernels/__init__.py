@@ -14,6 +14,7 @@ import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from myelin.errors import CompileError
 from myelin.kernels._coverage import coverage_line, left_to_codegen
 from myelin.kernels._space import (
     config_from_json,
@@ -40,6 +41,7 @@ __all__ = [
     "kernel_entry",
     "left_to_codegen",
     "matmul_space",
+    "normalize_contractions",
     "site_key",
     "spread_sample",
     "tuned_configs",
@@ -149,7 +151,17 @@ def apply_kernels(
     from myelin.compiler.session import CompilerSession
     from myelin.compiler.targets import TargetDevice
     from myelin.errors import CompileError
-    from myelin.kernels import _attention, _concat, _coverage, _q4, _rewrite, _space, _triton
+    from myelin.kernels import (
+        _attention,
+        _attention_ir,
+        _concat,
+        _coverage,
+        _normalize,
+        _q4,
+        _rewrite,
+        _space,
+        _triton,
+    )
 
     if library not in KERNEL_LIBRARIES:
         raise CompileError(
@@ -165,6 +177,10 @@ def apply_kernels(
             finalize(module, [TargetDevice("kernels", target="cuda", arch=arch)], kernel_forms=True)
             # q4 decode-step matmuls first: their fused forms (erased here) hold matmuls too
             q4_sites, q4_kernels = _q4.rewrite_q4(module, arch)
+            # linears the frontends lowered to batched forms, as the 2-D matmuls kernels match
+            _normalize.linears_as_matmuls(module)
+            # attention written as batched matmuls around a softmax, as one attention op
+            _attention_ir.hand_written_attention(module)
             choose = _space.with_tuned(choose_matmul_config, tuned or {})
             matches = _rewrite.find_matmuls(module, choose)
             if tuned:
@@ -193,6 +209,28 @@ def apply_kernels(
             buffer = io.BytesIO()
             module.write_bytecode(buffer)
     return KernelizedGraph(buffer.getvalue(), tuple(sites), tuple(sorted(kernels)))
+
+
+def normalize_contractions(module: str | bytes, what: str = "graph") -> tuple[str, dict[str, int]]:
+    """The IR (input phase, text or bytecode) with the rewrites the kernels step makes before it
+    matches anything: batched linears as 2-D matmuls (myelin.kernels._normalize) and attention
+    written by hand as one attention op (myelin.kernels._attention_ir); as text, with how many
+    of each. The kernels step applies them on CUDA devices; this lets the normal form be
+    compiled for any target, to check that it computes what the written form does."""
+    from myelin.compiler.session import CompilerSession
+    from myelin.kernels import _attention_ir, _normalize
+
+    with CompilerSession(["--iree-hal-target-device=llvm-cpu"]) as session:
+        parsed = session.parse(module, what=what)
+        with session.context:
+            counts = {
+                "linears": _normalize.linears_as_matmuls(parsed),
+                "attention": _attention_ir.hand_written_attention(parsed),
+            }
+            _attention_ir.forget_reasons(parsed)
+            if not parsed.verify():
+                raise CompileError(f"{what}: the normalized graph does not verify (internal)")
+            return str(parsed), counts
 
 
 def _mark_tuned(matches: list, tuned: Mapping[str, MatmulConfig]) -> None:

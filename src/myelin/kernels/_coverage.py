@@ -88,7 +88,10 @@ def _named_shape(op: ir.Operation) -> tuple[int | None, int | None, int | None, 
 def unmatched_contractions(module: ir.Operation, library: str) -> list[dict]:
     """Every contraction left with IREE after the kernels step's rewrites that the matchers did
     not already report, as kernel sites (`kernel` None, the reason it stayed)."""
+    from iree.compiler import ir
+
     from myelin.compiler.placement import find_ops
+    from myelin.kernels._attention_ir import WHY
     from myelin.kernels._rewrite import _dims, _element, _function_name
 
     sites = []
@@ -117,7 +120,11 @@ def unmatched_contractions(module: ir.Operation, library: str) -> list[dict]:
         }
         if op.name in _NAMED:
             batch, m, n, k = _named_shape(op)
-            site.update(batch=batch, m=m, n=n, k=k, reason=_NAMED[op.name])
+            reason = _NAMED[op.name]
+            if WHY in op.attributes:  # a product of attention written by hand: why it stays
+                reason = ir.StringAttr(op.attributes[WHY]).value
+                del op.attributes[WHY]
+            site.update(batch=batch, m=m, n=n, k=k, reason=reason)
             site["flops"] = _product(2, batch, m, n, k)
         elif op.name == _ATTENTION:
             q, key = (_dims(v.type) for v in op.operands[:2])
