@@ -139,7 +139,9 @@ def test_q4_search_is_within_5_percent_of_the_previous_search(outliers):
         w[::7, 3::37] *= 8
     x = w.reshape(64, -1, 32)
     s_ref, o_ref = previous_q4_fit(x)
-    reference = float(np.square(np.clip(np.rint((x - o_ref) / s_ref), 0, 15) * s_ref + o_ref - x).sum())
+    reference = float(
+        np.square(np.clip(np.rint((x - o_ref) / s_ref), 0, 15) * s_ref + o_ref - x).sum()
+    )
     s_new, o_new = q4._fit(x)
     new = float(np.square(q4._codes(x, s_new, o_new) * s_new + o_new - x).sum())
     assert new <= 1.05 * reference, (new, reference)
