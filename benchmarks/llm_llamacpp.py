@@ -194,17 +194,25 @@ def plex_run(generator, prompt: list[int], new: int) -> tuple[float, float, list
 
 
 def llama_run(llm, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
+    import llama_cpp
     import numpy as np
+
+    vocab = llm.n_vocab()
+
+    def greedy() -> int:
+        # Llama.eval keeps no logits unless logits_all; the C API has the last token's.
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(vocab,))))
 
     llm.reset()
     start = time.perf_counter()
     llm.eval(prompt)
     prefill = time.perf_counter() - start
-    tokens = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+    tokens = [greedy()]
     start = time.perf_counter()
     for _ in range(new - 1):
         llm.eval([tokens[-1]])
-        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        tokens.append(greedy())
     decode = time.perf_counter() - start
     return len(prompt) / prefill, (new - 1) / decode, tokens
 
