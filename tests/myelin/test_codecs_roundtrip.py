@@ -128,7 +128,7 @@ def previous_q4_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("outliers", [False, True])
 def test_q4_search_is_within_5_percent_of_the_previous_search(outliers):
     """The search was cut from 81 refined ranges a group to 8 probed ones and one refined
-    (about 40x less encode time at LLM scale): its squared error, before and after the 8-bit
+    (about 37x less encode time): its squared error, before and after the 8-bit
     factors, stays within 5% of the previous search's on normal weights, with and without
     outliers, and well below min/max rounding."""
     from myelin.codecs import q4
