@@ -1,8 +1,8 @@
 """python -m benchmarks: one runner for PLeX's benchmark suites (docs/benchmarks.md).
 
 python -m benchmarks cpu|build|runtime [--quick] [--case ID ...] [--no-write]
-python -m benchmarks prepare gpu            (here: builds what the GPU machine runs)
-python -m benchmarks gpu --prebuilt DIR     (there: runs it, writes the same result JSON)
+python -m benchmarks prepare gpu [--small] [--device cpu]   (here: builds what the GPU runs)
+python -m benchmarks gpu --prebuilt DIR [--deadline S]       (there: runs it, writes the JSON)
 python -m benchmarks report [--write docs/benchmarks.md]
 python -m benchmarks list
 """
@@ -47,7 +47,16 @@ def run_model_suite(args: argparse.Namespace) -> dict:
                 "here, then `python -m benchmarks gpu --prebuilt benchmarks/gpu/suite` on the "
                 "GPU machine (benchmarks/gpu/run_suite.sh)"
             )
-        run["cases"] = gpu_suite.run_prebuilt(Path(args.prebuilt), cases, threads)
+        # written after every case: a run stopped by the device call's time limit keeps its cases
+        partial = None if args.no_write else results.write(run, args.results)
+
+        def keep(result: dict) -> None:
+            run["cases"].append(result)
+            if partial:
+                results.write(run, args.results, partial)
+
+        gpu_suite.run_prebuilt(Path(args.prebuilt), cases, threads, args.deadline, keep)
+        run["_partial"] = partial
         return run
     import tempfile
 
@@ -98,10 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--threads", type=int, help="worker threads (0: each runtime's own)")
         if suite == "gpu":
             p.add_argument("--prebuilt", help="the folder `prepare gpu` wrote")
+            p.add_argument("--deadline", type=float, help="start no case after this many seconds")
     prep = sub.add_parser("prepare", help="build a suite's cases for another machine")
     prep.add_argument("suite", choices=["gpu"])
     prep.add_argument("-o", "--out", type=Path, default=REPO / "benchmarks" / "gpu" / "suite")
     prep.add_argument("--case", nargs="+", help="only these case ids (glob patterns)")
+    prep.add_argument("--small", action="store_true", help="each case's `small` sizes")
+    prep.add_argument("--device", choices=["cuda", "cpu"], help="build for this device instead")
     rep = sub.add_parser("report", help="the latest table per suite and machine")
     rep.add_argument("--write", type=Path, help="regenerate this doc's results section")
     sub.add_parser("list", help="the suites and their cases")
@@ -129,14 +141,20 @@ def main(argv: list[str] | None = None) -> int:
 
         suite = runner.load_suite("gpu")
         chosen = _selected([c.id for c in suite.cases], args.case)
-        return gpu_suite.prepare([c for c in suite.cases if c.id in chosen], args.out)
+        cases = [c for c in suite.cases if c.id in chosen]
+        if args.small:
+            cases = [runner.small(c) for c in cases]
+        if args.device:
+            cases = [runner.on_device(c, args.device) for c in cases]
+        return gpu_suite.prepare(cases, args.out)
 
     args.suite = args.command
     run = run_model_suite(args) if args.suite in ("cpu", "gpu") else run_scenario_suite(args)
     if args.no_write:
+        run.pop("_partial", None)
         report.print_run(run)
         return 0
-    path = results.write(run, args.results)
+    path = results.write(run, args.results, run.pop("_partial", None))
     run["_path"] = str(path)
     report.print_run(run)
     print(f"wrote {path}")

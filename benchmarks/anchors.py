@@ -1,6 +1,7 @@
 """The runtimes a case is timed beside (the anchors): each turns the case's torch module and its
-inputs (numpy; torch CUDA tensors on a GPU) into a callable returning numpy (its first output),
-or says why it cannot run here. `threads` 0 leaves each runtime its own default (all cores).
+inputs (numpy; torch CUDA tensors on a GPU) into a callable returning its first output (numpy, or
+a torch tensor where torch put it: the runner copies it to the host for the check only), or says
+why it cannot run here. `threads` 0 leaves each runtime its own default (all cores).
 
 An anchor that is not installed is skipped with that reason in the result file, never silently:
 the table shows the row as skipped."""
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-Runner = Callable[..., np.ndarray]
+Runner = Callable[..., object]  # returns its first output: numpy, or a tensor where it ran
 
 
 class AnchorUnavailable(Exception):
@@ -26,22 +27,35 @@ def _first(output) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy()
-
-
 def torch_eager(
     module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
 ) -> Runner:
-    """The module as written, under inference_mode, on `device` (the reference of every check)."""
+    """The module as written, under inference_mode, on `device` (the reference of every check);
+    each call waits for the GPU, and its first output stays where torch put it."""
     module = module.to(device)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
-    def run(*args: np.ndarray) -> np.ndarray:
+    def run(*args: np.ndarray) -> torch.Tensor:
         with torch.inference_mode():
             out = _first(module(*(torch.as_tensor(a, device=device) for a in args)))
             sync()
-            return _to_numpy(out)
+            return out
+
+    return run
+
+
+def torch_launches(module: torch.nn.Module, device: str, n: int) -> Runner:
+    """torch eager's `n` calls launched back to back, then one wait (what torch.utils.benchmark
+    times): the anchor of a burst case."""
+    module = module.to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def run(*args: np.ndarray) -> torch.Tensor:
+        with torch.inference_mode():
+            tensors = [torch.as_tensor(a, device=device) for a in args]  # no copy where they are
+            outs = [_first(module(*tensors)) for _ in range(n)]
+            sync()
+            return outs[-1]
 
     return run
 

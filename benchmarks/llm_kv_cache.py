@@ -7,14 +7,20 @@ cache per slot and sequence) with each `max_seq`, so the module state holds from
 of cache, and times decode steps of the same sequence (prompt + `filled` tokens) on each. If
 IREE copied the cache global on every step instead of writing the new slot in place, a step
 would grow with max_seq (copying 32 MiB takes milliseconds here); if attention read every
-allocated slot, it would grow too. Rounds interleave the builds; the median of the per-step
-medians is printed, with the bytes each step moves between host and device (token ids and
-positions in, the mask in, logits out: none of them depends on max_seq).
+allocated slot, it would grow too. Rounds interleave the builds; the table has the median of
+the per-round step medians with their spread (min-max over rounds), the ratio to the smallest
+max_seq at the same filling, the bytes each step moves between host and device (token ids and
+positions in, the mask in, logits out) and the transient device memory the step allocates,
+from the build's own formula over the decode's input shapes (`Model.call_need`): with a copy
+of the cache per step that grows with max_seq; with in-place writes only with the tokens held.
+The CPU model and the load average before and after are printed with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import shutil
 import statistics
 import sys
@@ -87,12 +93,23 @@ def step_times(session, filled: int, steps: int) -> list[float]:
     while len(times) < steps:
         session.call("prefill", prompt, positions, np.ones_like(prompt))
         for k in range(8):
-            n = filled + k
-            mask = np.ones((1, n + 1), dtype=np.int64)
+            inputs = decode_inputs(filled + k)
             t0 = time.perf_counter()
-            session.call("decode", np.array([[5]]), np.array([[n]]), mask, output="numpy")
+            session.call("decode", *inputs, output="numpy")
             times.append(time.perf_counter() - t0)
     return times
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def decode_inputs(filled: int) -> list[np.ndarray]:
+    """A decode step's inputs when the sequence holds `filled` tokens before it."""
+    return [np.array([[5]]), np.array([[filled]]), np.ones((1, filled + 1), dtype=np.int64)]
 
 
 def main() -> None:
@@ -116,23 +133,36 @@ def main() -> None:
             print(f"built max_seq {max_seq} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         models = {m: myelin.Instance().load(p) for m, p in built.items()}
         generators = {m: Generator(model) for m, model in models.items()}
+        load_before = os.getloadavg()
         results: dict[tuple[int, int], list[float]] = {}
         for _ in range(args.rounds):
             for filled in args.filled:
                 for max_seq, g in generators.items():
                     times = step_times(g.session, filled, args.steps)
                     results.setdefault((max_seq, filled), []).append(statistics.median(times))
+        load_after = os.getloadavg()
         vocab = generators[args.max_seq[0]].vocab
+        smallest = min(args.max_seq)
         print(
-            "| max_seq | cache (MiB) | filled | decode step (ms, median) | bytes in+out per step |"
+            f"{cpu_model()}, {os.cpu_count()} cores, local-task; load average "
+            f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; {args.rounds} rounds of "
+            f"{args.steps} decode steps"
         )
-        print("|---:|---:|---:|---:|---:|")
+        print(
+            "| max_seq | cache (MiB) | filled | decode step (ms, median [min-max]) "
+            f"| vs max_seq {smallest} | bytes in+out | transient bytes |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for (max_seq, filled), medians in sorted(results.items()):
             cache = generators[max_seq].cache_bytes / 2**20
             moved = 8 + 8 + 8 * (filled + 1) + 4 * vocab  # ids, position, mask in; logits out
+            transient = models[max_seq].call_need("decode", decode_inputs(filled)).transient
+            step = statistics.median(medians)
+            ratio = step / statistics.median(results[(smallest, filled)])
             print(
-                f"| {max_seq} | {cache:.1f} | {filled} | {statistics.median(medians) * 1e3:.3f} "
-                f"| {moved} |"
+                f"| {max_seq} | {cache:.1f} | {filled} | {step * 1e3:.3f} "
+                f"[{min(medians) * 1e3:.3f}-{max(medians) * 1e3:.3f}] | {ratio:.2f}x "
+                f"| {moved:,} | {transient:,} |"
             )
         for g in generators.values():
             g.close()

@@ -161,17 +161,20 @@ def new_run(suite: str, settings: dict, gpu: bool = False) -> dict:
     }
 
 
-def write(run: dict, folder: Path = RESULTS) -> Path:
-    """benchmarks/results/<suite>/<date>_<machine>.json; a second run the same minute adds -2."""
+def write(run: dict, folder: Path = RESULTS, path: Path | None = None) -> Path:
+    """benchmarks/results/<suite>/<date>_<machine>.json; a second run the same minute adds -2.
+    With `path` (what an earlier write of the same run returned), that file is written again:
+    a suite that writes after every case keeps what it measured if it is stopped."""
     run["machine"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    stamp = run["date"].replace(":", "").replace("-", "")[:13]
-    target = folder / run["suite"]
-    target.mkdir(parents=True, exist_ok=True)
-    path = target / f"{stamp}_{run['machine']['name']}.json"
-    n = 2
-    while path.exists():
-        path = target / f"{stamp}_{run['machine']['name']}-{n}.json"
-        n += 1
+    if path is None:
+        stamp = run["date"].replace(":", "").replace("-", "")[:13]
+        target = folder / run["suite"]
+        target.mkdir(parents=True, exist_ok=True)
+        path = target / f"{stamp}_{run['machine']['name']}.json"
+        n = 2
+        while path.exists():
+            path = target / f"{stamp}_{run['machine']['name']}-{n}.json"
+            n += 1
     path.write_text(json.dumps(run, indent=1) + "\n")
     return path
 

@@ -35,6 +35,9 @@ class Case:
     id: str
     title: str
     model: str
+    # "model": PLeX's build of the source beside the anchors, one call (or one burst) at a time.
+    # "causal-lm": token generation against transformers' generate (no runner yet: RUNS).
+    kind: str = "model"
     batch: int = 1
     seq: int = 128
     dtype: str | None = None  # the model's float type where the source takes one
@@ -48,13 +51,20 @@ class Case:
     calls: int = 10
     warmup: int = 3
     gguf: str | None = None  # the llama.cpp anchor's model file
+    params: dict = field(default_factory=dict)  # a sized source's keyword arguments (gpu_sources)
+    # 0: every call waited for before the next. N: N calls submitted back to back, then one wait
+    # (PLeX: `submit` then `result()`; torch: launches then one synchronize); time per call.
+    burst: int = 0
+    small: dict = field(default_factory=dict)  # overrides for the CPU check (`--small`)
 
     def options(self) -> dict:
         """What the result file records of the case besides its rows."""
         out = {"model": self.model, "batch": self.batch, "seq": self.seq, "device": self.device}
         if self.dtype:
             out["dtype"] = self.dtype
-        return {**out, **self.build}
+        if self.burst:
+            out["burst"] = self.burst
+        return {**out, **self.params, **self.build}
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,10 @@ def load_suite(name: str, folder: Path = CASES) -> Suite:
         merged = {**defaults, **raw}
         if "anchors" in merged:
             merged["anchors"] = tuple(merged["anchors"])
-        cases.append(Case(**merged))
+        case = Case(**merged)
+        if case.kind not in KINDS:
+            raise SystemExit(f"error: {path.name}: {case.id}: kind {case.kind!r} not in {KINDS}")
+        cases.append(case)
     suite = data.get("suite", {})
     return Suite(name, suite.get("description", ""), suite.get("threads", 0), tuple(cases))
 
@@ -96,7 +109,7 @@ from benchmarks import zoo
 
 
 def build():
-    return zoo.build({model!r}, {batch}, {seq}, {dtype!r})
+    return zoo.build({model!r}, {batch}, {seq}, {dtype!r}, {params!r})
 """
 
 
@@ -105,8 +118,9 @@ def _device_section(case: Case) -> str:
     lines = ["[devices.main]"]
     if case.device == "cuda":
         lines.append('target = "cuda"')
-        if "kernels" in options:
-            lines.append(f'kernels = "{options["kernels"]}"')
+        for key in ("arch", "kernels"):
+            if key in options:
+                lines.append(f'{key} = "{options[key]}"')
     else:
         lines += ['target = "llvm-cpu"', f'driver = "{options.get("driver", "local-task")}"']
         lines.append('cpu = "host"')
@@ -129,6 +143,7 @@ def write_app(case: Case, folder: Path) -> Path:
             batch=case.batch,
             seq=case.seq,
             dtype=case.dtype,
+            params=case.params,
         )
     )
     (package / "plex.toml").write_text(
@@ -166,13 +181,22 @@ def build_case(case: Case, folder: Path) -> Path:
 # ---- running ---------------------------------------------------------------------------------
 
 
-def _first(output) -> np.ndarray:
-    return np.asarray(output[0] if isinstance(output, (tuple, list)) else output)
+def host(output) -> np.ndarray:
+    """A runner's output on the host, for the check only (timed calls leave it where it is):
+    the first of several outputs; a torch tensor, a MyeLiN device tensor or an array."""
+    if isinstance(output, (tuple, list)):
+        output = output[0]
+    if hasattr(output, "detach"):  # torch (bfloat16 has no numpy form)
+        return output.detach().float().cpu().numpy()
+    if hasattr(output, "to_host"):
+        return np.asarray(output.to_host())
+    return np.asarray(output)
 
 
-def plex_runner(mln: Path, keep: list, device: str) -> Callable[..., np.ndarray]:
-    """MyeLiN's resolved call of `forward`, returning its first output on the host. On a GPU the
-    results stay on the device and only the first comes back, as the torch anchor does."""
+def plex_runner(mln: Path, keep: list, device: str, burst: int) -> Callable:
+    """MyeLiN's resolved call of `forward`. On a GPU the results stay in device memory (as the
+    torch anchor's do) and the call returns once they are written; a burst submits `burst`
+    calls back to back and waits for each result."""
     import myelin
 
     model = myelin.Instance().load(mln)
@@ -180,7 +204,14 @@ def plex_runner(mln: Path, keep: list, device: str) -> Callable[..., np.ndarray]
     call = session.resolve("forward")
     keep += [model, session]
     output = "device" if device == "cuda" else "numpy"
-    return lambda *args: _first(call(*args, output=output))
+    if not burst:
+        return lambda *args: call(*args, output=output)
+
+    def submitted(*args):
+        pending = [call.submit(*args) for _ in range(burst)]
+        return [p.result() for p in pending][-1]
+
+    return submitted
 
 
 def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
@@ -215,15 +246,17 @@ def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
 
 
 def time_rounds(
-    runners: dict[str, Callable[..., np.ndarray]],
-    inputs: tuple[np.ndarray, ...],
+    runners: dict[str, Callable],
+    inputs: tuple,
     rounds: int,
     calls: int,
     warmup: int,
+    per_run: int = 1,
 ) -> dict[str, list[float]]:
-    """Per runner, one sample per round: the median ms of `calls` calls. Runners take turns in
-    chunks, not call by call (a runtime's worker threads spin a while after a call and would
-    slow whichever runs next), and the order rotates each round so none always runs first."""
+    """Per runner, one sample per round: the median ms of `calls` calls, over `per_run` (the
+    calls one run makes: a burst's). Runners take turns in chunks, not call by call (a runtime's
+    worker threads spin a while after a call and would slow whichever runs next), and the order
+    rotates each round so none always runs first."""
     for fn in runners.values():
         for _ in range(warmup):
             fn(*inputs)
@@ -237,13 +270,32 @@ def time_rounds(
                 start = time.perf_counter()
                 fn(*inputs)
                 times.append(time.perf_counter() - start)
-            samples[name].append(statistics.median(times) * 1e3)
+            samples[name].append(statistics.median(times) * 1e3 / per_run)
     return samples
+
+
+def _anchor(case: Case, anchor: str, module, inputs: tuple, device: str, threads: int):
+    """The anchor's runner for this case: a burst case times torch eager's launches back to back
+    with one wait, and has no form for the other anchors."""
+    factory = anchors.ANCHORS[anchor][1]
+    if case.burst and anchor != "torch":
+        raise anchors.AnchorUnavailable("no burst form (only torch eager's launches have one)")
+    if case.burst:
+        return anchors.torch_launches(module, device, case.burst)
+    target = case.gguf if anchor == "llama.cpp" else module
+    return factory(target, inputs, device, threads)
 
 
 def run_case(case: Case, mln: Path, threads: int) -> dict:
     """Load the PLeX build and every anchor, check each against torch eager, time them."""
-    module, inputs = zoo.source(case.model, case.batch, case.seq, case.dtype)
+    if case.kind not in RUNS:
+        raise ValueError(f"{case.id}: unknown kind {case.kind!r} (known: {', '.join(KINDS)})")
+    return RUNS[case.kind](case, mln, threads)
+
+
+def run_model_case(case: Case, mln: Path, threads: int) -> dict:
+    """The `model` kind: PLeX's `forward` beside each anchor on the same inputs."""
+    module, inputs = zoo.source(case.model, case.batch, case.seq, case.dtype, case.params)
     device = "cuda" if case.device == "cuda" else "cpu"
     if device == "cuda":
         # inputs resident on the GPU for every runner (MyeLiN imports torch CUDA tensors
@@ -251,16 +303,15 @@ def run_case(case: Case, mln: Path, threads: int) -> dict:
         import torch
 
         inputs = tuple(torch.from_numpy(a).to(device) for a in inputs)
-    reference = anchors.torch_eager(module, inputs, device, threads)(*inputs)
+    reference = host(anchors.torch_eager(module, inputs, device, threads)(*inputs))
     keep: list = []
-    runners: dict[str, Callable[..., np.ndarray]] = {}
+    runners: dict[str, Callable] = {}
     rows: dict[str, dict] = {}
-    candidates = [(PLEX, lambda: plex_runner(mln, keep, device), True)]
+    candidates = [(PLEX, lambda: plex_runner(mln, keep, device, case.burst), True)]
     for anchor in case.anchors:
-        title, factory, compared = anchors.ANCHORS[anchor]
-        target = case.gguf if anchor == "llama.cpp" else module
+        title, _, compared = anchors.ANCHORS[anchor]
         candidates.append(
-            (title, lambda f=factory, t=target: f(t, inputs, device, threads), compared)
+            (title, lambda a=anchor: _anchor(case, a, module, inputs, device, threads), compared)
         )
     for title, make, compared in candidates:
         row: dict = {"runner": title}
@@ -268,7 +319,9 @@ def run_case(case: Case, mln: Path, threads: int) -> dict:
         try:
             fn = make()
             row["check"] = (
-                check(fn(*inputs), reference, case.tolerance) if compared else {"passed": None}
+                check(host(fn(*inputs)), reference, case.tolerance)
+                if compared
+                else {"passed": None}
             )
             runners[title] = fn
         except anchors.AnchorUnavailable as e:
@@ -277,7 +330,9 @@ def run_case(case: Case, mln: Path, threads: int) -> dict:
             row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             traceback.print_exc(file=sys.stderr)
     if runners:
-        samples = time_rounds(runners, inputs, case.rounds, case.calls, case.warmup)
+        samples = time_rounds(
+            runners, inputs, case.rounds, case.calls, case.warmup, max(case.burst, 1)
+        )
         for title, values in samples.items():
             rows[title]["samples"] = [round(v, 4) for v in values]
     for obj in keep[::-1]:
@@ -292,14 +347,36 @@ def run_case(case: Case, mln: Path, threads: int) -> dict:
     }
 
 
-def failed_case(case: Case, error: BaseException) -> dict:
+def run_causal_lm_case(case: Case, mln: Path, threads: int) -> dict:
+    raise NotImplementedError(
+        f"{case.id}: the causal-lm kind (generation against transformers' generate) has no "
+        "runner yet; add it as runner.RUNS['causal-lm']"
+    )
+
+
+# A case's `kind` -> how it runs. Every kind writes the same result rows (one per runner).
+RUNS: dict[str, Callable[[Case, Path, int], dict]] = {
+    "model": run_model_case,
+    "causal-lm": run_causal_lm_case,
+}
+KINDS = tuple(RUNS)
+
+
+def failed_case(case: Case, error: BaseException | None, stage: str = "build") -> dict:
+    """The case's result when PLeX's side never ran: `stage` failed with `error`, or (error
+    None) the case was skipped for the reason `stage` gives."""
+    row = (
+        {"runner": PLEX, "skipped": stage}
+        if error is None
+        else {"runner": PLEX, "error": f"{stage} failed: {type(error).__name__}: {error}"[:300]}
+    )
     return {
         "id": case.id,
         "title": case.title,
         "unit": "ms",
         "baseline": PLEX,
         "options": case.options(),
-        "rows": [{"runner": PLEX, "error": f"build failed: {type(error).__name__}: {error}"[:300]}],
+        "rows": [row],
     }
 
 
@@ -318,3 +395,20 @@ def set_threads(threads: int) -> None:
 def quick(case: Case) -> Case:
     """A fast configuration for shared or slow machines: fewer rounds and calls."""
     return replace(case, rounds=min(case.rounds, 3), calls=min(case.calls, 3), warmup=1)
+
+
+def small(case: Case) -> Case:
+    """The case at its `small` sizes (the GPU suite's CPU check), few rounds and calls."""
+    return quick(replace(case, **case.small, small={}))
+
+
+def on_device(case: Case, device: str) -> Case:
+    """The case built for `device` instead: options that only mean something on a GPU (its
+    arch, the kernel library) are dropped on the CPU."""
+    if device == case.device:
+        return case
+    build = {k: v for k, v in case.build.items() if device == "cuda" or k not in CUDA_ONLY}
+    return replace(case, device=device, build=build)
+
+
+CUDA_ONLY = ("arch", "kernels")

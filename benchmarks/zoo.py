@@ -7,12 +7,15 @@ all the same. `source(name, batch, seq)` is what a case's `model` names."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks import gpu_sources
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 0
@@ -157,25 +160,59 @@ SOURCES: dict[str, Source] = {
     "decoder-prefill": decoder_prefill,
     "decoder-decode": decoder_decode,
 }
-# Sources without transformers or the MiniLM wheel: what the GPU machine can rebuild from seeds.
-SEEDED_PURE_TORCH = ("decoder-prefill", "decoder-decode")
+# Sized by `params` (a case's keyword arguments), not by batch and seq: benchmarks/gpu_sources.py
+SIZED: dict[str, Source] = dict(gpu_sources.SOURCES)
+# What the GPU machine can rebuild from seeds: no MiniLM wheel there, and transformers' own
+# initialisation is not seeded the same on every machine (the GPU zoo seeds by name instead).
+GPU_REBUILDABLE = ("decoder-prefill", "decoder-decode", *SIZED)
 
 
-def source(name: str, batch: int, seq: int, dtype: str | None = None):
-    """(module, numpy inputs) of model `name` at `batch` x `seq`."""
+def known() -> tuple[str, ...]:
+    return (*SOURCES, *SIZED)
+
+
+_LAST: dict = {}  # the last source made: the GPU suite asks for its weights, then runs it
+
+
+def source(
+    name: str, batch: int, seq: int, dtype: str | None = None, params: dict | None = None
+) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """(module, numpy inputs) of model `name` at `batch` x `seq` (or at `params`)."""
+    key = repr((name, batch, seq, dtype, params))
+    if key not in _LAST:
+        _LAST.clear()  # one model at a time: a 7B-wide one is gigabytes
+        _LAST[key] = _source(name, batch, seq, dtype, params)
+    return _LAST[key]
+
+
+def _source(name: str, batch: int, seq: int, dtype: str | None, params: dict | None):
+    if name in SIZED:
+        fn = SIZED[name]
+        extra = {"dtype": dtype} if dtype and "dtype" in inspect.signature(fn).parameters else {}
+        return fn(**(params or {}), **extra)
+    if name not in SOURCES:
+        raise SystemExit(f"error: no model source {name!r} (known: {', '.join(known())})")
     extra = {"dtype": dtype} if dtype else {}
     return SOURCES[name](batch, seq, **extra)
 
 
-def build(name: str, batch: int, seq: int, dtype: str | None = None):
+def build(
+    name: str, batch: int, seq: int, dtype: str | None = None, params: dict | None = None
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The graph source a generated package points to: the module and torch example inputs."""
-    module, inputs = source(name, batch, seq, dtype)
+    module, inputs = source(name, batch, seq, dtype, params)
     return module, tuple(torch.from_numpy(x) for x in inputs)
 
 
-def weights(name: str, batch: int, seq: int, dtype: str | None = None) -> dict[str, np.ndarray]:
-    """The seeded weights by torch name, as the torch frontend stores them (parameters and
-    buffers): what benchmarks/gpu/payload.py encodes again on the GPU machine."""
-    module, _ = source(name, batch, seq, dtype)
-    tensors = [*module.named_parameters(), *module.named_buffers()]
+def weights(
+    name: str, batch: int, seq: int, dtype: str | None = None, params: dict | None = None
+) -> dict[str, np.ndarray]:
+    """The seeded weights by torch name, as the torch frontend stores them (parameters, tied
+    ones under each name, and every buffer): what benchmarks/gpu/payload.py encodes again on
+    the GPU machine."""
+    module, _ = source(name, batch, seq, dtype, params)
+    tensors = [
+        *module.named_parameters(remove_duplicate=False),
+        *module.named_buffers(remove_duplicate=False),
+    ]
     return {key: t.detach().numpy() for key, t in tensors}

@@ -38,11 +38,14 @@ def test_model_cases_name_known_sources_anchors_and_tolerances(suite):
     cases = runner.load_suite(suite).cases
     assert len({c.id for c in cases}) == len(cases), "case ids must be unique"
     for case in cases:
-        assert case.model in zoo.SOURCES, case.id
+        assert case.model in zoo.known(), case.id
+        assert case.kind in runner.KINDS, case.id
         assert set(case.anchors) <= set(anchors.ANCHORS), case.id
         assert {"cosine"} <= case.tolerance.keys() or {"atol", "rtol"} & case.tolerance.keys()
-    if suite == "gpu":  # the GPU machine rebuilds weights from seeds, without transformers
-        assert all(c.model in zoo.SEEDED_PURE_TORCH for c in cases)
+        assert runner.small(case).small == {}, case.id  # `small` names Case fields
+    if suite == "gpu":  # the GPU machine rebuilds weights from seeds; small sizes check on CPU
+        assert all(c.model in zoo.GPU_REBUILDABLE for c in cases)
+        assert all(c.small for c in cases), "every GPU case needs its `small` sizes"
 
 
 @pytest.mark.parametrize("suite", ["build", "runtime"])
@@ -67,7 +70,8 @@ def test_a_case_becomes_the_app_its_options_say(tmp_path):
     assert 'target = "llvm-cpu"' in app and "data_tiling = false" in app
     assert '[weights.codec]\n"*" = "q4"' in app
     assert (
-        "zoo.build('decoder-decode', 1, 128, None)" in (tmp_path / "package/graph.py").read_text()
+        "zoo.build('decoder-decode', 1, 128, None, {})"
+        in (tmp_path / "package/graph.py").read_text()
     )
 
 
@@ -90,14 +94,16 @@ def test_the_ratio_table_divides_round_by_round():
     json.dumps(case)  # rows are plain data
 
 
-def test_a_prepared_case_runs_from_its_skeleton_with_weights_from_seeds(tmp_path):
+def test_prepared_cases_run_from_their_skeletons_with_weights_from_seeds(tmp_path):
     """The GPU suite's round trip on the CPU: `prepare` strips the built .mln of its weights,
-    `run_prebuilt` computes them again from the zoo's seeds (every section's digest must equal
-    the build's, or the case fails) and checks PLeX against torch eager. A zoo change that moves
-    a weight's name or value fails here, not on the GPU machine."""
+    `run_prebuilt` computes them again from the seeds (every section's digest must equal the
+    build's, or the case fails) and checks PLeX against torch eager. A zoo change that moves a
+    weight's name or value fails here, not on the GPU machine. The second case is gpu.toml's
+    submitted-call case at its small sizes on the CPU: a burst of `submit`s against torch's
+    launches, one sample per round divided by the burst."""
     from benchmarks import gpu_suite
 
-    case = runner.Case(
+    decoder = runner.Case(
         id="decode-from-seeds",
         title="the decoder's decode step, prepared and run from its skeleton",
         model="decoder-decode",
@@ -108,10 +114,27 @@ def test_a_prepared_case_runs_from_its_skeleton_with_weights_from_seeds(tmp_path
         calls=1,
         warmup=0,
     )
-    assert gpu_suite.prepare([case], tmp_path) == 0
+    (submit,) = [c for c in runner.load_suite("gpu").cases if c.burst]
+    submit = runner.on_device(runner.small(submit), "cpu")
+    assert submit.burst and "kernels" not in submit.build
+    assert gpu_suite.prepare([decoder, submit], tmp_path) == 0
     assert not any(p.suffix == ".mln" for p in tmp_path.rglob("*")), "weights must not travel"
-    (done,) = gpu_suite.run_prebuilt(tmp_path, [case], threads=0)
-    plex, torch_row = done["rows"]
-    assert "error" not in plex, plex.get("error")
-    assert plex["check"]["passed"], plex["check"]
-    assert torch_row["runner"] == "torch eager" and len(plex["samples"]) == 1
+    done = gpu_suite.run_prebuilt(tmp_path, [decoder, submit], threads=0)
+    for case, result in zip((decoder, submit), done, strict=True):
+        plex, torch_row = result["rows"]
+        assert "error" not in plex, plex.get("error")
+        assert plex["check"]["passed"], plex["check"]
+        assert torch_row["runner"] == "torch eager" and len(plex["samples"]) == case.rounds
+    assert done[1]["options"]["burst"] == submit.burst
+
+
+def test_every_probe_has_its_question_in_the_readme():
+    probes = REPO / "benchmarks" / "probes"
+    readme = (probes / "README.md").read_text()
+    files = [
+        p.relative_to(probes).as_posix()
+        for p in probes.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
+    missing = [f for f in files if f != "README.md" and f"`{f}`" not in readme]
+    assert not missing, f"benchmarks/probes/README.md has no line for {missing}"

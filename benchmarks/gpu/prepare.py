@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -35,10 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "benchmarks" / "gpu" / "artifacts"
-# Everything that travels in one device call must stay under the device tool's 64 MiB: the
-# artifacts, the wheel (15 MB) and the working tree. Checked against 62 MiB: on 2026-12-02 the
-# tool refused a carry that this count put at 63.8 MiB (its own count differs a little).
-TRAVEL_LIMIT = 62 * 2**20
+sys.path.insert(0, str(REPO))
+from benchmarks.gpu_suite import TRAVEL_LIMIT, tree_bytes  # noqa: E402
 
 CUDA_AND_CPU = """\
 [devices.gpu]
@@ -59,19 +56,6 @@ devices = ["host"]
 
 # examples/llama's Config at a size that travels (float32: ~2M parameters, 8 MB).
 SMALL_LLAMA = dict(vocab=1024, dim=256, layers=2, heads=4, kv_heads=2, ffn=704, max_len=64)
-
-
-def tree_bytes() -> int:
-    """The bytes of the working tree the device tool sends with the carried paths: tracked
-    files and untracked ones git does not ignore."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    paths = (REPO / p for p in listed.split("\0") if p)
-    return sum(p.stat().st_size for p in paths if p.is_file())
 
 
 def write_app(folder: Path, name: str, package: Path, devices: str) -> Path:

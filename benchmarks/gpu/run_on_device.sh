@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs, in one call of the device tool, from the repository root:
+# The GPU tests (tests/gpu) and the placement example, in one call of the device tool, from the repository root:
 #
 #   here:   python benchmarks/gpu/prepare.py          (builds benchmarks/gpu/artifacts/*.mln)
 #   device: run(command="bash benchmarks/gpu/run_on_device.sh",
@@ -11,10 +11,7 @@
 #   device.txt        nvidia-smi, driver and package versions
 #   gpu_tests.log     pytest tests/gpu (MLP, examples/llama small, decoder vs torch, placement)
 #   placement.log     examples/placement/run.py on the hybrid CPU+CUDA variant
-#   decoder_h200.md   the benchmark table (PLeX vs torch eager, prefill 8x512 and decode 8x1)
-#   decoder_h200.log  its full output
-#   ncu_dispatches.txt  per-kernel GPU time of one PLeX prefill + decode (Nsight Compute)
-# Exit status: 0 when every step passed.
+# Exit status: 0 when every step passed. Speed is the GPU suite's (benchmarks/gpu/run_suite.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu-results}"
@@ -52,15 +49,5 @@ step "gpu tests" 200 "$OUT/gpu_tests.log" \
   python3 -m pytest -q -rs -p no:cacheprovider tests/gpu
 step "placement example" 60 "$OUT/placement.log" \
   python3 examples/placement/run.py "$ARTIFACTS/placement.mln"
-step "decoder benchmark" 170 "$OUT/decoder_h200.log" \
-  python3 benchmarks/probes/gpu/decoder_h200.py --mln "$ARTIFACTS/decoder.mln" --out "$OUT/decoder_h200.md"
-if command -v ncu >/dev/null; then
-  # Kernel names are IREE's dispatch names (e.g. prefill_dispatch_12_matmul_4096x1536x512_f16).
-  step "hottest dispatches (ncu)" 90 "$OUT/ncu_dispatches.txt" \
-    ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-    python3 benchmarks/probes/gpu/decoder_h200.py --mln "$ARTIFACTS/decoder.mln" --once
-else
-  echo "ncu not on PATH: no per-dispatch profile" >"$OUT/ncu_dispatches.txt"
-fi
 echo "status $status; results in $OUT"
 exit "$status"

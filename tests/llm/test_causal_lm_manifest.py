@@ -1,5 +1,5 @@
 """The manifest side of a causal-lm graph: the source is a model folder, whose files key the
-build, and max_seq / max_batch belong to causal-lm graphs only. No build, no torch."""
+build, and max_seq / max_batch / dtype belong to causal-lm graphs only. No build, no torch."""
 
 from __future__ import annotations
 
@@ -57,3 +57,22 @@ def test_a_causal_lm_source_must_be_a_folder(tmp_path):
     )
     with pytest.raises(ManifestError, match="is not a folder"):
         load_package(folder)
+
+
+def test_dtype_is_read_and_only_float_dtypes_are_accepted(tmp_path):
+    folder = package(tmp_path)
+    text = (folder / "plex.toml").read_text()
+    (folder / "plex.toml").write_text(text + 'dtype = "float16"\n')
+    assert load_package(folder).graphs["lm"].dtype == "float16"
+    (folder / "plex.toml").write_text(text + 'dtype = "int8"\n')
+    with pytest.raises(ManifestError, match="dtype"):
+        load_package(folder)
+
+
+def test_dtype_on_another_frontend_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    text = GRAPH.format(frontend="onnx").replace('"model"', '"model.onnx"')
+    (tmp_path / "plex.toml").write_text(text.replace("max_seq = 64", 'dtype = "float16"'))
+    with pytest.raises(ManifestError, match=r"dtype sets a causal-lm graph") as raised:
+        load_package(tmp_path)
+    assert 'set frontend = "causal-lm" or remove it' in str(raised.value)

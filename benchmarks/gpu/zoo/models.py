@@ -2,16 +2,18 @@
 timm), from configs, with seeded weights, in float16.
 
 Each model comes in two sizes: `small` (CI: tests/plex/test_kernels_zoo.py builds them for a
-Hopper device without a GPU and checks the kernel report) and `real` (benchmarks/gpu/zoo: Llama-7B
-and Qwen2-7B layer shapes with 2 layers, BERT-base and ViT-B whole, Whisper-base's encoder, timm
-vit_base_patch16_224 and resnet50). The graph source functions are `<model>_<size>()`, each
-returning `(model, example inputs by argument name)` as a PLeX torch graph's source does.
+Hopper device without a GPU and checks the kernel report) and `real` (the GPU suite's `zoo-*`
+cases, benchmarks/cases/gpu.toml: Llama-7B and Qwen2-7B layer shapes with 2 layers, BERT-base
+and ViT-B whole, Whisper-base's encoder, timm vit_base_patch16_224 and resnet50). The graph
+source functions are `<model>_<size>()`, each returning `(model, example inputs by argument
+name)` as a PLeX torch graph's source does.
 
 Weights come from numpy's default_rng seeded per parameter name (`seeded_values`): numpy's
 generator gives the same values on any machine and version, which torch's CPU generator does not
-promise, so the GPU machine computes the very weights the build here embedded (the payload.py
-route: benchmarks/gpu/zoo/README.md). Buffers the library derives from the config (rotary
-frequencies, position ids) stay as the library computes them; batch-norm statistics are seeded.
+promise, so the GPU machine computes the very weights the build here embedded
+(benchmarks/gpu_suite.py checks every section's digest). Buffers the library derives from the
+config (rotary frequencies, position ids) stay as the library computes them; batch-norm
+statistics are seeded.
 """
 
 from __future__ import annotations
@@ -163,7 +165,10 @@ def whisper_encoder(size: str):
     if size == "real":
         config = transformers.WhisperConfig(  # openai/whisper-base's encoder
             d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048,
-            decoder_layers=1, num_mel_bins=80, max_source_positions=1500,
+            # the unused decoder is built too: its heads must divide d_model (the default's 6
+            # in recent transformers does not)
+            decoder_layers=1, decoder_attention_heads=8, num_mel_bins=80,
+            max_source_positions=1500,
         )  # fmt: skip
     else:
         config = transformers.WhisperConfig(

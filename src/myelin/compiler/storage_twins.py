@@ -20,6 +20,12 @@ With both, a call allocates nothing on the device queue. The alias comes before 
 transients op: the other order (what IREE's ABI pass does with `iree.abi.output`) makes IREE
 allocate the result and copy it into the storage. Everything here is public IREE input
 (`util.func`, `util.call`, `hal.tensor.alias`, `hal.tensor.transients`); no IREE pass is changed.
+
+A function that writes module state (`util.global.store`, e.g. a causal LM's KV cache) gets no
+twin: IREE 3.13's `iree-stream-emplace-transients` fails on such a twin for CUDA ("
+'stream.resource.subview' op using value defined outside the region": the state's update is
+placed in the transients buffer, which the twin imports only after the call's work). Its calls
+allocate their transients on the device queue as any call without a twin does.
 """
 
 from __future__ import annotations
@@ -79,7 +85,44 @@ def _wants_twin(op: ir.Operation, name: str, names: set[str]) -> bool:
         return False
     if any(_OUTPUT_ATTRIBUTE in d for d in _dicts(op, "arg_attrs", len(ftype.inputs))):
         return False
-    return not _returns_an_argument(op)
+    return not _returns_an_argument(op) and not _writes_state(op, _by_name(op))
+
+
+_STORE = "util.global.store"
+_CALLS = ("util.call", "func.call")
+
+
+def _by_name(op: ir.Operation) -> dict[str, ir.Operation]:
+    """The functions of the module that holds `op`, by name."""
+    module = op.parent
+    while module is not None and module.name != "builtin.module":
+        module = module.parent
+    return {_name(f): f for f in _functions(module)} if module is not None else {}
+
+
+def _writes_state(op: ir.Operation, functions: dict[str, ir.Operation]) -> bool:
+    """Whether `op`, or a function it calls in the module, stores a global."""
+    seen: set[str] = set()
+    pending = [op]
+    while pending:
+        for inner in _nested(pending.pop()):
+            if inner.name == _STORE:
+                return True
+            if inner.name in _CALLS:
+                callee = ir.FlatSymbolRefAttr(inner.attributes["callee"]).value
+                if callee not in seen and callee in functions:
+                    seen.add(callee)
+                    pending.append(functions[callee])
+    return False
+
+
+def _nested(op: ir.Operation):
+    """Every operation inside `op`'s regions, at any depth."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _nested(inner.operation)
 
 
 def _returns_an_argument(op: ir.Operation) -> bool:

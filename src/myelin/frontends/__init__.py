@@ -50,6 +50,7 @@ class FrontendRequest:
     # causal-lm: KV cache slots per sequence and sequences per call (None: the frontend's default)
     max_seq: int | None = None
     max_batch: int | None = None
+    dtype: str | None = None  # causal-lm: compute and KV cache dtype (None: the frontend's)
 
     def single_entrypoint(self, refusal: str) -> str:
         """The name of a source's one function: the manifest's only entrypoint, else

@@ -5,14 +5,19 @@ KV cache kept in the module's own state:
     prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s]) -> logits[b, vocab]
     decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
 
-The model runs through its own code (`AutoModelForCausalLM`, local files only). Only the cache is
-ours: `DeviceKVCache` replaces the model's cache object with one tensor of
-[2 x layers, max_batch, kv_heads, max_seq + 1, head_dim] registered as a buffer of the exported
-module. torch.export records its update as a buffer mutation, which iree-turbine imports as a
-mutable `util.global`: IREE keeps it on the device, one per VM context (one per MyeLiN session).
-Its initial value is `#util.uninitialized`, so the `.mln` stores no cache bytes. Whether IREE
-writes the new slots in place or copies the cache per step is measured by
-benchmarks/llm_kv_cache.py (docs/llm.md: it copies, for now).
+The model runs through its own code (`AutoModelForCausalLM`, local files only), in the manifest's
+`dtype` (float32 unless it says float16 or bfloat16). Only the cache is ours: `DeviceKVCache`
+replaces the model's cache object with ONE buffer of rows (`cache_rows`: row
+`(2 * layer + kind) * slots + slot` holds one slot of every sequence's keys or values), in the
+model's dtype, registered as a buffer of the exported module. torch.export records its update
+as a buffer mutation, which iree-turbine imports as a mutable `util.global`: IREE keeps it on the
+device, one per VM context (one per MyeLiN session). Its initial value is `#util.uninitialized`,
+so the `.mln` stores no cache bytes.
+
+Each layer's write is one contiguous block of rows of the buffer itself, which IREE lowers to a
+`flow.tensor.update` of the global and performs in place: a step's time and device traffic grow
+with the tokens held, not with `max_seq` (benchmarks/llm_kv_cache.py, docs/llm.md). One buffer,
+not one per layer: IREE 3.13 gives equal uninitialized globals one allocation (see `_finish`).
 
 The attention mask carries the cache length of a call: `attention_mask.shape[1]` is how many
 slots the sequence occupies after the call (past + new tokens), so a call writes slots
@@ -40,21 +45,33 @@ PREFILL = "prefill"
 DECODE = "decode"
 # What the frontend records for the runtime, in the module's `myelin.causal_lm` attribute.
 TOKENIZER_FILE = "tokenizer.json"
+# The module's buffer that holds the KV cache.
+CACHE_KEY = "kv_cache"
 # Defaults when the manifest gives none.
 DEFAULT_MAX_SEQ = 256
 DEFAULT_MAX_BATCH = 1
+DEFAULT_DTYPE = "float32"
+# The manifest's `dtype` names -> torch dtypes: what the model computes in and the cache holds.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class CausalLMOptions:
-    """The manifest's `max_seq` (cache slots per sequence) and `max_batch` (sequences per call)."""
+    """The manifest's `max_seq` (cache slots per sequence), `max_batch` (sequences per call) and
+    `dtype` (what the model computes in; the KV cache holds the same dtype, so that attention
+    reads it without a conversion and a float16 model's cache takes half the bytes)."""
 
     max_seq: int = DEFAULT_MAX_SEQ
     max_batch: int = DEFAULT_MAX_BATCH
+    dtype: str = DEFAULT_DTYPE
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
 
 
-def load_model(folder: Path, *, what: str) -> Any:
-    """The folder's model through transformers' own code, fp32, no hub."""
+def load_model(folder: Path, *, what: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The folder's model through transformers' own code, in `dtype`, no hub."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not (folder / "config.json").is_file():
@@ -68,7 +85,7 @@ def load_model(folder: Path, *, what: str) -> Any:
             folder,
             config=config,
             local_files_only=True,
-            dtype=torch.float32,
+            dtype=dtype,
             attn_implementation="sdpa",
         )
     except Exception as e:  # transformers raises ValueError, OSError, KeyError, ...
@@ -91,28 +108,57 @@ def cache_shape(config: Any, max_batch: int, max_seq: int) -> tuple[int, int, in
     return (text.num_hidden_layers, max_batch, kv_heads, max_seq + 1, head_dim)
 
 
+def cache_rows(shape: tuple[int, int, int, int, int]) -> tuple[int, int]:
+    """The cache buffer's 2-D shape for `cache_shape` (layers, batch, kv_heads, slots, head_dim):
+    row `(2 * layer + kind) * slots + slot` holds one slot's keys (kind 0) or values (kind 1) for
+    every sequence of the batch, `batch * kv_heads * head_dim` elements.
+
+    Why rows: a call's new tokens are then ONE contiguous block of ONE tensor, written with one
+    slice of the buffer itself, which IREE turns into a `flow.tensor.update` of the global,
+    done in place. With a [2 x layers, batch, kv_heads, slots, head_dim] buffer, torch's
+    functionalization writes `kv[2i][:, :, s:e]` as "take layer i's slab, insert the tokens,
+    put the slab back": two copies of the layer's whole allocation per write, so a decode step
+    cost grew with `max_seq` (docs/llm.md).
+    """
+    layers, batch, kv_heads, slots, head_dim = shape
+    return 2 * layers * slots, batch * kv_heads * head_dim
+
+
 def _cache_classes() -> tuple[type, type]:
     """The cache layer and cache, defined on first use so that importing this module does not
     import transformers."""
     from transformers.cache_utils import Cache, StaticLayer
 
     class DeviceKVLayer(StaticLayer):
-        """One layer's slots; `update` writes the call's tokens at `kv - q .. kv - 1` and
-        returns the slots `0 .. kv - 1` (kv from the owning cache, set per call)."""
+        """One layer's keys (or values) as `slots` consecutive rows of the owner's row buffer;
+        `update` writes the call's tokens into rows `kv - q .. kv - 1` and returns rows
+        `0 .. kv - 1` as [batch, kv_heads, kv, head_dim] (kv from the owning cache, per call)."""
 
-        def __init__(self, owner: DeviceKVCache, keys: torch.Tensor, values: torch.Tensor):
-            super().__init__(max_cache_len=keys.shape[2])
+        def __init__(self, owner: DeviceKVCache, index: int, shape: tuple[int, ...]):
+            _, batch, kv_heads, slots, head_dim = shape
+            super().__init__(max_cache_len=slots)
             self.owner = owner
-            self.keys, self.values = keys, values
-            self.device = keys.device
+            self.key_row = (2 * index) * slots
+            self.value_row = (2 * index + 1) * slots
+            self.batch_size, self.num_heads = batch, kv_heads
+            self.k_head_dim = self.v_head_dim = head_dim
             self.is_initialized = True
 
-        def update(self, key_states, value_states, *args, **kwargs):
+        def _write_and_read(self, first_row: int, states: torch.Tensor) -> torch.Tensor:
+            rows = self.owner.rows
             end = self.owner.kv_length
-            start = end - key_states.shape[2]
-            self.keys[:, :, start:end] = key_states.to(self.keys.dtype)
-            self.values[:, :, start:end] = value_states.to(self.values.dtype)
-            return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
+            q = states.shape[2]
+            # [b, h, q, d] -> q rows of b * h * d: one contiguous block of the row buffer.
+            block = states.to(rows.dtype).permute(2, 0, 1, 3).reshape(q, rows.shape[1])
+            rows[first_row + end - q : first_row + end] = block
+            held = rows[first_row : first_row + end]
+            return held.view(end, self.batch_size, self.num_heads, -1).permute(1, 2, 0, 3)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            return (
+                self._write_and_read(self.key_row, key_states),
+                self._write_and_read(self.value_row, value_states),
+            )
 
         def get_seq_length(self) -> int:
             return self.owner.kv_length
@@ -121,11 +167,10 @@ def _cache_classes() -> tuple[type, type]:
             return self.owner.kv_length, 0
 
     class DeviceKVCache(Cache):
-        def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        def __init__(self, shape: tuple[int, ...]):
             self.kv_length = 0
-            super().__init__(
-                layers=[DeviceKVLayer(self, k, v) for k, v in zip(keys, values, strict=True)]
-            )
+            self.rows: torch.Tensor | None = None  # the module's buffer, set per call
+            super().__init__(layers=[DeviceKVLayer(self, i, shape) for i in range(shape[0])])
 
     return DeviceKVLayer, DeviceKVCache
 
@@ -137,15 +182,12 @@ class CausalLMModule(torch.nn.Module):
         super().__init__()
         self.model = model
         self.options = options
-        layers, batch, kv_heads, seq, head_dim = cache_shape(
-            model.config, options.max_batch, options.max_seq
-        )
-        # One buffer for every layer's keys (2i) and values (2i + 1): IREE 3.13 merges mutable
-        # globals of one type whose initial values are equal (uninitialized or zeros), so a
-        # global per layer would have every layer write the same memory.
-        self.register_buffer("kv_cache", torch.zeros(2 * layers, batch, kv_heads, seq, head_dim))
+        shape = cache_shape(model.config, options.max_batch, options.max_seq)
+        cache_dtype = options.torch_dtype
+        # One buffer of rows for every layer's keys and values (see `cache_rows`).
+        self.register_buffer(CACHE_KEY, torch.zeros(cache_rows(shape), dtype=cache_dtype))
         _, cache_class = _cache_classes()
-        self.cache = cache_class(list(self.kv_cache[0::2]), list(self.kv_cache[1::2]))
+        self.cache = cache_class(shape)
 
     def _step(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -153,12 +195,9 @@ class CausalLMModule(torch.nn.Module):
         kv = attention_mask.shape[1]
         q = input_ids.shape[1]
         self.cache.kv_length = kv
-        # The layers take views of the buffer at each call: torch.export swaps a module's
-        # buffers for its tracing tensors, and a layer holding the originals would mutate
-        # constants instead of state.
-        for i, layer in enumerate(self.cache.layers):
-            layer.keys = self.kv_cache[2 * i]
-            layer.values = self.kv_cache[2 * i + 1]
+        # The layers read the buffer at each call: torch.export swaps a module's buffers for its
+        # tracing tensors, and a cache holding the original would mutate a constant, not state.
+        self.cache.rows = getattr(self, CACHE_KEY)
         # The 4-D additive mask: query i (slot kv - q + i) sees slot j <= its own, unless j is
         # padding. transformers returns a 4-D mask as it is, so every family gets the same one.
         slots = torch.arange(kv, device=input_ids.device)
@@ -168,8 +207,9 @@ class CausalLMModule(torch.nn.Module):
         # A padding query sees at least itself: a row with nothing visible gives NaN, which its
         # cache slot would carry into every later step (0 * NaN in the attention sum).
         visible = visible | (slots[None, :] == query_slots[:, None])[None, None, :, :]
-        mask = torch.zeros(visible.shape, dtype=torch.float32)
-        mask = mask.masked_fill(~visible, torch.finfo(torch.float32).min)
+        dtype = self.options.torch_dtype
+        mask = torch.zeros(visible.shape, dtype=dtype)
+        mask = mask.masked_fill(~visible, torch.finfo(dtype).min)
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -178,7 +218,8 @@ class CausalLMModule(torch.nn.Module):
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :]
+        # float32 whatever the compute dtype: the host samples from them (numpy has no bfloat16).
+        return out.logits[:, -1, :].float()
 
     def prefill(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
@@ -196,6 +237,7 @@ def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
     layers, batch, kv_heads, slots, head_dim = cache_shape(
         model.config, options.max_batch, options.max_seq
     )
+    itemsize = options.torch_dtype.itemsize
     gen = getattr(model, "generation_config", None)
     eos = getattr(gen, "eos_token_id", None) if gen is not None else None
     if eos is None:
@@ -204,7 +246,8 @@ def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
         "max_seq": options.max_seq,
         "max_batch": batch,
         "vocab": int(model.config.get_text_config().vocab_size),
-        "cache_bytes": 2 * layers * batch * kv_heads * slots * head_dim * 4,
+        "cache_bytes": 2 * layers * batch * kv_heads * slots * head_dim * itemsize,
+        "cache_dtype": options.dtype,
         "eos_token_ids": sorted({eos} if isinstance(eos, int) else set(eos or ())),
         "model_type": model.config.model_type,
     }
@@ -221,6 +264,7 @@ def options_of(request: FrontendRequest) -> CausalLMOptions:
     return CausalLMOptions(
         max_seq=request.max_seq or DEFAULT_MAX_SEQ,
         max_batch=request.max_batch or DEFAULT_MAX_BATCH,
+        dtype=request.dtype or DEFAULT_DTYPE,
     )
 
 
@@ -242,7 +286,7 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
             "(tokenizer.save_pretrained(folder)) so that the artifact can turn text into tokens"
         )
     with torch_frontend._EXPORT_LOCK, torch_frontend._quiet_export_warnings():
-        model = load_model(folder, what=what)
+        model = load_model(folder, what=what, dtype=options.torch_dtype)
         module = CausalLMModule(model, options)
         programs = _export(module, options, what)
         tensors = _externalize(programs, request.scope)
@@ -253,6 +297,8 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
     mlir = _finish(mlir, record, tokenizer.read_text(encoding="utf-8"), what)
     values = {}
     for scope, key in keys:
+        if key == CACHE_KEY:
+            continue  # module state, left uninitialized by _finish
         if scope != request.scope or key not in tensors:
             raise CompileError(f"{what}: the exported graph reads {scope}::{key}, not a weight")
         values[key] = torch_frontend._numpy(tensors[key])
@@ -315,13 +361,19 @@ def _externalize(
     programs: dict[str, torch.export.ExportedProgram], scope: str
 ) -> dict[str, torch.Tensor]:
     """Bind every weight to a named parameter under its transformers name
-    (`model.layers.0.self_attn.q_proj.weight`); the cache buffers stay module state."""
+    (`model.layers.0.self_attn.q_proj.weight`). The cache buffer gets a name too, CACHE_KEY,
+    which no weight file provides: iree-turbine would otherwise copy its zeros into the IR
+    (through numpy, which has no bfloat16), and `_finish` replaces it by `#util.uninitialized`."""
     from iree.turbine.aot.tensor_traits import ExternalTensorTrait
 
     by_key: dict[str, torch.Tensor] = {}
     for program in programs.values():
         for key, tensor in [*program.state_dict.items(), *program.constants.items()]:
-            if not isinstance(tensor, torch.Tensor) or key.endswith("kv_cache"):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            if key.endswith(CACHE_KEY):
+                if ExternalTensorTrait.get(tensor) is None:
+                    ExternalTensorTrait(external_scope=scope, external_name=CACHE_KEY).set(tensor)
                 continue
             name = key.removeprefix("root.").removeprefix("model.")
             if ExternalTensorTrait.get(tensor) is None:
@@ -331,12 +383,19 @@ def _externalize(
 
 
 def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> bytes:
-    """Leave the cache globals uninitialized (no cache bytes in the artifact) and record the
+    """Leave the cache global uninitialized (no cache bytes in the artifact) and record the
     model and its tokenizer in `prefill`'s reflection, where the runtime reads them.
 
-    A zero initial value, even a splat, would be exported as a parameter of zeros.
+    The global arrives bound to the parameter CACHE_KEY (`_externalize`), which no file
+    provides; a zero initial value, even a splat, would be exported as a parameter of zeros.
     Uninitialized is safe: a call reads only slots 0 .. kv - 1, which the sequence's prefill
     and decode calls have written.
+
+    There must be exactly one mutable global. IREE 3.13 turns each `#util.uninitialized` into a
+    `stream.tensor.empty` in the global's initializer; `iree-util-combine-initializers` puts
+    them in one initializer, where CSE merges equal (pure) empties into one allocation stored
+    into every such global, after which `iree-util-fuse-globals` fuses the globals: several
+    caches of one type would be the same memory (wrong logits, no error).
     """
     from iree.compiler import ir
 
@@ -363,8 +422,11 @@ def _finish(mlir: bytes, record: dict[str, Any], tokenizer: str, what: str) -> b
                             TOKENIZER_KEY: ir.StringAttr.get(tokenizer),
                         }
                     )
-            if states == 0:
-                raise CompileError(f"{what}: the export kept no KV cache state")
+            if states != 1:
+                raise CompileError(
+                    f"{what}: the export kept {states} mutable globals, not the one KV cache "
+                    "buffer; a model that keeps other state is not supported by causal-lm"
+                )
         buffer = io.BytesIO()
         module.write_bytecode(buffer)
     return buffer.getvalue()

@@ -120,6 +120,9 @@ class Generator:
         self.max_batch: int = record["max_batch"]
         self.vocab: int = record["vocab"]
         self.cache_bytes: int = record["cache_bytes"]
+        # the model's compute dtype (the manifest's `dtype`); artifacts built before it was
+        # recorded always had a float32 cache
+        self.cache_dtype: str = record.get("cache_dtype", "float32")
         self.eos_token_ids: tuple[int, ...] = tuple(record["eos_token_ids"])
         self.tokenizer = _tokenizer(reflection.get(TOKENIZER_KEY), model.path.name)
         # The cache is allocated when the session's VM context starts: count it first.

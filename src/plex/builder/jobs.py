@@ -49,6 +49,7 @@ class ImportJob(Job):
     host_fallback: bool = False  # ONNX nodes IREE cannot lower run in a host VM module
     max_seq: int | None = None  # causal-lm: KV cache slots per sequence
     max_batch: int | None = None  # causal-lm: sequences per call
+    dtype: str | None = None  # causal-lm: compute and KV cache dtype
 
 
 @dataclass(frozen=True)

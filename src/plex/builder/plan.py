@@ -451,6 +451,7 @@ def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
         host_fallback=graph.host_fallback,
         max_seq=graph.max_seq,
         max_batch=graph.max_batch,
+        dtype=graph.dtype,
     )
     return Node(
         import_node_id(graph), job, label=f"import {graph.ref}", heavy=True, isolate=ISOLATE_STEPS

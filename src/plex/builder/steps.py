@@ -69,6 +69,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         host_fallback=job.host_fallback,
         max_seq=job.max_seq,
         max_batch=job.max_batch,
+        dtype=job.dtype,
     )
     # the name locations carry in the module: not the build folder, so that the same model
     # builds to the same bytes anywhere; an error names the real file instead (_shown_path)

@@ -297,6 +297,14 @@ def split_ref(text: str, package: str | None = None) -> tuple[str, str] | None:
     return pkg, name
 
 
+# The graph keys only a causal-lm graph has, and what each does (for the refusal elsewhere).
+_CAUSAL_LM_KEYS = {
+    "max_seq": "sizes a causal-lm graph's KV cache",
+    "max_batch": "sizes a causal-lm graph's KV cache",
+    "dtype": "sets a causal-lm graph's compute and KV cache dtype",
+}
+
+
 def _graph(
     doc: TomlDocument,
     folder: Path,
@@ -327,11 +335,11 @@ def _graph(
                 (*at, "arg_names", entry), *unknown(entry, g.entrypoints, what="entrypoint")
             )
         _check_unique(doc, (*at, "arg_names", entry), args)
-    for key in ("max_seq", "max_batch"):
+    for key, does in _CAUSAL_LM_KEYS.items():
         if getattr(g, key) is not None and frontend != "causal-lm":
             raise doc.error(
                 (*at, key),
-                f"{key} sizes a causal-lm graph's KV cache",
+                f"{key} {does}",
                 'set frontend = "causal-lm" or remove it',
             )
     if g.dynamic and frontend in ("mlir", "stablehlo"):
@@ -380,6 +388,7 @@ def _graph(
         host_fallback=g.host_fallback,
         max_seq=g.max_seq,
         max_batch=g.max_batch,
+        dtype=g.dtype,
     )
 
 

@@ -85,6 +85,8 @@ class GraphTable(_Table):
     # frontend = "causal-lm": KV cache slots per sequence, sequences per call (docs/llm.md)
     max_seq: Annotated[int, Field(ge=2)] | None = None
     max_batch: Annotated[int, Field(ge=1)] | None = None
+    # frontend = "causal-lm": the dtype the model computes in, and so its KV cache's
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
 
 
 class WeightsTable(_Table):

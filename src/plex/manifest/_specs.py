@@ -144,6 +144,7 @@ class GraphSpec:
     # sequence and sequences per call; None: the frontend's defaults
     max_seq: int | None = None
     max_batch: int | None = None
+    dtype: str | None = None  # causal-lm: the compute (and KV cache) dtype; None: float32
 
 
 @dataclass(frozen=True)

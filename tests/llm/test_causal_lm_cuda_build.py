@@ -1,0 +1,66 @@
+"""A causal LM builds for a CUDA device (no GPU needed): its prefill and decode store the KV
+cache in module state, which IREE 3.13 cannot compile inside a storage twin for CUDA, so they
+get none (myelin.compiler.storage_twins)."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytest.importorskip("iree.turbine")
+
+from myelin.mln import MlnReader
+from myelin.signature import STORAGE_TWIN_SUFFIX
+from tests.conftest import build_app
+from tests.llm.tiny_models import write_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_causal_lm_builds_for_cuda_without_twins_for_its_stateful_entrypoints(tmp_path: Path):
+    write_model(tmp_path / "lm" / "model", "llama")
+    (tmp_path / "lm" / "plex.toml").write_text(
+        textwrap.dedent(
+            """
+            [package]
+            name = "lm"
+
+            [graph.lm]
+            source = "model"
+            frontend = "causal-lm"
+            max_seq = 64
+            max_batch = 2
+            """
+        )
+    )
+    (tmp_path / "app.toml").write_text(
+        '[app]\nname = "lm"\npackages = ["lm"]\n\n'
+        '[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "none"\n'
+    )
+    mln = build_app(tmp_path / "app.toml", tmp_path / "lm.mln")
+    exported = vm_exports(mln, tmp_path)
+    assert {"prefill", "decode"} <= exported
+    assert not {n for n in exported if n.endswith(STORAGE_TWIN_SUFFIX)}
+
+
+def vm_exports(mln: Path, tmp_path: Path) -> set[str]:
+    """The function names the .mln's compiled module exports, as iree-dump-module prints them."""
+    import iree._runtime_libs as libs
+
+    with MlnReader(mln) as reader:
+        (module,) = [s for s in reader.manifest["sections"] if "/module/" in s["name"]]
+        vmfb = tmp_path / "lm.vmfb"
+        vmfb.write_bytes(bytes(reader.section_view(module["name"])))
+    dump = Path(libs.__file__).parent / "iree-dump-module"
+    text = subprocess.run([dump, vmfb], capture_output=True, text=True, check=True).stdout
+    return {
+        line.split("@", 1)[1].split(",")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line.strip().startswith("vm.export @")
+    }
