@@ -13,6 +13,8 @@ BEGIN = (
 )
 END = "<!-- END RESULTS -->"
 SUITES = ("cpu", "gpu", "build", "runtime")
+# What the report shows: the suites, and generation against llama.cpp (benchmarks/llm_llamacpp.py)
+REPORTED = (*SUITES, "llm")
 
 
 def _number(value: float) -> str:
@@ -55,7 +57,10 @@ def case_rows(case: dict) -> list[list[str]]:
         s = results.spread(row["samples"])
         ratio = ""
         if base and row["runner"] != case["baseline"]:
-            r = results.spread(results.ratios(base, row["samples"]))
+            # A rate (tok/s): time over the baseline's is the baseline's rate over this one's.
+            rate = case["unit"].endswith("/s")
+            pair = (row["samples"], base) if rate else (base, row["samples"])
+            r = results.spread(results.ratios(*pair))
             ratio = f"{r.median:.2f}x ({r.low:.2f}-{r.high:.2f})"
         lines.append(
             [
@@ -125,7 +130,7 @@ def generated_section(folder: Path = results.RESULTS) -> str:
     """Every suite's latest run per machine, suites in a fixed order, machines by name."""
     latest = results.latest_per_machine(results.load_all(folder))
     parts = [BEGIN, ""]
-    for suite in SUITES:
+    for suite in REPORTED:
         for (s, _machine), run in sorted(latest.items()):
             if s == suite:
                 parts.append(markdown_run(run))

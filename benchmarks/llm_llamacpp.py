@@ -1,0 +1,362 @@
+"""Prefill and decode tokens/s of a TinyLlama-1.1B-shaped model on this CPU: PLeX (the
+Generator of `plex generate`) against llama.cpp (llama-cpp-python), per bit width and thread
+count, on the same seeded weights and the same token ids, interleaved.
+
+    pip install -e '.[llm,llm-bench]'   # llama-cpp-python from source, see docs/benchmarks.md
+    python benchmarks/llm_llamacpp.py --llama-cpp-src DIR [--cache DIR] [--threads 1 2]
+                                      [--pairs fp32:F16 int8:Q8_0 q4:Q4_0] [--rounds 3]
+
+The model: LlamaForCausalLM with TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads / 4
+KV heads, FFN 5632, vocab 32000), seed 0, weights normal(0, 0.02), saved once with
+`save_pretrained` under --cache (4.4 GB, reused by later runs). From that folder:
+
+- PLeX builds it (frontend "causal-lm", max_seq = prompt + new) with every weight in the
+  pair's codec (`[weights.codec] "*" = ...`; fp32 is no codec); each build's log, with the
+  time of each build step and the peak RSS, is kept beside its .mln;
+- llama.cpp's own `convert_hf_to_gguf.py` (in the llama-cpp-python sdist, under
+  vendor/llama.cpp: --llama-cpp-src) writes GGUF F16, and `llama_model_quantize` (the
+  library's C API) makes Q8_0 and Q4_0 from it.
+
+Both sides get the same `--prompt` random token ids (no tokenizer in the loop), decode greedy
+for `--new` tokens and never stop at EOS. PLeX: the Generator's timings (prefill = prompt
+tokens over the prefill call; decode = decode calls over their time). llama.cpp: one `eval` of
+the prompt (n_batch = prompt), then one `eval` per token, argmax of the last logits; timed the
+same way. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
+process of its own (llama.cpp gets n_threads = n_threads_batch = the same count). Within it,
+each pair's two models are loaded together (at most two models in memory), warmed up, and
+timed in alternation for `--rounds` rounds. Prints a table of medians with the spread of the
+per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the CPU and the load, and
+writes benchmarks/results/llm/<date>_<machine>.json.
+
+Why convert_hf_to_gguf runs with its BPE pre-tokenizer check answered "gpt-2": the seeded
+model's tokenizer is a small byte-level BPE trained here, whose hash llama.cpp does not know;
+the pre-tokenizer only matters for text, and this benchmark feeds token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.results import new_run, ratios, spread, write  # noqa: E402
+
+# TinyLlama-1.1B's shape (its config.json), seeded weights.
+SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+PAIRS = ("fp32:F16", "int8:Q8_0", "q4:Q4_0")
+# llama.cpp's file types (enum llama_ftype) for the quantizations made here.
+FTYPES = {"Q8_0": 7, "Q4_0": 2}
+PLEX_BUILD = [sys.executable, "-m", "plex", "build"]
+DEFAULT_CACHE = Path(os.environ.get("PLEX_BENCH_CACHE", Path.home() / ".cache" / "plex-bench"))
+
+
+def write_model(folder: Path) -> None:
+    """The seeded model and a tokenizer, once: later runs reuse the folder."""
+    if (folder / "model.safetensors").exists():
+        return
+    import torch
+    import transformers
+
+    from tests.llm.tiny_models import write_tokenizer
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SHAPE))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02)
+    model.eval().save_pretrained(folder)
+    write_tokenizer(folder)
+
+
+CONVERT = """
+import runpy, sys
+src = sys.argv[1]
+sys.path.insert(0, src)
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+def no_sentencepiece(self):
+    raise FileNotFoundError("no tokenizer.model")
+base.TextModel._set_vocab_sentencepiece = no_sentencepiece  # see the module docstring
+sys.argv = [src + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def write_gguf(model: Path, folder: Path, llama_cpp_src: Path | None, kind: str) -> Path:
+    """GGUF F16 by llama.cpp's converter; Q8_0 / Q4_0 quantized from it by the library."""
+    target = folder / f"model-{kind}.gguf"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "F16":
+        if llama_cpp_src is None or not (llama_cpp_src / "convert_hf_to_gguf.py").exists():
+            raise SystemExit(
+                "--llama-cpp-src must be the vendor/llama.cpp folder of the llama-cpp-python "
+                "0.3.36 sdist (pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36)"
+            )
+        command = [sys.executable, "-c", CONVERT, str(llama_cpp_src), str(model)]
+        subprocess.run([*command, "--outtype", "f16", "--outfile", str(target)], check=True)
+        return target
+    import llama_cpp
+
+    source = write_gguf(model, folder, llama_cpp_src, "F16")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[kind]
+    params.nthread = os.cpu_count() or 1
+    status = llama_cpp.llama_model_quantize(
+        str(source).encode(), str(target).encode(), llama_cpp.byref(params)
+    )
+    if status != 0:
+        raise SystemExit(f"llama_model_quantize to {kind} failed with status {status}")
+    return target
+
+
+def build_plex(model: Path, folder: Path, codec: str, max_seq: int) -> Path:
+    """`plex build` of the model with every weight in `codec`; the build's step log and its
+    peak RSS go to build.log and build.json beside the .mln."""
+    root = folder / codec
+    mln = root / "lm.mln"
+    if mln.exists():
+        return mln
+    package = root / "lm"
+    (package / "model").mkdir(parents=True, exist_ok=True)
+    for f in model.iterdir():  # hard links: a package reads only files inside its folder
+        link = package / "model" / f.name
+        if not link.exists():
+            os.link(f, link)
+    (package / "plex.toml").write_text(
+        '[package]\nname = "lm"\n\n[graph.lm]\nsource = "model"\nfrontend = "causal-lm"\n'
+        f"max_seq = {max_seq}\n"
+    )
+    weights = "" if codec == "fp32" else f'\n[weights.codec]\n"*" = "{codec}"\n'
+    (root / "app.toml").write_text(
+        textwrap.dedent(
+            """\
+            [app]
+            name = "lm"
+            packages = ["lm"]
+
+            [build]
+            temp_memory = "2GiB"
+            cache = "../cache"
+
+            [devices.cpu]
+            target = "llvm-cpu"
+            driver = "local-task"
+            cpu = "host"
+            """
+        )
+        + weights
+    )
+    start = time.perf_counter()
+    with open(root / "build.log", "w") as log:
+        subprocess.run(
+            [*PLEX_BUILD, str(root / "app.toml"), "-o", str(mln), "--progress", "plain"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    (root / "build.json").write_text(
+        json.dumps({"seconds": time.perf_counter() - start, "peak_rss_bytes": peak}) + "\n"
+    )
+    return mln
+
+
+def plex_run(generator, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
+    r = generator.generate(prompt, max_new_tokens=new, use_eos=False)
+    return r.prefill_tokens_per_s, r.decode_tokens_per_s, list(r.tokens[0])
+
+
+def llama_run(llm, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
+    import llama_cpp
+    import numpy as np
+
+    vocab = llm.n_vocab()
+
+    def greedy() -> int:
+        # Llama.eval keeps no logits unless logits_all; the C API has the last token's.
+        logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(vocab,))))
+
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(prompt)
+    prefill = time.perf_counter() - start
+    tokens = [greedy()]
+    start = time.perf_counter()
+    for _ in range(new - 1):
+        llm.eval([tokens[-1]])
+        tokens.append(greedy())
+    decode = time.perf_counter() - start
+    return len(prompt) / prefill, (new - 1) / decode, tokens
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One thread count: every pair, rounds interleaved; one JSON line per pair on stdout."""
+    import iree.runtime as rt
+    import numpy as np
+
+    rt.flags.parse_flags(f"--task_topology_group_count={args.threads[0]}")
+    import llama_cpp
+
+    import myelin
+    from myelin.runtime.generation import Generator
+
+    threads = args.threads[0]
+    prompt = np.random.default_rng(0).integers(3, 32000, args.prompt).tolist()
+    instance = myelin.Instance()
+    for pair in args.pairs:
+        codec, kind = pair.split(":")
+        model = instance.load(args.cache / "plex" / codec / "lm.mln")
+        llm = llama_cpp.Llama(
+            str(args.cache / "gguf" / f"model-{kind}.gguf"),
+            n_ctx=args.prompt + args.new,
+            n_batch=args.prompt,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+        rows: dict[str, list] = {"plex": [], "llama.cpp": []}
+        with Generator(model) as generator:
+            plex_run(generator, prompt, 4)  # warm up both
+            llama_run(llm, prompt, 4)
+            for _ in range(args.rounds):
+                rows["plex"].append(plex_run(generator, prompt, args.new))
+                rows["llama.cpp"].append(llama_run(llm, prompt, args.new))
+        llm.close()
+        model.close()
+        same = leading_agreement(rows["plex"][0][2], rows["llama.cpp"][0][2])
+        print(
+            json.dumps(
+                {
+                    "pair": pair,
+                    "threads": threads,
+                    "load": os.getloadavg()[0],
+                    "same_leading_tokens": same,
+                    **{name: [list(v[:2]) for v in values] for name, values in rows.items()},
+                }
+            ),
+            flush=True,
+        )
+
+
+def leading_agreement(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy runs agree on: different weight formats (fp32 against
+    F16, int8 against Q8_0) round differently, so seeded random weights drift apart at some
+    point; the count shows where, it is not a check."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--llama-cpp-src", type=Path, default=None)
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS))
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    model = args.cache / "tinyllama-1.1b"
+    write_model(model)
+    for pair in args.pairs:
+        codec, kind = pair.split(":")
+        build_plex(model, args.cache / "plex", codec, args.prompt + args.new)
+        write_gguf(model, args.cache / "gguf", args.llama_cpp_src, kind)
+
+    run = new_run(
+        "llm",
+        {"rounds": args.rounds, "prompt": args.prompt, "new": args.new, "threads": args.threads},
+    )
+    results = []
+    for threads in args.threads:
+        command = [sys.executable, __file__, "--worker", "--cache", str(args.cache)]
+        command += ["--threads", str(threads), "--pairs", *args.pairs]
+        command += ["--prompt", str(args.prompt), "--new", str(args.new)]
+        command += ["--rounds", str(args.rounds)]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        results += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    print(
+        f"TinyLlama-1.1B shape, seeded; prompt {args.prompt}, {args.new} new tokens greedy; "
+        f"median of {args.rounds} interleaved rounds; {run['machine']['cpu']}, "
+        f"{run['machine']['cores']} cores; load {run['machine']['load_before'][0]:.1f} before"
+    )
+    print(
+        "| PLeX / llama.cpp | threads | prefill tok/s | ratio (min-max) | decode tok/s "
+        "| ratio (min-max) | load |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        cells = []
+        for i in (0, 1):
+            plex = [v[i] for v in r["plex"]]
+            llama = [v[i] for v in r["llama.cpp"]]
+            # tok/s: the ratio is plex / llama.cpp, so above 1 means PLeX is faster
+            each = spread(ratios(llama, plex))
+            cells.append(
+                f"{statistics.median(plex):.1f} / {statistics.median(llama):.1f} "
+                f"| {each.median:.2f}x ({each.low:.2f}-{each.high:.2f})"
+            )
+        print(
+            f"| {r['pair'].replace(':', ' / ')} | {r['threads']} | {' | '.join(cells)} "
+            f"| {r['load']:.1f} |"
+        )
+        for i, metric in enumerate(("prefill", "decode")):
+            run["cases"].append(
+                {
+                    "id": f"{r['pair'].replace(':', '-').lower()}-t{r['threads']}-{metric}",
+                    "title": f"{metric} tok/s, {r['pair']}, {r['threads']} threads",
+                    "unit": "tok/s",
+                    "baseline": "PLeX",
+                    "options": {"same_leading_tokens": r["same_leading_tokens"]},
+                    "rows": [
+                        {"runner": "PLeX", "samples": [v[i] for v in r["plex"]]},
+                        {"runner": "llama.cpp", "samples": [v[i] for v in r["llama.cpp"]]},
+                    ],
+                }
+            )
+    builds = {
+        codec: json.loads((args.cache / "plex" / codec / "build.json").read_text())
+        for codec in (p.split(":")[0] for p in args.pairs)
+        if (args.cache / "plex" / codec / "build.json").exists()
+    }
+    run["builds"] = builds
+    print(f"wrote {write(run)}")
+
+
+if __name__ == "__main__":
+    main()
