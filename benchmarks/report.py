@@ -34,7 +34,12 @@ def _check(row: dict) -> str:
     )
     if "cosine" in check["metric"] and isinstance(value, float):
         shown = f"{value:.6f}"
-    return f"{mark} ({check['metric']} {shown})"
+    extra = ""
+    if "max_rel_error" in check:
+        extra = f", max error {check['max_rel_error']:.1e} of the largest output"
+    if row.get("note"):
+        extra += f"; {row['note']}"
+    return f"{mark} ({check['metric']} {shown}{extra})"
 
 
 def case_rows(case: dict) -> list[list[str]]:
@@ -94,6 +99,8 @@ def run_heading(run: dict) -> str:
     versions = ", ".join(f"{k} {val}" for k, val in v.items())
     settings = run.get("settings", {})
     mode = " (quick configuration)" if settings.get("quick") else ""
+    if settings.get("config"):
+        mode += f" ({settings['config']} configuration)"
     if "threads" in settings:
         load += f", threads: {settings['threads'] or 'each runtime its default'}"
     lines = [

@@ -188,8 +188,14 @@ def load_all(folder: Path = RESULTS) -> list[dict]:
 
 
 def latest_per_machine(runs: list[dict]) -> dict[tuple[str, str], dict]:
-    """(suite, machine name) -> its newest run: the table the manual shows."""
+    """(suite, machine name) -> its newest run: the table the manual shows. A run of another
+    configuration (`settings.config`, e.g. the full CPU table, once per thread count) is a
+    table of its own: its machine key carries the configuration and thread count."""
     latest: dict[tuple[str, str], dict] = {}
     for run in sorted(runs, key=lambda r: r["date"]):
-        latest[(run["suite"], run["machine"]["name"])] = run
+        name = run["machine"]["name"]
+        settings = run.get("settings", {})
+        if settings.get("config"):
+            name += f" {settings['config']}, threads {settings.get('threads', 0)}"
+        latest[(run["suite"], name)] = run
     return latest

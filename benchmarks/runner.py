@@ -26,6 +26,7 @@ from benchmarks import anchors, zoo
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "benchmarks" / "cases"
 PLEX = "PLeX"
+PLEX_BF16 = "PLeX bf16"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class Case:
     calls: int = 10
     warmup: int = 3
     gguf: str | None = None  # the llama.cpp anchor's model file
+    # which configuration of the suite the case belongs to: "default" (`python -m benchmarks
+    # cpu`) or "full" (`--config full`: the long table of whole models at two batch sizes)
+    config: str = "default"
+    # also build the app with `compute = "bf16"` (docs/manifest.md) and time it as one more row
+    bf16: bool = False
 
     def options(self) -> dict:
         """What the result file records of the case besides its rows."""
@@ -112,6 +118,8 @@ def _device_section(case: Case) -> str:
         lines.append('cpu = "host"')
         if "data_tiling" in options:
             lines.append(f"data_tiling = {str(options['data_tiling']).lower()}")
+        if "compute" in options:
+            lines.append(f'compute = "{options["compute"]}"')
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +171,17 @@ def build_case(case: Case, folder: Path) -> Path:
     return out
 
 
+def bf16_case(case: Case) -> Case:
+    """The same case built with PLeX's reduced-precision mode (`compute = "bf16"`)."""
+    return replace(case, id=f"{case.id}-bf16", build={**case.build, "compute": "bf16"})
+
+
 # ---- running ---------------------------------------------------------------------------------
+
+# What a reduced-precision runner (PLeX bf16, OpenVINO's default on a bf16 CPU) is held to:
+# bf16 keeps 8 significant bits, so each product carries ~4e-3 relative error, and sums over
+# hundreds of them and a dozen layers add up. The rows report their measured error beside it.
+BF16_TOLERANCE = {"cosine": 0.999}
 
 
 def _first(output) -> np.ndarray:
@@ -184,7 +202,9 @@ def plex_runner(mln: Path, keep: list, device: str) -> Callable[..., np.ndarray]
 
 
 def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
-    """Does `out` match torch eager's output within the case's tolerance?"""
+    """Does `out` match torch eager's output within the case's tolerance? Every check also
+    records the largest error relative to the largest reference output (`max_rel_error`), the
+    one number that compares runners of different precisions."""
     out = out.astype(np.float64).reshape(out.shape[0], -1)
     ref = reference.astype(np.float64).reshape(reference.shape[0], -1)
     if out.shape != ref.shape:
@@ -194,6 +214,8 @@ def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
             "limit": str(ref.shape),
             "passed": False,
         }
+    error = float(np.abs(out - ref).max())
+    relative = {"max_rel_error": error / max(float(np.abs(ref).max()), 1e-30)}
     if "cosine" in tolerance:
         cos = (out * ref).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1))
         value = float(cos.min())
@@ -202,15 +224,16 @@ def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
             "value": value,
             "limit": tolerance["cosine"],
             "passed": value >= tolerance["cosine"],
+            **relative,
         }
     atol, rtol = tolerance.get("atol", 0.0), tolerance.get("rtol", 0.0)
     excess = np.abs(out - ref) - (atol + rtol * np.abs(ref))
-    value = float(np.abs(out - ref).max())
     return {
         "metric": "max abs error",
-        "value": value,
+        "value": error,
         "limit": f"atol {atol} + rtol {rtol}",
         "passed": bool((excess <= 0).all()),
+        **relative,
     }
 
 
@@ -241,8 +264,9 @@ def time_rounds(
     return samples
 
 
-def run_case(case: Case, mln: Path, threads: int) -> dict:
-    """Load the PLeX build and every anchor, check each against torch eager, time them."""
+def run_case(case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | None = None) -> dict:
+    """Load the PLeX build (and its bf16 build) and every anchor, check each against torch
+    eager, time them."""
     module, inputs = zoo.source(case.model, case.batch, case.seq, case.dtype)
     device = "cuda" if case.device == "cuda" else "cpu"
     if device == "cuda":
@@ -256,6 +280,15 @@ def run_case(case: Case, mln: Path, threads: int) -> dict:
     runners: dict[str, Callable[..., np.ndarray]] = {}
     rows: dict[str, dict] = {}
     candidates = [(PLEX, lambda: plex_runner(mln, keep, device), True)]
+    if isinstance(mln_bf16, Exception):
+        error = mln_bf16
+
+        def failed_build() -> Callable[..., np.ndarray]:
+            raise RuntimeError(f"build failed: {type(error).__name__}: {error}")
+
+        candidates.append((PLEX_BF16, failed_build, True))
+    elif mln_bf16 is not None:
+        candidates.append((PLEX_BF16, lambda: plex_runner(mln_bf16, keep, device), True))
     for anchor in case.anchors:
         title, factory, compared = anchors.ANCHORS[anchor]
         target = case.gguf if anchor == "llama.cpp" else module
@@ -267,9 +300,14 @@ def run_case(case: Case, mln: Path, threads: int) -> dict:
         rows[title] = row
         try:
             fn = make()
+            tolerance = case.tolerance
+            if title == PLEX_BF16 or title == anchors.ANCHORS["openvino"][0]:
+                tolerance = BF16_TOLERANCE  # bf16 products: ~3 significant digits
             row["check"] = (
-                check(fn(*inputs), reference, case.tolerance) if compared else {"passed": None}
+                check(fn(*inputs), reference, tolerance) if compared else {"passed": None}
             )
+            if getattr(fn, "note", None):
+                row["note"] = fn.note
             runners[title] = fn
         except anchors.AnchorUnavailable as e:
             row["skipped"] = str(e)
