@@ -37,7 +37,7 @@ class TargetDevice:
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.storage_twins)
     result_storage: bool = False
     # llvm-cpu: "f32" computes as the model is written; "bf16" rounds the inputs of every
-    # contraction to bf16 (COMPUTE_FLAGS), an explicit choice of the app
+    # contraction to bf16 (myelin.compiler.cpu_compute), an explicit choice of the app
     compute: str = "f32"
 
 
@@ -52,21 +52,6 @@ DATA_TILING_FLAGS = (
     f"--iree-opt-const-expr-max-size-increase-threshold={1 << 40}",
     "--iree-global-opt-use-im2col-for-convs",
 )
-
-
-# llvm-cpu `compute = "bf16"`: IREE's global optimization demotes the LHS and RHS of every
-# contraction (matmuls, batch matmuls, convolutions) from f32 to bf16, accumulating in f32;
-# the flags are IREE 3.13's (`iree-compile --help-hidden`). Elementwise ops, softmax and norms
-# stay f32. On a CPU with AVX512-BF16 the data-tiled kernels then use its bf16 dot products
-# (vdpbf16ps); elsewhere the bf16 inputs are widened again, so the mode only pays there: the
-# reduced-precision mode OpenVINO's CPU plugin takes by default on such a CPU.
-COMPUTE_FLAGS: dict[str, tuple[str, ...]] = {
-    "f32": (),
-    "bf16": (
-        "--iree-global-opt-demote-contraction-inputs-type=bf16",
-        "--iree-global-opt-demote-contraction-inputs-operations=all",
-    ),
-}
 
 
 # vulkan-spirv without arch: IREE's baseline target (SPIR-V 1.3, no subgroups, 32-bit storage,
@@ -119,12 +104,6 @@ def _device_flags(device: TargetDevice) -> list[str]:
                 flags.append(f"--iree-llvmcpu-target-cpu-features={device.cpu_features}")
             if device.data_tiling:
                 flags += DATA_TILING_FLAGS
-            if device.compute not in COMPUTE_FLAGS:
-                raise CompileError(
-                    f"device '{device.name}': unknown compute {device.compute!r}; "
-                    f"accepted: {', '.join(COMPUTE_FLAGS)}"
-                )
-            flags += COMPUTE_FLAGS[device.compute]
     elif device.target == "cuda":
         arch = device.arch or DEFAULT_CUDA_ARCH
         if arch in UNSUPPORTED_CUDA_ARCHS:
