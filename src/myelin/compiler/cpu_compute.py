@@ -1,5 +1,5 @@
-"""llvm-cpu `compute = "bf16"`: every contraction (matmul, batch matmul, convolution) takes its
-inputs rounded to bf16 and accumulates in f32; elementwise ops, softmax and norms stay f32.
+"""llvm-cpu `compute = "bf16"`: every matmul (batch matmuls included) takes its inputs rounded
+to bf16 and accumulates in f32; convolutions, elementwise ops, softmax and norms stay f32.
 
 On a CPU with AVX512-BF16 the data-tiled kernels then run bf16 dot products (two products per
 f32 lane) on weights packed at half the bytes: the reduced-precision mode OpenVINO's CPU plugin
@@ -12,6 +12,11 @@ command-line options, not session options: a compile session refuses them ("opti
 found"), and setting them on the process would demote every later f32 compile of that process
 too. The pass itself is public, so PLeX runs it on the module at the input phase, after its own
 rewrites (attention as matmuls, 1-D convolutions as im2col), whose matmuls it then covers.
+
+Convolutions are left out (`operation=matmul`): IREE 3.13's demotion of a 2-D convolution
+builds an invalid body (`arith.addf` of a bf16 product and the f32 accumulator: "'arith.addf'
+op requires the same type for all operands and results"), so a model with a Conv2d would not
+compile.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from myelin.errors import CompileError
 # compute -> the pass pipeline that gives it (none: the model's own precision)
 PIPELINES: dict[str, str | None] = {
     "f32": None,
-    "bf16": "builtin.module(iree-global-opt-demote-contraction-inputs{operation=all type=bf16})",
+    "bf16": "builtin.module(iree-global-opt-demote-contraction-inputs{operation=matmul type=bf16})",
 }
 
 
