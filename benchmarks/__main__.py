@@ -44,6 +44,8 @@ def run_model_suite(args: argparse.Namespace) -> dict:
     settings = {"threads": threads, "quick": args.quick}
     if config != "default":
         settings["config"] = config
+        if args.case:  # a part of the configuration: a table of its own, beside the whole's
+            settings["cases"] = list(args.case)
     run = results.new_run(args.suite, settings, gpu=args.suite == "gpu")
     if args.suite == "gpu":
         if not args.prebuilt:

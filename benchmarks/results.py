@@ -197,5 +197,7 @@ def latest_per_machine(runs: list[dict]) -> dict[tuple[str, str], dict]:
         settings = run.get("settings", {})
         if settings.get("config"):
             name += f" {settings['config']}, threads {settings.get('threads', 0)}"
+            if settings.get("cases"):
+                name += f", cases {' '.join(settings['cases'])}"
         latest[(run["suite"], name)] = run
     return latest

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import anchors, zoo
+from benchmarks import anchors, zoo, zoo_full
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "benchmarks" / "cases"
@@ -106,6 +106,12 @@ def build():
 """
 
 
+# A source of benchmarks/zoo_full.py: its digest covers both files, and the graph imports it
+GRAPH_PY_FULL = GRAPH_PY.replace("zoo.py digest", "zoo.py + zoo_full.py digest").replace(
+    "from benchmarks import zoo\n", "from benchmarks import zoo, zoo_full  # noqa: F401\n"
+)
+
+
 def _device_section(case: Case) -> str:
     options = dict(case.build)
     lines = ["[devices.main]"]
@@ -127,9 +133,12 @@ def write_app(case: Case, folder: Path) -> Path:
     """The package (a graph.py calling the zoo) and the app.toml of `case` in `folder`."""
     package = folder / "package"
     package.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256((REPO / "benchmarks" / "zoo.py").read_bytes()).hexdigest()[:16]
+    files = ["zoo.py", "zoo_full.py"] if case.model in zoo_full.SOURCES else ["zoo.py"]
+    text = b"".join((REPO / "benchmarks" / name).read_bytes() for name in files)
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    template = GRAPH_PY_FULL if case.model in zoo_full.SOURCES else GRAPH_PY
     (package / "graph.py").write_text(
-        GRAPH_PY.format(
+        template.format(
             case_id=case.id,
             digest=digest,
             repo=str(REPO),
