@@ -13,13 +13,25 @@ import numpy as np
 from benchmarks import zoo
 
 
+class _WithMask(zoo.torch.nn.Module):
+    """A causal LM called with its ids and attention mask by keyword (its second positional
+    argument is the KV cache), returning its logits."""
+
+    def __init__(self, model: zoo.torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: zoo.torch.Tensor, mask: zoo.torch.Tensor) -> zoo.torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask, return_dict=False)[0]
+
+
 def gpt2_small_masked(batch: int, seq: int):
     """GPT-2 small (12 layers), logits of a `seq`-token prefill, with an attention mask of ones
     as a second input, as a tokenizer gives it. Without a mask, transformers 5 looks for packed
     sequences with `torch.diff`, which torch.onnx's opset 17 cannot export, so ONNX Runtime and
     OpenVINO could not take the model."""
     module, (ids,) = zoo.gpt2(batch, seq, layers=12)
-    return module, (ids, np.ones_like(ids))
+    return _WithMask(module.model), (ids, np.ones_like(ids))
 
 
 def whisper_tiny_encoder_sdpa(batch: int, seq: int):
