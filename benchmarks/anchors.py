@@ -7,7 +7,9 @@ the table shows the row as skipped."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +52,6 @@ def torch_compile(
     module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
 ) -> Runner:
     """torch.compile (inductor, default mode); compiled by the first call, which warm-up takes."""
-    import shutil
 
     if device == "cpu" and shutil.which("g++") is None and shutil.which("c++") is None:
         raise AnchorUnavailable("torch.compile on the CPU needs a C++ compiler (none on PATH)")
@@ -63,6 +64,8 @@ def _onnx_file(module: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> tuple
     key = (id(module), tuple(np.shape(a) for a in inputs))
     if key not in _EXPORTS:
         folder = Path(tempfile.mkdtemp(prefix="plex-bench-onnx-"))
+        # a 12-layer model's export is ~400 MB: gone with the process, not left in /tmp
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         path = folder / "model.onnx"
         names = [f"input_{i}" for i in range(len(inputs))]
         torch.onnx.export(
