@@ -74,7 +74,10 @@ def run_model_suite(args: argparse.Namespace) -> dict:
                 except Exception as e:  # the f32 rows still run; the bf16 row says why not
                     mln_bf16 = e
             print(f"== {case.id}: checking and timing", file=sys.stderr, flush=True)
-            run["cases"].append(runner.run_case(case, mln, threads, mln_bf16))
+            try:
+                run["cases"].append(runner.run_case(case, mln, threads, mln_bf16))
+            except Exception as e:  # the reference itself failed: recorded, the suite goes on
+                run["cases"].append(runner.failed_case(case, e))
     return run
 
 
