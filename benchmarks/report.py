@@ -101,6 +101,8 @@ def run_heading(run: dict) -> str:
     mode = " (quick configuration)" if settings.get("quick") else ""
     if settings.get("config"):
         mode += f" ({settings['config']} configuration)"
+    if settings.get("label"):
+        mode += f", {settings['label']}"
     if "threads" in settings:
         load += f", threads: {settings['threads'] or 'each runtime its default'}"
     lines = [
