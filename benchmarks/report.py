@@ -100,7 +100,8 @@ def run_heading(run: dict) -> str:
     settings = run.get("settings", {})
     mode = " (quick configuration)" if settings.get("quick") else ""
     if settings.get("config"):
-        mode += f" ({settings['config']} configuration)"
+        cases = f", cases {' '.join(settings['cases'])}" if settings.get("cases") else ""
+        mode += f" ({settings['config']} configuration, threads {settings.get('threads')}{cases})"
     if settings.get("label"):
         mode += f", {settings['label']}"
     if "threads" in settings:
