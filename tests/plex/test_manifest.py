@@ -390,7 +390,9 @@ def test_target_options_must_fit_the_target(tmp_path):
     app_toml = make_app(tmp_path, APP_TOML + '\n[devices.cpu]\narch = "sm_80"\n')
     message = error_of(load_app, app_toml)
     assert f":{line_of(app_toml, 'arch')}: [devices.cpu] arch: does not apply to target" in message
-    assert "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute)" in message
+    assert (
+        "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute)" in message
+    )
 
     app_toml.write_text(APP_TOML + '\n[devices.amd]\ntarget = "rocm"\n')
     assert "[devices.amd]: target 'rocm' needs 'arch'" in error_of(load_app, app_toml)
