@@ -41,7 +41,7 @@ CUDA_SM_COUNT: dict[str, int] = {"sm_90a": 132}
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # data_tiling "host": the build chooses for the CPU it targets (compiler.targets)
-    # compute: "f32" (the model's own precision) or "bf16" (compiler.targets.COMPUTE_FLAGS)
+    # compute: "f32" (the model's own precision) or "bf16" (compiler.cpu_compute)
     "llvm-cpu": {
         "cpu": "host",
         "cpu_features": "",
@@ -59,7 +59,7 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     "metal-spirv": {},
 }
 assert set(TARGET_OPTIONS) == set(TARGETS)
-# llvm-cpu `compute`: the precision of matmul and convolution inputs (docs/manifest.md)
+# llvm-cpu `compute`: the precision of matmul inputs (docs/manifest.md)
 CPU_COMPUTE: tuple[str, ...] = ("f32", "bf16")
 
 

@@ -28,12 +28,14 @@ from iree.compiler.passmanager import PassManager
 
 from myelin.compiler.targets import TargetDevice
 from myelin.errors import CompileError
+from myelin.platforms import CPU_COMPUTE
 
 # compute -> the pass pipeline that gives it (none: the model's own precision)
 PIPELINES: dict[str, str | None] = {
     "f32": None,
     "bf16": "builtin.module(iree-global-opt-demote-contraction-inputs{operation=matmul type=bf16})",
 }
+assert set(PIPELINES) == set(CPU_COMPUTE)  # the manifest accepts what is compiled here
 
 
 def compute_of(devices: Sequence[TargetDevice]) -> str:

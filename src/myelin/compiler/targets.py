@@ -37,7 +37,7 @@ class TargetDevice:
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.storage_twins)
     result_storage: bool = False
     # llvm-cpu: "f32" computes as the model is written; "bf16" rounds the inputs of every
-    # contraction to bf16 (myelin.compiler.cpu_compute), an explicit choice of the app
+    # matmul to bf16 (myelin.compiler.cpu_compute), an explicit choice of the app
     compute: str = "f32"
 
 
