@@ -1,6 +1,7 @@
 """python -m benchmarks: one runner for PLeX's benchmark suites (docs/benchmarks.md).
 
 python -m benchmarks cpu|build|runtime [--quick] [--case ID ...] [--no-write]
+python -m benchmarks cpu --config full --threads 1   (the long table: whole models, 2 batches)
 python -m benchmarks prepare gpu [--small] [--device cpu]   (here: builds what the GPU runs)
 python -m benchmarks gpu --prebuilt DIR [--deadline S]       (there: runs it, writes the JSON)
 python -m benchmarks report [--write docs/benchmarks.md]
@@ -33,12 +34,18 @@ def run_model_suite(args: argparse.Namespace) -> dict:
     from benchmarks import gpu_suite, runner
 
     suite = runner.load_suite(args.suite)
-    cases = [c for c in suite.cases if c.id in _selected([c.id for c in suite.cases], args.case)]
+    config = getattr(args, "config", "default")
+    in_config = [c for c in suite.cases if c.config == config]
+    cases = [c for c in in_config if c.id in _selected([c.id for c in in_config], args.case)]
     if args.quick:
         cases = [runner.quick(c) for c in cases]
     threads = args.threads if args.threads is not None else suite.threads
     runner.set_threads(threads)
     settings = {"threads": threads, "quick": args.quick}
+    if config != "default":
+        settings["config"] = config
+        if args.case:  # a part of the configuration: a table of its own, beside the whole's
+            settings["cases"] = list(args.case)
     run = results.new_run(args.suite, settings, gpu=args.suite == "gpu")
     if args.suite == "gpu":
         if not args.prebuilt:
@@ -68,8 +75,18 @@ def run_model_suite(args: argparse.Namespace) -> dict:
             except Exception as e:  # recorded, and the suite goes on
                 run["cases"].append(runner.failed_case(case, e))
                 continue
+            mln_bf16: Path | Exception | None = None
+            if case.bf16:
+                bf16 = runner.bf16_case(case)
+                try:
+                    mln_bf16 = runner.build_case(bf16, Path(tmp) / bf16.id)
+                except Exception as e:  # the f32 rows still run; the bf16 row says why not
+                    mln_bf16 = e
             print(f"== {case.id}: checking and timing", file=sys.stderr, flush=True)
-            run["cases"].append(runner.run_case(case, mln, threads))
+            try:
+                run["cases"].append(runner.run_case(case, mln, threads, mln_bf16))
+            except Exception as e:  # the reference itself failed: recorded, the suite goes on
+                run["cases"].append(runner.failed_case(case, e))
     return run
 
 
@@ -105,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--results", type=Path, default=results.RESULTS, help="results folder")
         if suite in ("cpu", "gpu"):
             p.add_argument("--threads", type=int, help="worker threads (0: each runtime's own)")
+            p.add_argument(
+                "--config",
+                default="default",
+                help="the cases of this configuration (`config` in the case file; default: "
+                "the quick table)",
+            )
         if suite == "gpu":
             p.add_argument("--prebuilt", help="the folder `prepare gpu` wrote")
             p.add_argument("--deadline", type=float, help="start no case after this many seconds")

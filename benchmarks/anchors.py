@@ -8,7 +8,9 @@ the table shows the row as skipped."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -64,35 +66,52 @@ def torch_compile(
     module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
 ) -> Runner:
     """torch.compile (inductor, default mode); compiled by the first call, which warm-up takes."""
-    import shutil
 
     if device == "cpu" and shutil.which("g++") is None and shutil.which("c++") is None:
         raise AnchorUnavailable("torch.compile on the CPU needs a C++ compiler (none on PATH)")
     return torch_eager(torch.compile(module), inputs, device, threads)
 
 
-def onnx_runtime(
-    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+def _onnx_file(module: torch.nn.Module, inputs: tuple[np.ndarray, ...]) -> tuple[Path, list[str]]:
+    """The module exported with torch.onnx (TorchScript exporter, opset 17, shapes as given),
+    once per module and input shapes in a process: every ONNX anchor runs the same file."""
+    key = (id(module), tuple(np.shape(a) for a in inputs))
+    if key not in _EXPORTS:
+        folder = Path(tempfile.mkdtemp(prefix="plex-bench-onnx-"))
+        # a 12-layer model's export is ~400 MB: gone with the process, not left in /tmp
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = folder / "model.onnx"
+        names = [f"input_{i}" for i in range(len(inputs))]
+        torch.onnx.export(
+            module.cpu(),
+            tuple(torch.as_tensor(a).cpu() for a in inputs),
+            str(path),
+            input_names=names,
+            opset_version=17,
+            dynamo=False,
+        )
+        _EXPORTS[key] = (path, names)
+    return _EXPORTS[key]
+
+
+_EXPORTS: dict[tuple, tuple[Path, list[str]]] = {}
+
+
+def _ort_session(
+    module: torch.nn.Module,
+    inputs: tuple[np.ndarray, ...],
+    device: str,
+    threads: int,
+    level: str | None,
 ) -> Runner:
-    """The module exported with torch.onnx (TorchScript exporter, opset 17, shapes as given) and
-    run by ONNX Runtime with all graph optimizations, on the CPU provider (CUDA on a GPU)."""
     if importlib.util.find_spec("onnxruntime") is None:
         raise AnchorUnavailable("onnxruntime is not installed (pip install onnxruntime)")
     import onnxruntime as ort
 
-    folder = Path(tempfile.mkdtemp(prefix="plex-bench-onnx-"))
-    path = folder / "model.onnx"
-    names = [f"input_{i}" for i in range(len(inputs))]
-    torch.onnx.export(
-        module.cpu(),
-        tuple(torch.as_tensor(a).cpu() for a in inputs),
-        str(path),
-        input_names=names,
-        opset_version=17,
-        dynamo=False,
-    )
+    path, names = _onnx_file(module, inputs)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if level is not None:
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -108,26 +127,67 @@ def onnx_runtime(
     return run
 
 
-def openvino(
+def onnx_runtime(
     module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
 ) -> Runner:
-    """OpenVINO's PyTorch conversion (ov.convert_model) compiled for its CPU plugin."""
+    """ONNX Runtime as a user gets it: default session options (only the thread count set), on
+    the CPU provider (CUDA on a GPU). Its default graph optimization level is already
+    ORT_ENABLE_ALL (onnxruntime 1.32), so this and `onnxruntime-all` time the same graph."""
+    return _ort_session(module, inputs, device, threads, None)
+
+
+def onnx_runtime_all(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """ONNX Runtime with every graph optimization asked for explicitly (ORT_ENABLE_ALL)."""
+    return _ort_session(module, inputs, device, threads, "ORT_ENABLE_ALL")
+
+
+def _openvino(
+    module: torch.nn.Module,
+    inputs: tuple[np.ndarray, ...],
+    device: str,
+    threads: int,
+    precision: str | None,
+) -> Runner:
     if device != "cpu":
         raise AnchorUnavailable("the OpenVINO anchor runs on the CPU only")
     if importlib.util.find_spec("openvino") is None:
-        raise AnchorUnavailable("openvino is not installed (pip install openvino)")
+        raise AnchorUnavailable(
+            "openvino is not installed (pip install -e '.[benchmark]': openvino==2026.4.1)"
+        )
     import openvino as ov
 
-    example = tuple(torch.as_tensor(a) for a in inputs)
-    config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
-    converted = ov.convert_model(module, example_input=example)
-    compiled = ov.Core().compile_model(converted, "CPU", config)
+    path, names = _onnx_file(module, inputs)
+    config: dict = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     request = compiled.create_infer_request()
 
     def run(*args: np.ndarray) -> np.ndarray:
-        return np.asarray(request.infer(list(args))[0])
+        return np.asarray(request.infer(dict(zip(names, args, strict=True)))[0])
 
+    # what the plugin chose: the result file records it beside the row
+    run.note = f"inference precision {compiled.get_property('INFERENCE_PRECISION_HINT')}"  # type: ignore[attr-defined]
     return run
+
+
+def openvino(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """OpenVINO's default CPU plugin on the same ONNX file as ONNX Runtime. On a CPU with
+    AVX512-BF16 or AMX its default inference precision is bf16: the reduced-precision anchor."""
+    return _openvino(module, inputs, device, threads, None)
+
+
+def openvino_f32(
+    module: torch.nn.Module, inputs: tuple[np.ndarray, ...], device: str, threads: int
+) -> Runner:
+    """OpenVINO's CPU plugin held to f32 (`INFERENCE_PRECISION_HINT=f32`): the like-for-like
+    anchor of an f32 build."""
+    return _openvino(module, inputs, device, threads, "f32")
 
 
 def llama_cpp(
@@ -158,6 +218,8 @@ ANCHORS: dict[str, tuple[str, Callable[..., Runner], bool]] = {
     "torch": ("torch eager", torch_eager, True),
     "torch.compile": ("torch.compile", torch_compile, True),
     "onnxruntime": ("ONNX Runtime", onnx_runtime, True),
-    "openvino": ("OpenVINO", openvino, True),
+    "onnxruntime-all": ("ONNX Runtime (ORT_ENABLE_ALL)", onnx_runtime_all, True),
+    "openvino": ("OpenVINO default", openvino, True),
+    "openvino-f32": ("OpenVINO f32", openvino_f32, True),
     "llama.cpp": ("llama.cpp", llama_cpp, False),
 }

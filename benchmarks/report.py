@@ -36,7 +36,12 @@ def _check(row: dict) -> str:
     )
     if "cosine" in check["metric"] and isinstance(value, float):
         shown = f"{value:.6f}"
-    return f"{mark} ({check['metric']} {shown})"
+    extra = ""
+    if "max_rel_error" in check:
+        extra = f", max error {check['max_rel_error']:.1e} of the largest output"
+    if row.get("note"):
+        extra += f"; {row['note']}"
+    return f"{mark} ({check['metric']} {shown}{extra})"
 
 
 def case_rows(case: dict) -> list[list[str]]:
@@ -99,6 +104,11 @@ def run_heading(run: dict) -> str:
     versions = ", ".join(f"{k} {val}" for k, val in v.items())
     settings = run.get("settings", {})
     mode = " (quick configuration)" if settings.get("quick") else ""
+    if settings.get("config"):
+        cases = f", cases {' '.join(settings['cases'])}" if settings.get("cases") else ""
+        mode += f" ({settings['config']} configuration, threads {settings.get('threads')}{cases})"
+    if settings.get("label"):
+        mode += f", {settings['label']}"
     if "threads" in settings:
         load += f", threads: {settings['threads'] or 'each runtime its default'}"
     lines = [
@@ -112,8 +122,54 @@ def run_heading(run: dict) -> str:
     return "\n".join(line for line in lines if line is not None)
 
 
+# The full CPU table's goal columns: (heading, the runner measured, the runner it is held to);
+# each cell is the second's time over the first's, round by round (> 1: the first is faster).
+GOALS = (
+    ("PLeX vs torch eager", "PLeX", "torch eager"),
+    ("PLeX vs ONNX Runtime", "PLeX", "ONNX Runtime"),
+    ("PLeX vs OpenVINO f32", "PLeX", "OpenVINO f32"),
+    ("PLeX bf16 vs OpenVINO default", "PLeX bf16", "OpenVINO default"),
+)
+
+
+def _goal_cell(by_runner: dict, mine: str, theirs: str) -> str:
+    a, b = by_runner.get(mine, {}), by_runner.get(theirs, {})
+    if "samples" not in a or "samples" not in b:
+        missing = mine if "samples" not in a else theirs
+        return f"({missing}: {'skipped' if 'skipped' in by_runner.get(missing, {}) else 'n/a'})"
+    r = results.spread(results.ratios(a["samples"], b["samples"]))
+    mark = "" if r.median >= 1.0 else " **below**"
+    return f"{r.median:.2f}x ({r.low:.2f}-{r.high:.2f}){mark}"
+
+
+def _error_cell(by_runner: dict, runner: str) -> str:
+    check = by_runner.get(runner, {}).get("check") or {}
+    error = check.get("max_rel_error")
+    return "" if error is None else f"{error:.1e}"
+
+
+def goals_table(run: dict) -> list[str]:
+    """One line per case: each goal ratio with its min-max over the rounds, and the max error
+    (relative to the largest output) of the bf16 rows against torch eager fp32."""
+    header = [
+        "case",
+        *(g[0] for g in GOALS),
+        "error PLeX bf16",
+        "error OpenVINO default",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for case in run["cases"]:
+        by_runner = {row["runner"]: row for row in case["rows"]}
+        cells = [_goal_cell(by_runner, mine, theirs) for _, mine, theirs in GOALS]
+        errors = [_error_cell(by_runner, r) for r in ("PLeX bf16", "OpenVINO default")]
+        lines.append("| " + " | ".join([case["id"], *cells, *errors]) + " |")
+    return lines
+
+
 def markdown_run(run: dict) -> str:
     out = [run_heading(run), ""]
+    if run.get("settings", {}).get("config") == "full":
+        out += [*goals_table(run), ""]
     for case in run["cases"]:
         out.append(f"**{case['id']}**: {case['title']}")
         out.append("")

@@ -7,6 +7,8 @@ Schema (version 1), documented for readers in docs/benchmarks.md:
                  "load_before": [1.2, 0.9, 0.5], "load_after": [...]},
      "versions": {"plex": "9b5d748", "iree": "3.13.0", "torch": "2.13.0", ...},
      "settings": {"rounds": 7, "calls": 10, "warmup": 3, "threads": 0},
+                 # and where set: "config" (e.g. "full"), "cases" (the --case patterns of a
+                 # partial run), "label" (what sets a kept earlier run apart)
      "source": null,            # or where imported numbers were measured (a doc, a script)
      "cases": [{"id": "minilm-b1", "title": "...", "unit": "ms", "baseline": "PLeX",
                 "options": {...}, "rows": [
@@ -191,8 +193,18 @@ def load_all(folder: Path = RESULTS) -> list[dict]:
 
 
 def latest_per_machine(runs: list[dict]) -> dict[tuple[str, str], dict]:
-    """(suite, machine name) -> its newest run: the table the manual shows."""
+    """(suite, machine name) -> its newest run: the table the manual shows. A run of another
+    configuration (`settings.config`, e.g. the full CPU table, once per thread count) is a
+    table of its own: its machine key carries the configuration and thread count."""
     latest: dict[tuple[str, str], dict] = {}
     for run in sorted(runs, key=lambda r: r["date"]):
-        latest[(run["suite"], run["machine"]["name"])] = run
+        name = run["machine"]["name"]
+        settings = run.get("settings", {})
+        if settings.get("config"):
+            name += f" {settings['config']}, threads {settings.get('threads', 0)}"
+            if settings.get("cases"):
+                name += f", cases {' '.join(settings['cases'])}"
+        if settings.get("label"):  # a run kept beside later ones of the same settings
+            name += f", {settings['label']}"
+        latest[(run["suite"], name)] = run
     return latest

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import anchors, zoo
+from benchmarks import anchors, zoo, zoo_full
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "benchmarks" / "cases"
 PLEX = "PLeX"
+PLEX_BF16 = "PLeX bf16"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class Case:
     # (PLeX: `submit` then `result()`; torch: launches then one synchronize); time per call.
     burst: int = 0
     small: dict = field(default_factory=dict)  # overrides for the CPU check (`--small`)
+    # which configuration of the suite the case belongs to: "default" (`python -m benchmarks
+    # cpu`) or "full" (`--config full`: the long table of whole models at two batch sizes)
+    config: str = "default"
+    # also build the app with `compute = "bf16"` (docs/manifest.md) and time it as one more row
+    bf16: bool = False
 
     def options(self) -> dict:
         """What the result file records of the case besides its rows."""
@@ -113,6 +119,12 @@ def build():
 """
 
 
+# A source of benchmarks/zoo_full.py: its digest covers both files, and the graph imports it
+GRAPH_PY_FULL = GRAPH_PY.replace("zoo.py digest", "zoo.py + zoo_full.py digest").replace(
+    "from benchmarks import zoo\n", "from benchmarks import zoo, zoo_full  # noqa: F401\n"
+)
+
+
 def _device_section(case: Case) -> str:
     options = dict(case.build)
     lines = ["[devices.main]"]
@@ -126,6 +138,8 @@ def _device_section(case: Case) -> str:
         lines.append('cpu = "host"')
         if "data_tiling" in options:
             lines.append(f"data_tiling = {str(options['data_tiling']).lower()}")
+        if "compute" in options:
+            lines.append(f'compute = "{options["compute"]}"')
     return "\n".join(lines) + "\n"
 
 
@@ -133,9 +147,12 @@ def write_app(case: Case, folder: Path) -> Path:
     """The package (a graph.py calling the zoo) and the app.toml of `case` in `folder`."""
     package = folder / "package"
     package.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256((REPO / "benchmarks" / "zoo.py").read_bytes()).hexdigest()[:16]
+    files = ["zoo.py", "zoo_full.py"] if case.model in zoo_full.SOURCES else ["zoo.py"]
+    text = b"".join((REPO / "benchmarks" / name).read_bytes() for name in files)
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    template = GRAPH_PY_FULL if case.model in zoo_full.SOURCES else GRAPH_PY
     (package / "graph.py").write_text(
-        GRAPH_PY.format(
+        template.format(
             case_id=case.id,
             digest=digest,
             repo=str(REPO),
@@ -178,7 +195,17 @@ def build_case(case: Case, folder: Path) -> Path:
     return out
 
 
+def bf16_case(case: Case) -> Case:
+    """The same case built with PLeX's reduced-precision mode (`compute = "bf16"`)."""
+    return replace(case, id=f"{case.id}-bf16", build={**case.build, "compute": "bf16"})
+
+
 # ---- running ---------------------------------------------------------------------------------
+
+# What a reduced-precision runner (PLeX bf16, OpenVINO's default on a bf16 CPU) is held to:
+# bf16 keeps 8 significant bits, so each product carries ~4e-3 relative error, and sums over
+# hundreds of them and a dozen layers add up. The rows report their measured error beside it.
+BF16_TOLERANCE = {"cosine": 0.999}
 
 
 def host(output) -> np.ndarray:
@@ -215,7 +242,9 @@ def plex_runner(mln: Path, keep: list, device: str, burst: int) -> Callable:
 
 
 def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
-    """Does `out` match torch eager's output within the case's tolerance?"""
+    """Does `out` match torch eager's output within the case's tolerance? Every check also
+    records the largest error relative to the largest reference output (`max_rel_error`), the
+    one number that compares runners of different precisions."""
     out = out.astype(np.float64).reshape(out.shape[0], -1)
     ref = reference.astype(np.float64).reshape(reference.shape[0], -1)
     if out.shape != ref.shape:
@@ -225,6 +254,8 @@ def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
             "limit": str(ref.shape),
             "passed": False,
         }
+    error = float(np.abs(out - ref).max())
+    relative = {"max_rel_error": error / max(float(np.abs(ref).max()), 1e-30)}
     if "cosine" in tolerance:
         cos = (out * ref).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1))
         value = float(cos.min())
@@ -233,15 +264,16 @@ def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
             "value": value,
             "limit": tolerance["cosine"],
             "passed": value >= tolerance["cosine"],
+            **relative,
         }
     atol, rtol = tolerance.get("atol", 0.0), tolerance.get("rtol", 0.0)
     excess = np.abs(out - ref) - (atol + rtol * np.abs(ref))
-    value = float(np.abs(out - ref).max())
     return {
         "metric": "max abs error",
-        "value": value,
+        "value": error,
         "limit": f"atol {atol} + rtol {rtol}",
         "passed": bool((excess <= 0).all()),
+        **relative,
     }
 
 
@@ -286,15 +318,19 @@ def _anchor(case: Case, anchor: str, module, inputs: tuple, device: str, threads
     return factory(target, inputs, device, threads)
 
 
-def run_case(case: Case, mln: Path, threads: int) -> dict:
-    """Load the PLeX build and every anchor, check each against torch eager, time them."""
+def run_case(case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | None = None) -> dict:
+    """Load the PLeX build (and its bf16 build, for a model case) and every anchor, check each
+    against torch eager, time them."""
     if case.kind not in RUNS:
         raise ValueError(f"{case.id}: unknown kind {case.kind!r} (known: {', '.join(KINDS)})")
-    return RUNS[case.kind](case, mln, threads)
+    return RUNS[case.kind](case, mln, threads, mln_bf16)
 
 
-def run_model_case(case: Case, mln: Path, threads: int) -> dict:
-    """The `model` kind: PLeX's `forward` beside each anchor on the same inputs."""
+def run_model_case(
+    case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | None = None
+) -> dict:
+    """The `model` kind: PLeX's `forward` (and its bf16 build) beside each anchor on the same
+    inputs."""
     module, inputs = zoo.source(case.model, case.batch, case.seq, case.dtype, case.params)
     device = "cuda" if case.device == "cuda" else "cpu"
     if device == "cuda":
@@ -308,6 +344,15 @@ def run_model_case(case: Case, mln: Path, threads: int) -> dict:
     runners: dict[str, Callable] = {}
     rows: dict[str, dict] = {}
     candidates = [(PLEX, lambda: plex_runner(mln, keep, device, case.burst), True)]
+    if isinstance(mln_bf16, Exception):
+        error = mln_bf16
+
+        def failed_build() -> Callable[..., np.ndarray]:
+            raise RuntimeError(f"build failed: {type(error).__name__}: {error}")
+
+        candidates.append((PLEX_BF16, failed_build, True))
+    elif mln_bf16 is not None:
+        candidates.append((PLEX_BF16, lambda: plex_runner(mln_bf16, keep, device, 0), True))
     for anchor in case.anchors:
         title, _, compared = anchors.ANCHORS[anchor]
         candidates.append(
@@ -318,11 +363,14 @@ def run_model_case(case: Case, mln: Path, threads: int) -> dict:
         rows[title] = row
         try:
             fn = make()
+            tolerance = case.tolerance
+            if title == PLEX_BF16 or title == anchors.ANCHORS["openvino"][0]:
+                tolerance = BF16_TOLERANCE  # bf16 products: ~3 significant digits
             row["check"] = (
-                check(host(fn(*inputs)), reference, case.tolerance)
-                if compared
-                else {"passed": None}
+                check(host(fn(*inputs)), reference, tolerance) if compared else {"passed": None}
             )
+            if getattr(fn, "note", None):
+                row["note"] = fn.note
             runners[title] = fn
         except anchors.AnchorUnavailable as e:
             row["skipped"] = str(e)
@@ -347,7 +395,7 @@ def run_model_case(case: Case, mln: Path, threads: int) -> dict:
     }
 
 
-def run_causal_lm_case(case: Case, mln: Path, threads: int) -> dict:
+def run_causal_lm_case(case: Case, mln: Path, threads: int, mln_bf16: object = None) -> dict:
     raise NotImplementedError(
         f"{case.id}: the causal-lm kind (generation against transformers' generate) has no "
         "runner yet; add it as runner.RUNS['causal-lm']"
@@ -355,7 +403,7 @@ def run_causal_lm_case(case: Case, mln: Path, threads: int) -> dict:
 
 
 # A case's `kind` -> how it runs. Every kind writes the same result rows (one per runner).
-RUNS: dict[str, Callable[[Case, Path, int], dict]] = {
+RUNS: dict[str, Callable[..., dict]] = {
     "model": run_model_case,
     "causal-lm": run_causal_lm_case,
 }

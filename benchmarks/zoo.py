@@ -65,37 +65,105 @@ def _ids(batch: int, seq: int, vocab: int) -> np.ndarray:
     return np.random.default_rng(SEED).integers(0, vocab, (batch, seq), dtype=np.int64)
 
 
-def bert(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
-    """BERT-base's architecture at 4 layers (hidden 768, 12 heads), seeded weights."""
+def bert(batch: int, seq: int, layers: int = 4) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """BERT-base's architecture at `layers` layers (hidden 768, 12 heads), seeded weights."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(SEED)
-    config = BertConfig(num_hidden_layers=4, attn_implementation="eager")
+    config = BertConfig(num_hidden_layers=layers, attn_implementation="eager")
     model = BertModel(config, add_pooling_layer=False).eval()
     ids = _ids(batch, seq, config.vocab_size)
     return _LastHidden(model), (ids, np.ones_like(ids))
 
 
-def gpt2(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
-    """GPT-2 small's architecture at 4 layers, a prefill of `seq` tokens (logits), seeded
-    weights, no KV cache."""
+def gpt2(batch: int, seq: int, layers: int = 4) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """GPT-2 small's architecture at `layers` layers, a prefill of `seq` tokens (logits),
+    seeded weights, no KV cache."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(SEED)
-    config = GPT2Config(n_layer=4, use_cache=False, attn_implementation="eager")
+    config = GPT2Config(n_layer=layers, use_cache=False, attn_implementation="eager")
     model = GPT2LMHeadModel(config).eval()
     return _LastHidden(model), (_ids(batch, seq, config.vocab_size),)
 
 
-def vit(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
-    """ViT-base/16's architecture at 4 layers on 224x224 images (`seq` unused), seeded."""
+def vit(batch: int, seq: int, layers: int = 4) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """ViT-base/16's architecture at `layers` layers on 224x224 images (`seq` unused), seeded."""
     from transformers import ViTConfig, ViTModel
 
     torch.manual_seed(SEED)
-    config = ViTConfig(num_hidden_layers=4, attn_implementation="eager")
+    config = ViTConfig(num_hidden_layers=layers, attn_implementation="eager")
     model = ViTModel(config, add_pooling_layer=False).eval()
     pixels = np.random.default_rng(SEED).standard_normal((batch, 3, 224, 224), dtype=np.float32)
     return _LastHidden(model), (pixels,)
+
+
+def _images(batch: int, size: int) -> np.ndarray:
+    return np.random.default_rng(SEED).standard_normal((batch, 3, size, size), dtype=np.float32)
+
+
+def bert_base(batch: int, seq: int):
+    """BERT-base whole: 12 layers."""
+    return bert(batch, seq, layers=12)
+
+
+def gpt2_small(batch: int, seq: int):
+    """GPT-2 small whole: 12 layers, logits of a `seq`-token prefill."""
+    return gpt2(batch, seq, layers=12)
+
+
+def vit_b16(batch: int, seq: int):
+    """ViT-B/16 whole: 12 layers, 224x224 (197 tokens)."""
+    return vit(batch, seq, layers=12)
+
+
+def resnet50(batch: int, seq: int) -> tuple[torch.nn.Module, tuple[np.ndarray, ...]]:
+    """timm's ResNet-50 (`seq` unused), 224x224, seeded, logits. timm imports torchvision for
+    one class; where none loads, the repository's placeholder of it is put on sys.path."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+        shim = str(REPO / "tests" / "frontends" / "_torchvision_shim")
+        if shim not in sys.path:
+            sys.path.insert(0, shim)
+    import timm
+
+    torch.manual_seed(SEED)
+    return timm.create_model("resnet50", pretrained=False).eval(), (_images(batch, 224),)
+
+
+def whisper_tiny_encoder(batch: int, seq: int):
+    """Whisper-tiny's encoder (4 layers, 384 wide, 6 heads) on 80 x 3000 mel frames (1500
+    tokens; `seq` unused), seeded."""
+    from transformers import WhisperConfig, WhisperModel
+
+    torch.manual_seed(SEED)
+    config = WhisperConfig(
+        d_model=384,
+        encoder_layers=4,
+        encoder_attention_heads=6,
+        encoder_ffn_dim=1536,
+        num_mel_bins=80,
+        attn_implementation="eager",
+    )
+    model = WhisperModel(config).get_encoder().eval()
+    frames = np.random.default_rng(SEED).standard_normal((batch, 80, 3000), dtype=np.float32)
+    return _LastHidden(model), (frames,)
+
+
+def segformer_b0(batch: int, seq: int):
+    """Segformer-b0 (transformers' default SegformerConfig: the MiT-b0 encoder) with ADE20K's
+    150 classes on 512x512 images (`seq` unused), seeded; logits at a quarter of the
+    resolution."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    torch.manual_seed(SEED)
+    model = SegformerForSemanticSegmentation(
+        SegformerConfig(num_labels=150, attn_implementation="eager")
+    ).eval()
+    return _LastHidden(model), (_images(batch, 512),)
 
 
 class _Method(torch.nn.Module):
@@ -157,6 +225,12 @@ SOURCES: dict[str, Source] = {
     "bert": bert,
     "gpt2": gpt2,
     "vit": vit,
+    "bert-base": bert_base,
+    "gpt2-small": gpt2_small,
+    "vit-b16": vit_b16,
+    "resnet50": resnet50,
+    "whisper-tiny-encoder": whisper_tiny_encoder,
+    "segformer-b0": segformer_b0,
     "decoder-prefill": decoder_prefill,
     "decoder-decode": decoder_decode,
 }

@@ -41,7 +41,14 @@ CUDA_SM_COUNT: dict[str, int] = {"sm_90a": 132}
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # data_tiling "host": the build chooses for the CPU it targets (compiler.targets)
-    "llvm-cpu": {"cpu": "host", "cpu_features": "", "data_tiling": "host", "result_storage": False},
+    # compute: "f32" (the model's own precision) or "bf16" (compiler.cpu_compute)
+    "llvm-cpu": {
+        "cpu": "host",
+        "cpu_features": "",
+        "data_tiling": "host",
+        "result_storage": False,
+        "compute": "f32",
+    },
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
     # arch: IREE's --iree-vulkan-target ("ampere", "rdna3", "valhall4"...); "" is IREE's
@@ -52,6 +59,8 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     "metal-spirv": {},
 }
 assert set(TARGET_OPTIONS) == set(TARGETS)
+# llvm-cpu `compute`: the precision of matmul inputs (docs/manifest.md)
+CPU_COMPUTE: tuple[str, ...] = ("f32", "bf16")
 
 
 def default_driver(target: str) -> str:

@@ -193,6 +193,24 @@ def build():
 """
 
 
+# attention written out, as transformers' attn_implementation="eager" does
+EAGER_ATTENTION_MODEL = """
+import torch
+
+
+class Eager(torch.nn.Module):
+    def forward(self, q, k):
+        scores = torch.matmul(q, k.transpose(2, 3)) * 0.25
+        return torch.matmul(torch.softmax(scores, dim=-1), k)
+
+
+def build():
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 40, 16)
+    return Eager().eval(), (q, torch.randn(1, 2, 40, 16))
+"""
+
+
 @pytest.mark.parametrize(
     ("source", "gone", "phase", "pinned"),
     [
@@ -201,10 +219,13 @@ def build():
         (CONV_MODEL, "linalg.conv_1d", "abi", ""),
         # ResNet's: IREE's im2col, which data tiling brings along (pinned: any host)
         (CONV2D_MODEL, "linalg.conv_2d", "global-optimization", "data_tiling = true\n"),
+        # a written-out softmax stays reductions, not raised to IREE's softmax op
+        # (myelin.compiler.cpu_max_reduction)
+        (EAGER_ATTENTION_MODEL, "linalg.softmax", "global-optimization", ""),
     ],
-    ids=["conv1d", "conv2d"],
+    ids=["conv1d", "conv2d", "eager-softmax"],
 )
-def test_a_convolution_on_llvm_cpu_is_a_matmul_and_computes_like_torch(
+def test_cpu_rewrites_leave_their_op_behind_and_compute_like_torch(
     tmp_path, source, gone, phase, pinned
 ):
     package = tmp_path / "conv"
@@ -221,11 +242,11 @@ def test_a_convolution_on_llvm_cpu_is_a_matmul_and_computes_like_torch(
 
     namespace: dict = {}
     exec(source, namespace)
-    convs, (x,) = namespace["build"]()
+    convs, xs = namespace["build"]()
     model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
     with model.session() as session:
-        got = np.asarray(session.call("forward", x.numpy()))
+        got = np.asarray(session.call("forward", *(x.numpy() for x in xs)))
     model.close()
     with torch.inference_mode():
-        want = convs(x).numpy()
+        want = convs(*xs).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

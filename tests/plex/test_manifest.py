@@ -252,7 +252,7 @@ def test_unknown_key_names_file_line_key_and_a_close_match(tmp_path):
     assert message.startswith(f"{app_toml}:{line_of(app_toml, 'targt')}: [devices.cpu] targt: ")
     assert "unknown key; did you mean 'target'?" in message
     assert (
-        "(accepted: arch, backend, cpu, cpu_features, data_tiling, driver, kernels, result_storage, target)"
+        "(accepted: arch, backend, compute, cpu, cpu_features, data_tiling, driver, kernels, result_storage, target)"
         in message
     )
 
@@ -390,7 +390,9 @@ def test_target_options_must_fit_the_target(tmp_path):
     app_toml = make_app(tmp_path, APP_TOML + '\n[devices.cpu]\narch = "sm_80"\n')
     message = error_of(load_app, app_toml)
     assert f":{line_of(app_toml, 'arch')}: [devices.cpu] arch: does not apply to target" in message
-    assert "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage)" in message
+    assert (
+        "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute)" in message
+    )
 
     app_toml.write_text(APP_TOML + '\n[devices.amd]\ntarget = "rocm"\n')
     assert "[devices.amd]: target 'rocm' needs 'arch'" in error_of(load_app, app_toml)

@@ -38,7 +38,12 @@ def forward(path):
 def test_bounded_tune_writes_a_package_that_builds_the_same_outputs_and_is_reused(tmp_path):
     app = untiled_mlp(tmp_path / "mlp")
     out, cache = tmp_path / "tuned", tmp_path / "cache"
-    kwargs = dict(trials=2, batch=2, max_dispatches=1, rounds=2, dims=["*=32"], cache_dir=cache)
+    # required_gain -1: any tuned build applies (this test is about what an applied package
+    # does; the decision itself is test_no_headroom_applies_nothing_and_says_why)
+    kwargs = dict(
+        trials=2, batch=2, max_dispatches=1, rounds=2, dims=["*=32"], cache_dir=cache,
+        required_gain=-1.0,
+    )  # fmt: skip
     result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
 
     package = tomllib.loads((out / "plex.toml").read_text())
@@ -80,7 +85,10 @@ def test_at_batch_one_the_weight_layout_is_searched_and_the_package_builds_the_s
     candidate each, timed against the default; a kept layout goes into the package."""
     app = untiled_mlp(tmp_path / "mlp")
     out, cache = tmp_path / "tuned", tmp_path / "cache"
-    kwargs = dict(trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache)
+    kwargs = dict(
+        trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache,
+        required_gain=-1.0,  # applied whatever it measures: the package's contents are tested
+    )  # fmt: skip
     result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
 
     tried = {(t.keys, t.layout) for t in result.layouts}
@@ -117,7 +125,10 @@ def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, m
     monkeypatch.setattr(_layouts, "KEEP_BELOW", 1e9)
     app = untiled_mlp(tmp_path / "mlp")
     out, cache = tmp_path / "tuned", tmp_path / "cache"
-    kwargs = dict(trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache)
+    kwargs = dict(
+        trials=1, batch=1, max_dispatches=2, rounds=2, dims=["*=1"], cache_dir=cache,
+        required_gain=-1.0,  # applied whatever it measures: the package's contents are tested
+    )  # fmt: skip
     result = tune(app, "cpu", out, log=lambda line: None, **kwargs)
     assert {k for t in result.layouts if t.kept for k in t.keys} == {"mlp::w1", "mlp::w2"}
     package = tomllib.loads((out / "plex.toml").read_text())
@@ -136,6 +147,51 @@ def test_a_kept_layout_is_built_into_the_tile_search_and_the_package(tmp_path, m
         np.testing.assert_allclose(
             tuned, np.asarray(s.call("forward", X[:1])), rtol=1e-5, atol=1e-6
         )
+
+
+def test_no_headroom_applies_nothing_and_says_why(tmp_path):
+    """The decision on real measurements: the untuned build is timed on both sides of the tuned
+    one; with a gain no build can show (10x), the package applies nothing (no [tuning] table,
+    no spec) and the summary says why; with the measured noise as the bar, the decision is the
+    one the measured numbers give."""
+    from plex.tune._headroom import Headroom
+
+    app = untiled_mlp(tmp_path / "mlp")
+    out, cache = tmp_path / "tuned", tmp_path / "cache"
+    kwargs = dict(trials=1, batch=1, max_dispatches=1, rounds=3, dims=["*=32"], cache_dir=cache)
+    lines: list[str] = []
+    result = tune(app, "cpu", out, log=lines.append, required_gain=9.0, **kwargs)
+
+    h = result.headroom
+    before, after = h.untuned
+    assert before.median_s > 0 and after.median_s > 0 and h.tuned.median_s > 0
+    assert h.noise == pytest.approx(abs(before.median_s - after.median_s) / h.untuned_s)
+    assert not result.applied and h.threshold == 9.0
+    package = tomllib.loads((out / "plex.toml").read_text())
+    assert "tuning" not in package and not (out / "cpu.mlir").exists()
+    summary = (out / "summary.md").read_text()
+    assert "applies nothing: no headroom" in summary and "nothing to select" in summary
+    assert any("applies nothing: no headroom" in line for line in lines)
+    # an app selecting it is told there is no such table
+    name = package["package"]["name"]
+    text = app.read_text().replace('packages = ["."]', f'packages = [".", "{out}"]')
+    app.write_text(text + f'\n[myelin]\ntuning = "{name}:cpu"\n')
+    with pytest.raises(Exception, match="cpu"):
+        load_app(app)
+
+    # the default bar is the measured noise: the same rule, on the same kind of numbers
+    again = tune(untiled_mlp(tmp_path / "mlp2"), "cpu", tmp_path / "t2", log=lines.append, **kwargs)
+    g = again.headroom
+    assert g.required is None and g.threshold == g.noise
+    assert again.applied == (g.outputs_equal and g.speedup - 1 > g.noise)
+    assert ("tuning" in tomllib.loads((tmp_path / "t2" / "plex.toml").read_text())) == again.applied
+    # and the rule itself, on numbers this machine measured: a tuned time just beyond the noise
+    # applies, one within it does not
+    faster = type(h.tuned)(g.untuned_s / (1 + g.noise) * 0.99, 0.0, 1)
+    slower = type(h.tuned)(g.untuned_s / (1 + g.noise) * 1.01, 0.0, 1)
+    assert Headroom(g.untuned, faster, True).applies
+    assert not Headroom(g.untuned, slower, True).applies
+    assert not Headroom(g.untuned, faster, False).applies  # other outputs: never
 
 
 def test_the_blas_backend_is_one_more_candidate(tmp_path):

@@ -18,7 +18,9 @@ from myelin.codecs import finalize
 from myelin.compiler.backend_ops import BackendCall, BackendOpRule, place_backend_ops
 from myelin.compiler.cpu_attention import applies as cpu_attention_applies
 from myelin.compiler.cpu_attention import decompose_cpu_attentions
+from myelin.compiler.cpu_compute import demote_contractions
 from myelin.compiler.cpu_convolution import rewrite_cpu_convolutions
+from myelin.compiler.cpu_max_reduction import rewrite_cpu_max_reductions
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
     ParameterRef,
@@ -378,6 +380,10 @@ def compile_module(
                     decompose_cpu_attentions(module, devices)
                 if devices and all(d.target == "llvm-cpu" for d in devices):
                     rewrite_cpu_convolutions(module)
+                    rewrite_cpu_max_reductions(module)  # a written-out softmax's row maxima
+                # llvm-cpu `compute = "bf16"`: contraction inputs rounded to bf16, last, so
+                # that the matmuls of the rewrites above are covered too
+                demote_contractions(module, devices)
             elif module_name is not None or export_only is not None:
                 raise CompileError(
                     f"{what}: renaming and export lists apply only to IR at phase '{IMPORT_PHASE}'"

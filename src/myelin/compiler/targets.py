@@ -36,6 +36,9 @@ class TargetDevice:
     data_tiling: bool = False
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.storage_twins)
     result_storage: bool = False
+    # llvm-cpu: "f32" computes as the model is written; "bf16" rounds the inputs of every
+    # matmul to bf16 (myelin.compiler.cpu_compute), an explicit choice of the app
+    compute: str = "f32"
 
 
 # llvm-cpu data tiling. The hoisting limit is raised so that an encoded weight's decode (4x

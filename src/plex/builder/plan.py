@@ -110,6 +110,7 @@ def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
         arch=device.arch,
         data_tiling=data_tiling_of(app, device)[0],
         result_storage=device.result_storage,
+        compute=device.compute,
     )
 
 
@@ -643,6 +644,8 @@ def _link_job(app: AppSpec) -> LinkJob:
                             ("cpu", d.cpu),
                             ("cpu_features", d.cpu_features),
                             ("data_tiling", data_tiling_of(app, d)[0]),
+                            # recorded only when it is not the model's own precision
+                            ("compute", d.compute if d.compute != "f32" else None),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )

@@ -48,6 +48,13 @@ def tune(
         "implements (matmul, attention, gelu) on it, as one candidate (docs/tuning.md).",
         metavar="DIR",
     ),
+    required_gain: float = typer.Option(
+        None,
+        "--required-gain",
+        help="The gain the tuned build must show to be applied, as a fraction (0.1: 10%% "
+        "faster); default: the untuned build's measured noise (docs/tuning.md).",
+        metavar="F",
+    ),
     bundle: Path = typer.Option(
         None,
         "--bundle",
@@ -105,6 +112,7 @@ def tune(
         log=lambda line: typer.echo(line, err=False),
         executor=executor,
         backend=backend,
+        required_gain=required_gain,
     )
 
 

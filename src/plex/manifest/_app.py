@@ -347,6 +347,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "cpu_features": d.cpu_features,
             "data_tiling": d.data_tiling,
             "result_storage": d.result_storage,
+            "compute": d.compute,
             "arch": d.arch,
             "kernels": d.kernels,
         }
@@ -380,6 +381,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             cpu_features=value["cpu_features"],
             data_tiling=d.data_tiling,  # unset: chosen for the CPU at plan time
             result_storage=bool(value["result_storage"]),
+            compute=value["compute"] or "f32",
             arch=value["arch"],
             kernels=value["kernels"] or None,
         )

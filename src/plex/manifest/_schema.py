@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from myelin.codecs import check_codec_name
 from myelin.compiler.scheduling import FAVORS
-from myelin.platforms import DRIVERS, KERNEL_LIBRARIES, TARGETS
+from myelin.platforms import CPU_COMPUTE, DRIVERS, KERNEL_LIBRARIES, TARGETS
 from myelin.sizes import parse_size
 from myelin.tuning.layout import check_layout
 from myelin.untrusted import relative_path_problem
@@ -162,6 +162,7 @@ class DeviceTable(_Table):
     cpu_features: str | None = None
     data_tiling: bool | None = None
     result_storage: bool | None = None
+    compute: Literal[CPU_COMPUTE] | None = None  # type: ignore[valid-type]
     arch: str | None = None
     backend: str | None = None  # "package:name" or "name" of an external backend: its device
     # a library, or "none" (IREE's codegen only: what a Hopper device, arch = "sm_90a", needs

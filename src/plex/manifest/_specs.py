@@ -48,6 +48,8 @@ class DeviceSpec:
     kernels: str | None = None  # cuda only: a kernel library (myelin.kernels), e.g. "triton"
     # cuda, llvm-cpu: storage twins: device results export DLPack (myelin.compiler.storage_twins)
     result_storage: bool = False
+    # llvm-cpu only: "f32", or "bf16": contraction inputs rounded to bf16 (myelin.compiler.targets)
+    compute: str = "f32"
 
 
 @dataclass(frozen=True)

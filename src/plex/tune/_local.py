@@ -34,6 +34,7 @@ from plex.tune._search import (
 if TYPE_CHECKING:
     from myelin.tuning.cpu import ConfiguredContraction, CpuTarget
     from plex.tune._database import Database
+    from plex.tune._headroom import Headroom
 
 
 @dataclass
@@ -49,10 +50,17 @@ class TuneResult:
     layouts: list = field(default_factory=list)  # plex.tune._layouts.LayoutTrial, in order
     backend: object | None = None  # plex.tune._backend.BackendTrial, with --backend
     backend_dir: Path | None = None
+    # the final measurement and whether the package applies anything (plex.tune._headroom)
+    headroom: Headroom | None = None
 
     @property
     def speedup(self) -> float:
         return self.untuned_s / self.tuned_s
+
+    @property
+    def applied(self) -> bool:
+        """Whether the package's table applies the tuned spec and layouts."""
+        return self.headroom is not None and self.headroom.applies
 
 
 def tune(
@@ -73,7 +81,11 @@ def tune(
     log: Callable[[str], None] = print,
     executor: str = "local",
     backend: Path | None = None,
+    required_gain: float | None = None,
 ) -> TuneResult:
+    """Tune `device` of the app; the package applies the result only if the tuned build beats
+    the untuned one by more than the untuned build's measured noise (or `required_gain`, a
+    fraction: 0.1 asks for 10% faster), else it applies nothing and its summary says why."""
     from myelin.mln import MlnReader
     from myelin.runtime.profiling import capture
     from myelin.tuning.cpu import configured_contractions, cpu_target_of
@@ -222,23 +234,34 @@ def tune(
     [untuned] = candidates.build([None])  # the app as it is: no spec, no layouts
     assert untuned is not None
     equal = same_outputs(outputs_of(tuned, function, inputs), want)
-    final = candidates.timer([untuned, tuned], function, inputs, max(rounds, 7))
+    # the untuned build on both sides of the tuned one: its two medians measure the noise
+    before, final_tuned, after = candidates.timer(
+        [untuned, tuned, untuned], function, inputs, max(rounds, 7)
+    )
+    from plex.tune._headroom import Headroom
+
+    headroom = Headroom((before, after), final_tuned, equal, required_gain)
     kept_layouts = tuple(rule for t in layout_results if t.kept for rule in t.rules)
-    package = _write_package(out_dir, app.name, device, spec_text, kept_layouts)
+    if headroom.applies:
+        package = _write_package(out_dir, app.name, device, spec_text, kept_layouts)
+    else:
+        package = _write_empty_package(out_dir, app.name, device, headroom.reason())
+    log(f"plex tune: {headroom.reason()}")
     from plex.tune._report import plot, summary
 
     result = TuneResult(
         package=package,
         spec=package.parent / f"{device}.mlir",
         dispatches=results,
-        untuned_s=final[0].median_s,
-        tuned_s=final[1].median_s,
-        untuned_spread=final[0].spread,
-        tuned_spread=final[1].spread,
+        untuned_s=headroom.untuned_s,
+        tuned_s=final_tuned.median_s,
+        untuned_spread=max(before.spread, after.spread),
+        tuned_spread=final_tuned.spread,
         outputs_equal=equal,
         layouts=layout_results,
         backend=backend_trial,
         backend_dir=backend,
+        headroom=headroom,
     )
     plot(result, out_dir / "tuning.png")
     (out_dir / "summary.md").write_text(summary(result, app.name, device, function, dims))
@@ -504,6 +527,22 @@ def _write_package(
         "# Written by plex tune. Select it in the app:\n"
         f'# [myelin] tuning = "{name}_tuning:{device}"\n'
         + tomli_w.dumps({"package": {"name": f"{name}_tuning"}, "tuning": {device: table}})
+    )
+    return package
+
+
+def _write_empty_package(out_dir: Path, app: str, device: str, reason: str) -> Path:
+    """A package that applies nothing: no `[tuning]` table (an app that selects it is told
+    there is none) and no spec beside it; why is in its header and in summary.md."""
+    import tomli_w
+
+    name = package_name(app)
+    (out_dir / f"{device}.mlir").unlink(missing_ok=True)  # a spec an earlier run applied
+    package = out_dir / "plex.toml"
+    package.write_text(
+        f"# Written by plex tune for device {device}: it {reason}.\n"
+        "# No [tuning] table: there is nothing to select (summary.md).\n"
+        + tomli_w.dumps({"package": {"name": f"{name}_tuning"}})
     )
     return package
 

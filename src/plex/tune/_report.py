@@ -93,18 +93,15 @@ def summary(result: TuneResult, app: str, device: str, function: str, dims: Sequ
         "",
         _verdict(result),
         "",
-        f"package: {result.package.parent}; select it with [myelin] tuning (see plex.toml)",
+        f"package: {result.package.parent}; select it with [myelin] tuning (see plex.toml)"
+        if result.applied
+        else f"package: {result.package.parent} holds no tuning table: nothing to select",
     ]
     return "\n".join(rows) + "\n"
 
 
 def _verdict(result: TuneResult) -> str:
-    """Whether the package is worth selecting: faster by more than the timing noise."""
-    noise = max(result.untuned_spread, result.tuned_spread)
-    if not result.outputs_equal:
-        return "verdict: the tuned build computes other outputs; do not select this package"
-    if result.speedup > 1 + noise / 2:
-        return f"verdict: faster by {result.speedup:.2f}x (beyond the timing spread)"
-    if result.speedup < 1 - noise / 2:
-        return "verdict: SLOWER than the untuned build; do not select this package"
-    return "verdict: no gain resolvable from the noise on this machine"
+    """The package's decision (plex.tune._headroom) in one line."""
+    if result.headroom is None:
+        return "verdict: not measured"
+    return f"verdict: the package {result.headroom.reason()}"
