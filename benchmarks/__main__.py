@@ -69,7 +69,7 @@ def run_model_suite(args: argparse.Namespace) -> dict:
                 run["cases"].append(runner.failed_case(case, e))
                 continue
             print(f"== {case.id}: checking and timing", file=sys.stderr, flush=True)
-            run["cases"].append(runner.run_case(case, mln, threads))
+            run["cases"] += runner.run_case(case, mln, threads)
     return run
 
 

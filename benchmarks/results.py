@@ -190,9 +190,28 @@ def load_all(folder: Path = RESULTS) -> list[dict]:
     return runs
 
 
-def latest_per_machine(runs: list[dict]) -> dict[tuple[str, str], dict]:
-    """(suite, machine name) -> its newest run: the table the manual shows."""
-    latest: dict[tuple[str, str], dict] = {}
-    for run in sorted(runs, key=lambda r: r["date"]):
-        latest[(run["suite"], run["machine"]["name"])] = run
-    return latest
+# Suites whose case id names everything measured (the case file holds its options): a run of
+# some of their cases replaces only those cases' tables.
+BY_CASE = ("cpu", "gpu")
+
+
+def latest_per_case(runs: list[dict]) -> list[dict]:
+    """What the manual shows, per suite and machine, newest first. A BY_CASE suite: each case's
+    newest result; the newest run is shown whole, an older run keeps only the cases no newer run
+    measured (so `--case ID` leaves the suite's other tables as they were) and goes once it has
+    none. Other suites (whose ids leave out settings such as prompt length): the newest run."""
+    seen: set[tuple[str, str, str]] = set()
+    whole: set[tuple[str, str]] = set()
+    shown = []
+    for run in sorted(runs, key=lambda r: r["date"], reverse=True):
+        key = (run["suite"], run["machine"]["name"])
+        if run["suite"] not in BY_CASE:
+            if key not in whole:
+                whole.add(key)
+                shown.append(run)
+            continue
+        cases = [c for c in run["cases"] if (*key, c["id"]) not in seen]
+        seen |= {(*key, c["id"]) for c in cases}
+        if cases:
+            shown.append({**run, "cases": cases})
+    return shown
