@@ -84,7 +84,7 @@ def run_model_suite(args: argparse.Namespace) -> dict:
                     mln_bf16 = e
             print(f"== {case.id}: checking and timing", file=sys.stderr, flush=True)
             try:
-                run["cases"].append(runner.run_case(case, mln, threads, mln_bf16))
+                run["cases"] += runner.run_case(case, mln, threads, mln_bf16)
             except Exception as e:  # the reference itself failed: recorded, the suite goes on
                 run["cases"].append(runner.failed_case(case, e))
     return run

@@ -160,7 +160,8 @@ def run_prebuilt(
                 continue
             print(f"== {case.id}: checking and timing", file=sys.stderr, flush=True)
             try:
-                done.append(runner.run_case(case, mln, threads))
+                for result in runner.run_case(case, mln, threads):
+                    done.append(result)
             except Exception as e:  # recorded; the other cases run
                 done.append(runner.failed_case(case, e, "run"))
             mln.unlink()

@@ -27,9 +27,10 @@ def _number(value: float) -> str:
 
 def _check(row: dict) -> str:
     check = row.get("check")
-    if not check or check.get("passed") is None:
+    if not check or "metric" not in check:
         return ""
-    mark = "ok" if check["passed"] else "FAILED"
+    # passed None: a value recorded, not judged (a causal LM's greedy divergence in float16)
+    mark = {True: "ok", False: "FAILED", None: "recorded"}[check["passed"]]
     value = check["value"]
     shown = (
         f"{value:.2g}" if isinstance(value, float) and check["metric"] != "min cosine" else value
@@ -183,13 +184,15 @@ def markdown_run(run: dict) -> str:
 
 
 def generated_section(folder: Path = results.RESULTS) -> str:
-    """Every suite's latest run per machine, suites in a fixed order, machines by name."""
-    latest = results.latest_per_machine(results.load_all(folder))
+    """What results.latest_per_case shows, suites in a fixed order, machines by name, a
+    machine's runs newest first."""
+    shown = results.latest_per_case(results.load_all(folder))
     parts = [BEGIN, ""]
     for suite in REPORTED:
-        for (s, _machine), run in sorted(latest.items()):
-            if s == suite:
-                parts.append(markdown_run(run))
+        runs = [run for run in shown if run["suite"] == suite]
+        # stable: newest first within a machine
+        for run in sorted(runs, key=lambda r: r["machine"]["name"]):
+            parts.append(markdown_run(run))
     parts.append(END)
     return "\n".join(parts)
 

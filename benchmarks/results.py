@@ -192,19 +192,44 @@ def load_all(folder: Path = RESULTS) -> list[dict]:
     return runs
 
 
-def latest_per_machine(runs: list[dict]) -> dict[tuple[str, str], dict]:
-    """(suite, machine name) -> its newest run: the table the manual shows. A run of another
-    configuration (`settings.config`, e.g. the full CPU table, once per thread count) is a
-    table of its own: its machine key carries the configuration and thread count."""
-    latest: dict[tuple[str, str], dict] = {}
-    for run in sorted(runs, key=lambda r: r["date"]):
-        name = run["machine"]["name"]
-        settings = run.get("settings", {})
-        if settings.get("config"):
-            name += f" {settings['config']}, threads {settings.get('threads', 0)}"
-            if settings.get("cases"):
-                name += f", cases {' '.join(settings['cases'])}"
-        if settings.get("label"):  # a run kept beside later ones of the same settings
-            name += f", {settings['label']}"
-        latest[(run["suite"], name)] = run
-    return latest
+def table_name(run: dict) -> str:
+    """The machine's name, plus what makes a run a table of its own: another configuration
+    (`settings.config`, e.g. the full CPU table, once per thread count), the cases a partial
+    run of it measured, a label that keeps a run beside later ones of the same settings."""
+    name = run["machine"]["name"]
+    settings = run.get("settings", {})
+    if settings.get("config"):
+        name += f" {settings['config']}, threads {settings.get('threads', 0)}"
+        if settings.get("cases"):
+            name += f", cases {' '.join(settings['cases'])}"
+    if settings.get("label"):
+        name += f", {settings['label']}"
+    return name
+
+
+# Suites whose case id names everything measured (the case file holds its options): a run of
+# some of their cases replaces only those cases' tables.
+BY_CASE = ("cpu", "gpu")
+
+
+def latest_per_case(runs: list[dict]) -> list[dict]:
+    """What the manual shows, per suite and table (`table_name`), newest first. A BY_CASE
+    suite: each case's newest result; the newest run is shown whole, an older run keeps only the
+    cases no newer run measured (so `--case ID` leaves the suite's other tables as they were)
+    and goes once it has none. Other suites (whose ids leave out settings such as prompt
+    length): the newest run."""
+    seen: set[tuple[str, str, str]] = set()
+    whole: set[tuple[str, str]] = set()
+    shown = []
+    for run in sorted(runs, key=lambda r: r["date"], reverse=True):
+        key = (run["suite"], table_name(run))
+        if run["suite"] not in BY_CASE:
+            if key not in whole:
+                whole.add(key)
+                shown.append(run)
+            continue
+        cases = [c for c in run["cases"] if (*key, c["id"]) not in seen]
+        seen |= {(*key, c["id"]) for c in cases}
+        if cases:
+            shown.append({**run, "cases": cases})
+    return shown

@@ -10,6 +10,7 @@ loads it with MyeLiN and calls its `forward` with the same numpy inputs as every
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 import sys
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import anchors, zoo, zoo_full
+from benchmarks.causal_lm import run_causal_lm_case
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "benchmarks" / "cases"
@@ -37,10 +39,12 @@ class Case:
     title: str
     model: str
     # "model": PLeX's build of the source beside the anchors, one call (or one burst) at a time.
-    # "causal-lm": token generation against transformers' generate (no runner yet: RUNS).
+    # "causal-lm": token generation (PLeX's Generator) against transformers' generate; `model`
+    # is a family of benchmarks/gpu/llm/models.py, `seq` the prompt, `params` its size.
     kind: str = "model"
     batch: int = 1
     seq: int = 128
+    new_tokens: int = 32  # causal-lm: tokens generated per sequence, greedy, never stopping early
     dtype: str | None = None  # the model's float type where the source takes one
     device: str = "cpu"  # "cpu" (llvm-cpu, local-task, the host's CPU) or "cuda"
     build: dict = field(default_factory=dict)  # codec, data_tiling, backend, kernels, driver
@@ -70,6 +74,8 @@ class Case:
             out["dtype"] = self.dtype
         if self.burst:
             out["burst"] = self.burst
+        if self.kind == "causal-lm":
+            out["new_tokens"] = self.new_tokens
         return {**out, **self.params, **self.build}
 
 
@@ -145,6 +151,8 @@ def _device_section(case: Case) -> str:
 
 def write_app(case: Case, folder: Path) -> Path:
     """The package (a graph.py calling the zoo) and the app.toml of `case` in `folder`."""
+    if case.kind == "causal-lm":
+        return write_causal_lm_app(case, folder)
     package = folder / "package"
     package.mkdir(parents=True, exist_ok=True)
     files = ["zoo.py", "zoo_full.py"] if case.model in zoo_full.SOURCES else ["zoo.py"]
@@ -179,6 +187,41 @@ def write_app(case: Case, folder: Path) -> Path:
         text += "\n[placement]\n" + "".join(
             f'"model:{op}" = "{backend}"\n' for op in ("matmul", "attention", "gelu")
         )
+    codec = case.build.get("codec", "fp32")
+    if codec != "fp32":
+        text += f'\n[weights.codec]\n"*" = "{codec}"\n'
+    app = folder / "app.toml"
+    app.write_text(text)
+    return app
+
+
+def _llm_models():
+    from benchmarks.gpu.llm import models
+
+    return models
+
+
+def write_causal_lm_app(case: Case, folder: Path) -> Path:
+    """The seeded Hugging Face folder of `case` (the GPU LLM benchmark's models.py: the same
+    weights on any machine) in a package built by the causal-lm frontend, as `plex generate`
+    users build theirs; its KV cache holds the prompt and the new tokens."""
+    params = dict(case.params)
+    size, layers = params.pop("size", "small"), params.pop("layers", 2)
+    package = folder / "package"
+    models = _llm_models()
+    models.write_folder(package / "model", case.model, size, layers, **params)
+    # the class, as save_pretrained records it: llama.cpp's converter picks its writer by it
+    config = package / "model" / "config.json"
+    keys = json.loads(config.read_text())
+    keys["architectures"] = [models.FAMILIES[case.model][0].replace("Config", "ForCausalLM")]
+    config.write_text(json.dumps(keys, indent=2) + "\n")
+    (package / "plex.toml").write_text(
+        '[package]\nname = "bench_lm"\n\n[graph.lm]\nsource = "model"\nfrontend = "causal-lm"\n'
+        f"max_seq = {case.seq + case.new_tokens}\nmax_batch = {case.batch}\n"
+        f'dtype = "{case.dtype or "float32"}"\n'
+    )
+    text = f'[app]\nname = "bench-{case.id}"\npackages = ["{package}"]\n\n'
+    text += _device_section(case)
     codec = case.build.get("codec", "fp32")
     if codec != "fp32":
         text += f'\n[weights.codec]\n"*" = "{codec}"\n'
@@ -318,9 +361,12 @@ def _anchor(case: Case, anchor: str, module, inputs: tuple, device: str, threads
     return factory(target, inputs, device, threads)
 
 
-def run_case(case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | None = None) -> dict:
+def run_case(
+    case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | None = None
+) -> list[dict]:
     """Load the PLeX build (and its bf16 build, for a model case) and every anchor, check each
-    against torch eager, time them."""
+    against its reference, time them: the case's results (a causal-lm case has two, time to
+    first token and decode)."""
     if case.kind not in RUNS:
         raise ValueError(f"{case.id}: unknown kind {case.kind!r} (known: {', '.join(KINDS)})")
     return RUNS[case.kind](case, mln, threads, mln_bf16)
@@ -328,7 +374,7 @@ def run_case(case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | N
 
 def run_model_case(
     case: Case, mln: Path, threads: int, mln_bf16: Path | Exception | None = None
-) -> dict:
+) -> list[dict]:
     """The `model` kind: PLeX's `forward` (and its bf16 build) beside each anchor on the same
     inputs."""
     module, inputs = zoo.source(case.model, case.batch, case.seq, case.dtype, case.params)
@@ -385,25 +431,21 @@ def run_model_case(
             rows[title]["samples"] = [round(v, 4) for v in values]
     for obj in keep[::-1]:
         obj.close()
-    return {
-        "id": case.id,
-        "title": case.title,
-        "unit": "ms",
-        "baseline": PLEX,
-        "options": case.options(),
-        "rows": list(rows.values()),
-    }
+    return [
+        {
+            "id": case.id,
+            "title": case.title,
+            "unit": "ms",
+            "baseline": PLEX,
+            "options": case.options(),
+            "rows": list(rows.values()),
+        }
+    ]
 
 
-def run_causal_lm_case(case: Case, mln: Path, threads: int, mln_bf16: object = None) -> dict:
-    raise NotImplementedError(
-        f"{case.id}: the causal-lm kind (generation against transformers' generate) has no "
-        "runner yet; add it as runner.RUNS['causal-lm']"
-    )
-
-
-# A case's `kind` -> how it runs. Every kind writes the same result rows (one per runner).
-RUNS: dict[str, Callable[..., dict]] = {
+# A case's `kind` -> how it runs: its results (a causal-lm case has two), with the same rows
+# (one per runner) whatever the kind. The fourth argument is the model kind's bf16 build.
+RUNS: dict[str, Callable[..., list[dict]]] = {
     "model": run_model_case,
     "causal-lm": run_causal_lm_case,
 }

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import anchors, report, results, runner, scenarios, zoo
+from benchmarks import anchors, causal_lm, report, results, runner, scenarios, zoo
+from benchmarks.gpu.llm import models
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
@@ -38,8 +39,13 @@ def test_model_cases_name_known_sources_anchors_and_tolerances(suite):
     cases = runner.load_suite(suite).cases
     assert len({c.id for c in cases}) == len(cases), "case ids must be unique"
     for case in cases:
-        assert case.model in zoo.known(), case.id
         assert case.kind in runner.KINDS, case.id
+        if case.kind == "causal-lm":  # a models.py family; its check is greedy tokens
+            assert case.model in models.FAMILIES, case.id
+            assert set(case.anchors) <= set(causal_lm.ANCHORS), case.id
+            assert case.seq >= 1 and case.new_tokens >= 2, case.id
+            continue
+        assert case.model in zoo.known(), case.id
         assert set(case.anchors) <= set(anchors.ANCHORS), case.id
         assert {"cosine"} <= case.tolerance.keys() or {"atol", "rtol"} & case.tolerance.keys()
         assert runner.small(case).small == {}, case.id  # `small` names Case fields
@@ -138,3 +144,37 @@ def test_every_probe_has_its_question_in_the_readme():
     ]
     missing = [f for f in files if f != "README.md" and f"`{f}`" not in readme]
     assert not missing, f"benchmarks/probes/README.md has no line for {missing}"
+
+
+def test_a_causal_lm_case_becomes_a_seeded_folder_built_by_the_causal_lm_frontend(tmp_path):
+    (case,) = [c for c in runner.load_suite("cpu").cases if c.kind == "causal-lm"]
+    app = runner.write_app(case, tmp_path).read_text()
+    assert 'target = "llvm-cpu"' in app and "[weights.codec]" not in app
+    package = (tmp_path / "package/plex.toml").read_text()
+    assert 'frontend = "causal-lm"' in package
+    assert f"max_seq = {case.seq + case.new_tokens}" in package
+    config = json.loads((tmp_path / "package/model/config.json").read_text())
+    assert config["hidden_size"] == case.params["hidden_size"]
+    assert config["architectures"] == ["LlamaForCausalLM"]  # what llama.cpp's converter reads
+
+
+def test_greedy_divergence_is_the_first_position_any_row_differs():
+    assert causal_lm.first_divergence([[1, 2, 3]], [[1, 2, 3]]) is None
+    assert causal_lm.first_divergence([[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [4, 0, 6]]) == 1
+    strict = causal_lm._check([[1, 2]], [[1, 3]], True, "transformers")
+    assert strict["passed"] is False and strict["value"] == "token 1 of 2"
+    loose = causal_lm._check([[1, 2]], [[1, 3]], False, "PLeX")
+    assert loose["passed"] is None
+    assert report._check({"check": loose}).startswith("recorded")
+
+
+def test_a_run_of_some_cases_replaces_only_their_tables():
+    def run(date, ids, suite="cpu"):
+        cases = [{"id": i} for i in ids]
+        return {"suite": suite, "date": date, "machine": {"name": "m"}, "cases": cases}
+
+    old, new = run("2026-01-01", ["a", "b"]), run("2026-01-02", ["b"])
+    shown = results.latest_per_case([old, new])
+    assert [[c["id"] for c in r["cases"]] for r in shown] == [["b"], ["a"]]
+    llm = [run("2026-01-01", ["x"], "llm"), run("2026-01-02", ["y"], "llm")]
+    assert [r["date"] for r in results.latest_per_case(llm)] == ["2026-01-02"]

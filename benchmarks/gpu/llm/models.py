@@ -74,11 +74,13 @@ def _zoo_models():
     return sys.modules[name]
 
 
-def config(family: str, size: str, layers: int) -> Any:
+def config(family: str, size: str, layers: int, **overrides: Any) -> Any:
+    """The family's config at `size`; `overrides` replace its keys (the CPU suite's causal-lm
+    case is the small architecture at other widths)."""
     import transformers
 
     class_name, sizes = FAMILIES[family]
-    keys = {**sizes[size], **TOKENS, "num_hidden_layers": layers}
+    keys = {**sizes[size], **TOKENS, **overrides, "num_hidden_layers": layers}
     return getattr(transformers, class_name)(**keys)
 
 
@@ -91,7 +93,7 @@ def parameter_count(family: str, size: str, layers: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def write_folder(folder: Path, family: str, size: str, layers: int) -> Path:
+def write_folder(folder: Path, family: str, size: str, layers: int, **overrides: Any) -> Path:
     """The seeded model as save_pretrained writes it (float16 weights), plus a tokenizer.
 
     The model is laid out on the meta device and each weight computed on its own, so writing
@@ -104,7 +106,7 @@ def write_folder(folder: Path, family: str, size: str, layers: int) -> Path:
     from tests.llm.tiny_models import write_tokenizer
 
     seeded_values = _zoo_models().seeded_values
-    cfg = config(family, size, layers)
+    cfg = config(family, size, layers, **overrides)
     cfg.dtype = "float16"
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
