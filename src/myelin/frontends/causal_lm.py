@@ -1,6 +1,6 @@
 """Hugging Face causal language models: a folder written by `save_pretrained` (config.json,
 *.safetensors, tokenizer.json) becomes a module with two entrypoints that share the weights and a
-KV cache kept in the module's own state:
+KV cache kept in the module's own state (plus `prefill_<n>` per static prefill length):
 
     prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s]) -> logits[b, vocab]
     decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
@@ -27,7 +27,8 @@ which the export turns into `is_causal=True`, the form the flash-attention kerne
 padding mask would be a general mask, which it does not). A real token never sees a later slot,
 so padding after it changes nothing; `attention_mask[b, n]` (1 for real tokens) only says where
 each row's last token is, whose logits the call returns, and the generator keeps passing it to
-`decode`, where the padding slots are masked like left padding. See `_bucket_step`.
+`decode`, where the padding slots are masked like left padding
+(`CausalLMModule.prefill_static`).
 
 The attention mask carries the cache length of a call: `attention_mask.shape[1]` is how many
 slots the sequence occupies after the call (past + new tokens), so a call writes slots
