@@ -49,6 +49,59 @@ def test_a_causal_lm_builds_for_cuda_without_twins_for_its_stateful_entrypoints(
     assert not {n for n in exported if n.endswith(STORAGE_TWIN_SUFFIX)}
 
 
+def test_a_static_prefill_length_puts_prefills_attention_on_the_flash_kernel(tmp_path: Path):
+    """`prefill_lengths = [32]` exports `prefill_32`, whose attention has static shapes and
+    torch's causal mask (the right-padded form): the flash kernel takes it. The dynamic
+    `prefill` keeps IREE's attention, as before. Head dim 64: the kernel takes 64 and 128."""
+    pytest.importorskip("triton")
+    from myelin.kernels import KERNELS_CUDA_ARCH, coverage_line
+
+    write_model(
+        tmp_path / "lm" / "model",
+        "llama",
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    (tmp_path / "lm" / "plex.toml").write_text(
+        textwrap.dedent(
+            """
+            [package]
+            name = "lm"
+
+            [graph.lm]
+            source = "model"
+            frontend = "causal-lm"
+            max_seq = 64
+            max_batch = 2
+            dtype = "float16"
+            prefill_lengths = [32]
+            """
+        )
+    )
+    (tmp_path / "app.toml").write_text(
+        '[app]\nname = "lm"\npackages = ["lm"]\n\n'
+        '[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "triton-attention"\n'
+    )
+    mln = build_app(tmp_path / "app.toml", tmp_path / "lm.mln")
+    assert {"prefill", "prefill_32", "decode"} <= vm_exports(mln, tmp_path)
+    with MlnReader(mln) as reader:
+        variants = reader.manifest["variants"]
+    sites = [s for v in variants for d in v["devices"] for s in d.get("kernels", [])]
+    attention = {}
+    for s in sites:
+        if s["op"].startswith("attention"):
+            attention.setdefault(s["function"], []).append(s)
+    assert [s["reason"] for s in attention["prefill_32"]] == ["matched", "matched"]
+    assert all(
+        s["kernel"].startswith("plex_attention_causal_f16_d64") for s in attention["prefill_32"]
+    )
+    assert (attention["prefill_32"][0]["m"], attention["prefill_32"][0]["k"]) == (32, 32)
+    assert [s["reason"] for s in attention["prefill"]] == ["shapes must be static, rank 3"] * 2
+    # before: 30 of 34 (prefill_32 adds its 15 matmuls and its 2 attentions, on kernels)
+    assert "47 of 51 contractions" in coverage_line(sites, KERNELS_CUDA_ARCH)
+
+
 def vm_exports(mln: Path, tmp_path: Path) -> set[str]:
     """The function names the .mln's compiled module exports, as iree-dump-module prints them."""
     import iree._runtime_libs as libs

@@ -76,3 +76,25 @@ def test_dtype_on_another_frontend_is_refused_with_the_fix(tmp_path):
     with pytest.raises(ManifestError, match=r"dtype sets a causal-lm graph") as raised:
         load_package(tmp_path)
     assert 'set frontend = "causal-lm" or remove it' in str(raised.value)
+
+
+def test_prefill_lengths_are_read_sorted_and_checked_against_max_seq(tmp_path):
+    folder = package(tmp_path)
+    text = (folder / "plex.toml").read_text()
+    (folder / "plex.toml").write_text(text + "prefill_lengths = [32, 16]\n")
+    assert load_package(folder).graphs["lm"].prefill_lengths == (16, 32)
+    (folder / "plex.toml").write_text(text + "prefill_lengths = [16, 128]\n")
+    with pytest.raises(ManifestError, match=r"128 is longer than max_seq \(64\)"):
+        load_package(folder)
+    (folder / "plex.toml").write_text(text + "prefill_lengths = [16, 16]\n")
+    with pytest.raises(ManifestError, match="listed twice"):
+        load_package(folder)
+
+
+def test_prefill_lengths_on_another_frontend_are_refused_with_the_fix(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    text = GRAPH.format(frontend="onnx").replace('"model"', '"model.onnx"')
+    (tmp_path / "plex.toml").write_text(text.replace("max_seq = 64", "prefill_lengths = [16]"))
+    with pytest.raises(ManifestError, match=r"prefill_lengths adds a causal-lm graph") as raised:
+        load_package(tmp_path)
+    assert 'set frontend = "causal-lm" or remove it' in str(raised.value)

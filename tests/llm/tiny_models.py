@@ -87,13 +87,14 @@ def write_tokenizer(folder: Path) -> None:
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
-def write_model(folder: Path, family: str = "llama", seed: int = 0) -> Path:
-    """A seeded model of `family` saved into `folder` (created), with its tokenizer."""
+def write_model(folder: Path, family: str = "llama", seed: int = 0, **config_keys: object) -> Path:
+    """A seeded model of `family` saved into `folder` (created), with its tokenizer;
+    `config_keys` replace the family's (a head dim the GPU kernels take, say)."""
     import torch
     import transformers
 
     class_name, keys = FAMILIES[family]
-    config = getattr(transformers, class_name)(**{**COMMON, **keys})
+    config = getattr(transformers, class_name)(**{**COMMON, **keys, **config_keys})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     folder.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,9 @@ batch-1 run on a batch-8 build would time 8 sequences), `dtype = "float16"` (the
 computed in float16, its KV cache float16: `--dtype float32` leaves the line out, for a frontend
 without it), weights stored as `--codecs` says (`none`: as the model holds them), for a
 CUDA device with `arch = "sm_90a"` and the kernel library (`kernels = "triton-attention"`,
-docs/kernels.md). `plex build` runs in a process of its own without the build cache (the
+docs/kernels.md), and `prefill_lengths = [512]` (`--prefill-lengths`: a static-length prefill
+for the 512-token prompt, whose attention the kernels take; the dynamic one's they cannot,
+docs/llm.md). `plex build` runs in a process of its own without the build cache (the
 import step would store GBs of weights); its peak memory is recorded. Writes `llm.json` (builds,
 times, peak memory, kernel coverage, warnings) beside the skeletons; exits 1 when what travels
 (skeletons and scripts) passes 60 MiB.
@@ -63,7 +65,7 @@ source = "model"
 frontend = "causal-lm"
 max_seq = {max_seq}
 max_batch = {max_batch}
-{dtype}"""
+{dtype}{prefill}"""
 APP = '[app]\nname = "{name}"\npackages = ["llm"]\ngraphs = ["llm:lm"]\n\n{device}\n{codec}'
 
 
@@ -81,6 +83,7 @@ def build_one(
     target: str,
     kernels: str,
     out: Path,
+    prefill_lengths: tuple[int, ...] = (PROMPT,),
 ) -> dict:
     name = build_name(family, batch, dtype, codec)
     folder = out / name
@@ -96,6 +99,7 @@ def build_one(
                 max_seq=PROMPT + NEW,
                 max_batch=batch,
                 dtype="" if dtype == "float32" else f'dtype = "{dtype}"\n',
+                prefill=f"prefill_lengths = {list(prefill_lengths)}\n" if prefill_lengths else "",
             )
         )
         app = root / "app.toml"
@@ -138,6 +142,7 @@ def build_one(
         "batch": batch,
         "max_seq": PROMPT + NEW,
         "dtype": dtype,
+        "prefill_lengths": list(prefill_lengths),
         "codec": codec,
         "target": target,
         "kernels": kernels if target == "cuda" else None,
@@ -162,6 +167,13 @@ def main() -> int:
     p.add_argument("--codecs", nargs="+", choices=tuple(CODECS), default=["none"])
     p.add_argument("--layers", type=int, help="decoder layers (default: 2)")
     p.add_argument("--kernels", choices=KERNELS, default=KERNELS[0], help="cuda: the library")
+    p.add_argument(
+        "--prefill-lengths",
+        nargs="*",
+        type=int,
+        default=[PROMPT],
+        help="the graph's static prefill lengths (none: only the dynamic prefill)",
+    )
     args = p.parse_args()
     layers = args.layers or models.DEFAULT_LAYERS[args.size]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -187,6 +199,7 @@ def main() -> int:
                     args.target,
                     args.kernels,
                     args.out,
+                    tuple(args.prefill_lengths),
                 )
                 b = built[name]
                 print(f"  {b['build_s']} s, peak {b['peak_rss_gib']} GiB; {b['coverage']}")

@@ -200,6 +200,10 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
     instance = myelin.Instance()
     loaded = instance.load(mln)
     generator = Generator(loaded)
+    # the prefill the Generator picks for this batch: `prefill_<n>` where the build has a static
+    # length that holds the prompt (build.py asks for the prompt's), else the dynamic one
+    fits = [n for n in generator.prefill_lengths if n >= args.prompt]
+    row["plex_prefill"] = f"prefill_{fits[0]}" if fits else "prefill"
     runners = {
         "PLeX": plex_runner(generator, prompt.tolist(), new),
         "transformers eager": hf_runner(hf, ids, new, sync),

@@ -51,6 +51,8 @@ class FrontendRequest:
     max_seq: int | None = None
     max_batch: int | None = None
     dtype: str | None = None  # causal-lm: compute and KV cache dtype (None: the frontend's)
+    # causal-lm: static prompt lengths, each exported as one more entrypoint `prefill_<n>`
+    prefill_lengths: tuple[int, ...] | None = None
 
     def single_entrypoint(self, refusal: str) -> str:
         """The name of a source's one function: the manifest's only entrypoint, else

@@ -1,6 +1,6 @@
 """Hugging Face causal language models: a folder written by `save_pretrained` (config.json,
 *.safetensors, tokenizer.json) becomes a module with two entrypoints that share the weights and a
-KV cache kept in the module's own state:
+KV cache kept in the module's own state (plus `prefill_<n>` per static prefill length):
 
     prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s]) -> logits[b, vocab]
     decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
@@ -18,6 +18,17 @@ Each layer's write is one contiguous block of rows of the buffer itself, which I
 `flow.tensor.update` of the global and performs in place: a step's time and device traffic grow
 with the tokens held, not with `max_seq` (benchmarks/llm_kv_cache.py, docs/llm.md). One buffer,
 not one per layer: IREE 3.13 gives equal uninitialized globals one allocation (see `_finish`).
+
+With the manifest's `prefill_lengths`, each length n adds `prefill_<n>`: the same prefill at a
+static prompt length, so that a backend whose kernels need static shapes (the Triton attention
+kernels on CUDA) takes its attention. Its prompts are padded on the RIGHT: row r's tokens fill
+slots 0 .. len_r - 1, and the attention mask is torch's plain causal mask, no input reaches it,
+which the export turns into `is_causal=True`, the form the flash-attention kernel takes (a
+padding mask would be a general mask, which it does not). A real token never sees a later slot,
+so padding after it changes nothing; `attention_mask[b, n]` (1 for real tokens) only says where
+each row's last token is, whose logits the call returns, and the generator keeps passing it to
+`decode`, where the padding slots are masked like left padding
+(`CausalLMModule.prefill_static`).
 
 The attention mask carries the cache length of a call: `attention_mask.shape[1]` is how many
 slots the sequence occupies after the call (past + new tokens), so a call writes slots
@@ -43,6 +54,13 @@ from myelin.frontends import FrontendRequest, FrontendResult
 # Entrypoint names the generator (myelin.runtime.generation) calls.
 PREFILL = "prefill"
 DECODE = "decode"
+
+
+def prefill_name(length: int) -> str:
+    """The entrypoint of the static-length prefill for prompts padded to `length` tokens."""
+    return f"{PREFILL}_{length}"
+
+
 # What the frontend records for the runtime, in the module's `myelin.causal_lm` attribute.
 TOKENIZER_FILE = "tokenizer.json"
 # The module's buffer that holds the KV cache.
@@ -64,6 +82,7 @@ class CausalLMOptions:
     max_seq: int = DEFAULT_MAX_SEQ
     max_batch: int = DEFAULT_MAX_BATCH
     dtype: str = DEFAULT_DTYPE
+    prefill_lengths: tuple[int, ...] = ()  # static prefill lengths (`prefill_<n>` each)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -231,6 +250,40 @@ class CausalLMModule(torch.nn.Module):
     ) -> torch.Tensor:
         return self._step(input_ids, position_ids, attention_mask)
 
+    def prefill_static(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """A first call at a static length n (`prefill_<n>`), prompts padded on the right.
+
+        The mask given to the model depends on no input: torch's causal mask (0 on and below
+        the diagonal, -inf above), which the export rewrites to `is_causal=True`, the form the
+        flash-attention kernel takes. Right padding needs nothing more: a real token sees only
+        earlier slots, all real. A padding slot sees the tokens before it (never an empty row,
+        so no NaN); its keys and values land in the cache, where `decode`'s mask (0 there) hides
+        them. Each row's logits are those of its last real token, `sum(attention_mask) - 1`:
+        `logits_to_keep` takes those b indices for every row, and row r keeps its own (b x b
+        rows of the LM head instead of b x n).
+        """
+        n = input_ids.shape[1]
+        self.cache.kv_length = n
+        self.cache.rows = getattr(self, CACHE_KEY)
+        slots = torch.arange(n, device=input_ids.device)
+        dtype = self.options.torch_dtype
+        mask = torch.zeros((n, n), dtype=dtype).masked_fill(
+            slots[None, :] > slots[:, None], -torch.inf
+        )
+        last = attention_mask.sum(dim=1) - 1  # [b]
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask[None, None, :, :],
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=last,
+        )
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return out.logits[rows, rows, :].float()
+
 
 def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
     """What the generator needs to know about the model, recorded with the artifact."""
@@ -250,6 +303,8 @@ def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
         "cache_dtype": options.dtype,
         "eos_token_ids": sorted({eos} if isinstance(eos, int) else set(eos or ())),
         "model_type": model.config.model_type,
+        # static prefill lengths: entrypoint `prefill_<n>` takes prompts right-padded to n
+        "prefill_lengths": list(options.prefill_lengths),
     }
 
 
@@ -265,6 +320,7 @@ def options_of(request: FrontendRequest) -> CausalLMOptions:
         max_seq=request.max_seq or DEFAULT_MAX_SEQ,
         max_batch=request.max_batch or DEFAULT_MAX_BATCH,
         dtype=request.dtype or DEFAULT_DTYPE,
+        prefill_lengths=tuple(sorted(set(request.prefill_lengths or ()))),
     )
 
 
@@ -278,6 +334,11 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         raise CompileError(
             f"{what}: a causal-lm graph exports exactly {PREFILL} and {DECODE}; remove "
             "`entrypoints` from the manifest"
+        )
+    too_long = [n for n in options.prefill_lengths if not 2 <= n <= options.max_seq]
+    if too_long:
+        raise CompileError(
+            f"{what}: prefill_lengths {too_long} are not within 2 .. max_seq ({options.max_seq})"
         )
     tokenizer = folder / TOKENIZER_FILE
     if not tokenizer.is_file():
@@ -319,7 +380,11 @@ def _export(
     from iree.turbine.aot.decompositions import extend_aot_decompositions
     from iree.turbine.aot.fx_programs import FxProgramsBuilder
 
-    from myelin.frontends._torch_fixes import decomposition_table, float_scalar_comparisons
+    from myelin.frontends._torch_fixes import (
+        constant_attention_masks,
+        decomposition_table,
+        float_scalar_comparisons,
+    )
 
     # torch.export specializes sizes 0 and 1: the examples have 2 and more (a 1-token prompt
     # still runs, the compiled dim is dynamic).
@@ -339,6 +404,10 @@ def _export(
         PREFILL: (CausalLMModule.prefill, example(4), {1: prompt}, {1: prompt}),
         DECODE: (CausalLMModule.decode, example(1), None, {1: cache}),
     }
+    for length in options.prefill_lengths:  # static: no dims, the mask as long as the prompt
+        ids, positions, _ = example(length)
+        args = (ids, positions, torch.ones((batch, length), dtype=torch.int64))
+        plans[prefill_name(length)] = (CausalLMModule.prefill_static, args, None, None)
     for name, (method, args, token_dims, mask_dims) in plans.items():
         shapes = {"input_ids": token_dims, "position_ids": token_dims, "attention_mask": mask_dims}
         try:
@@ -353,6 +422,15 @@ def _export(
             ) from e
         program = program.run_decompositions(decomposition_table())
         float_scalar_comparisons(program)
+        if name != PREFILL and name != DECODE:
+            # the causal mask, built from no input, becomes is_causal=True (the kernel's form)
+            rewritten = constant_attention_masks(program)
+            layers = cache_shape(module.model.config, batch, seq)[0]
+            if rewritten != layers:
+                raise CompileError(
+                    f"{what}: {name}: {rewritten} of {layers} attentions took the causal form; "
+                    "this model family changes the mask it is given (drop prefill_lengths)"
+                )
         programs[name] = program
     return programs
 

@@ -12,6 +12,11 @@ reflection the model's record (max_seq, max_batch, end-of-sequence ids) and its 
 read with the `tokenizers` library. Per step only the new token ids go in and the last
 position's logits come back; sampling runs here, on the host, in numpy.
 
+An artifact built with `prefill_lengths` also has `prefill_<n>` entrypoints, static prompt
+lengths whose attention a backend's static-shape kernels take: a batch whose longest prompt
+fits one (without shortening the generation) is padded on the right to the smallest such n and
+goes there; any other is padded on the left and goes to the dynamic `prefill`.
+
 A generator owns one session, so one generation runs at a time on it; for concurrent
 generations open one generator per thread. Each holds its own cache, which memory admission
 counts for as long as the generator is open.
@@ -94,14 +99,24 @@ class Generation:
     decode_tokens_per_s: float
     decode_steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    prefill_entrypoint: str = PREFILL  # the prefill that ran: "prefill" or "prefill_<n>"
 
 
 class Generator:
     """Generation over one session of a loaded causal-LM model."""
 
-    def __init__(self, model: Any, *, spin_us: float = 0.0, wait_for_memory: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        spin_us: float = 0.0,
+        wait_for_memory: float = 0.0,
+        static_prefill: bool = True,
+    ) -> None:
         """`wait_for_memory`: seconds to wait, under a memory budget, for other generators or
-        calls to give back the bytes this generator's KV cache needs (0: fail at once)."""
+        calls to give back the bytes this generator's KV cache needs (0: fail at once).
+        `static_prefill=False` always calls the dynamic `prefill`, even where the artifact has
+        a static-length one that fits (to compare the two)."""
         self.model = model
         try:
             reflection = model.reflection(PREFILL)
@@ -124,6 +139,9 @@ class Generator:
         # recorded always had a float32 cache
         self.cache_dtype: str = record.get("cache_dtype", "float32")
         self.eos_token_ids: tuple[int, ...] = tuple(record["eos_token_ids"])
+        # static prefill lengths (`prefill_<n>`); artifacts built before them have none
+        lengths = record.get("prefill_lengths", []) if static_prefill else []
+        self.prefill_lengths: tuple[int, ...] = tuple(sorted(lengths))
         self.tokenizer = _tokenizer(reflection.get(TOKENIZER_KEY), model.path.name)
         # The cache is allocated when the session's VM context starts: count it first.
         self._reservation = None
@@ -136,6 +154,7 @@ class Generator:
             raise
         self._prefill = self.session.resolve(PREFILL)
         self._decode = self.session.resolve(DECODE)
+        self._static_prefills = {n: self.session.resolve(f"{PREFILL}_{n}") for n in lengths}
         self._cancelled = threading.Event()
         self._busy = threading.Lock()
 
@@ -210,10 +229,11 @@ class Generator:
         """An iterator of `Step`s, token by token, in sequence order within a step.
 
         `prompts`: one text, one list of token ids, or a list of either (at most max_batch;
-        prompts of different lengths are left-padded). A sequence stops at an end-of-sequence
-        id of the model (`use_eos`), at any of `stop_tokens`, when its text contains one of
-        `stop_strings` (the text is cut before it), after `max_new_tokens`, or when it fills
-        max_seq. `timeout` bounds each device call (DeadlineExceeded).
+        prompts of different lengths are padded, see the module's docstring). A sequence stops
+        at an end-of-sequence id of the model (`use_eos`), at any of `stop_tokens`, when its
+        text contains one of `stop_strings` (the text is cut before it), after
+        `max_new_tokens`, or when it fills max_seq. `timeout` bounds each device call
+        (DeadlineExceeded).
         """
         batch = self._prompts(prompts)
         if max_new_tokens < 1:
@@ -305,18 +325,28 @@ class GenerationStream:
     def _generate(self) -> Iterator[Step]:
         g, s = self.generator, self.sampling
         rows = len(self.prompts)
-        width = max(len(p) for p in self.prompts)
-        # Left padding: every row's last prompt token sits in the same slot. Rows past the
-        # prompts given run a one-token dummy (the batch size is compiled in).
+        longest = max(len(p) for p in self.prompts)
+        bucket = self._bucket(longest)
+        width = bucket or longest
+        # Rows past the prompts given run a one-token dummy (the batch size is compiled in).
         ids = np.zeros((g.max_batch, width), dtype=np.int64)
         mask = np.zeros((g.max_batch, width), dtype=np.int64)
         for r in range(g.max_batch):
             tokens = self.prompts[r] if r < rows else [0]
-            ids[r, width - len(tokens) :] = tokens
-            mask[r, width - len(tokens) :] = 1
-        # Positions count real tokens, as transformers' generate computes them.
-        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
-        next_position = positions[:, -1] + 1
+            if bucket:  # right padding: the static prefill's causal mask hides it (frontend)
+                ids[r, : len(tokens)] = tokens
+                mask[r, : len(tokens)] = 1
+            else:  # left padding: every row's last prompt token sits in the same slot
+                ids[r, width - len(tokens) :] = tokens
+                mask[r, width - len(tokens) :] = 1
+        # Positions count real tokens, as transformers' generate computes them (right padding
+        # goes on counting: its slots are never seen by a real token).
+        if bucket:
+            positions = np.broadcast_to(np.arange(width, dtype=np.int64), mask.shape).copy()
+        else:
+            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
+        next_position = mask.sum(axis=1).astype(np.int64)
+        prefill = g._static_prefills[bucket] if bucket else g._prefill
         rng = np.random.default_rng(s.seed)
         seen = [set(p) for p in self.prompts]  # for the repetition penalty
         tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -326,7 +356,7 @@ class GenerationStream:
         room = g.max_seq - width  # decode calls that fit after the prompt
 
         start = time.perf_counter()
-        logits = self._call(g._prefill, ids, positions, mask)
+        logits = self._call(prefill, ids, positions, mask)
         first = time.perf_counter()
         decode_steps = 0
         decode_s = 0.0
@@ -379,7 +409,19 @@ class GenerationStream:
             decode_tokens_per_s=decode_steps * rows / decode_s if decode_s > 0 else 0.0,
             decode_steps=decode_steps,
             timings={"prefill_s": first - start, "decode_s": decode_s},
+            prefill_entrypoint=f"{PREFILL}_{bucket}" if bucket else PREFILL,
         )
+
+    def _bucket(self, longest: int) -> int:
+        """The smallest static prefill length that holds the longest prompt without shortening
+        the generation (its padding takes cache slots: max_seq - n decode steps fit after it);
+        0: none, the dynamic prefill runs."""
+        g = self.generator
+        wanted = min(self.max_new_tokens - 1, g.max_seq - longest)
+        for n in g.prefill_lengths:
+            if n >= longest and g.max_seq - n >= wanted:
+                return n
+        return 0
 
     def _call(self, call: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> Any:
         return call(ids, positions, mask, output="numpy", timeout=self.timeout)

@@ -50,6 +50,7 @@ class ImportJob(Job):
     max_seq: int | None = None  # causal-lm: KV cache slots per sequence
     max_batch: int | None = None  # causal-lm: sequences per call
     dtype: str | None = None  # causal-lm: compute and KV cache dtype
+    prefill_lengths: tuple[int, ...] | None = None  # causal-lm: static prefill lengths
 
 
 @dataclass(frozen=True)

@@ -453,6 +453,7 @@ def _import_node(graph: GraphSpec, package_dir: Path) -> Node:
         max_seq=graph.max_seq,
         max_batch=graph.max_batch,
         dtype=graph.dtype,
+        prefill_lengths=graph.prefill_lengths,
     )
     return Node(
         import_node_id(graph), job, label=f"import {graph.ref}", heavy=True, isolate=ISOLATE_STEPS

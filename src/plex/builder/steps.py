@@ -70,6 +70,7 @@ def run_import(job: ImportJob, ctx: NodeContext) -> None:
         max_seq=job.max_seq,
         max_batch=job.max_batch,
         dtype=job.dtype,
+        prefill_lengths=job.prefill_lengths,
     )
     # the name locations carry in the module: not the build folder, so that the same model
     # builds to the same bytes anywhere; an error names the real file instead (_shown_path)

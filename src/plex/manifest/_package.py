@@ -302,6 +302,7 @@ _CAUSAL_LM_KEYS = {
     "max_seq": "sizes a causal-lm graph's KV cache",
     "max_batch": "sizes a causal-lm graph's KV cache",
     "dtype": "sets a causal-lm graph's compute and KV cache dtype",
+    "prefill_lengths": "adds a causal-lm graph's static-length prefill entrypoints",
 }
 
 
@@ -342,6 +343,16 @@ def _graph(
                 f"{key} {does}",
                 'set frontend = "causal-lm" or remove it',
             )
+    if g.prefill_lengths is not None:
+        _check_unique(doc, (*at, "prefill_lengths"), g.prefill_lengths)
+        # without max_seq the frontend's default applies, and the frontend checks against it
+        for i, length in enumerate(g.prefill_lengths):
+            if g.max_seq is not None and length > g.max_seq:
+                raise doc.error(
+                    (*at, "prefill_lengths", i),
+                    f"prefill length {length} is longer than max_seq ({g.max_seq})",
+                    "raise max_seq or drop the length",
+                )
     if g.dynamic and frontend in ("mlir", "stablehlo"):
         raise doc.error(
             (*at, "dynamic"),
@@ -389,6 +400,7 @@ def _graph(
         max_seq=g.max_seq,
         max_batch=g.max_batch,
         dtype=g.dtype,
+        prefill_lengths=tuple(sorted(g.prefill_lengths)) if g.prefill_lengths else None,
     )
 
 

@@ -87,6 +87,8 @@ class GraphTable(_Table):
     max_batch: Annotated[int, Field(ge=1)] | None = None
     # frontend = "causal-lm": the dtype the model computes in, and so its KV cache's
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    # frontend = "causal-lm": static prompt lengths, one extra prefill entrypoint each
+    prefill_lengths: list[Annotated[int, Field(ge=2)]] | None = None
 
 
 class WeightsTable(_Table):

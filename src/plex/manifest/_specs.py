@@ -147,6 +147,8 @@ class GraphSpec:
     max_seq: int | None = None
     max_batch: int | None = None
     dtype: str | None = None  # causal-lm: the compute (and KV cache) dtype; None: float32
+    # causal-lm: static prompt lengths, each exported as `prefill_<n>`; None: only `prefill`
+    prefill_lengths: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
