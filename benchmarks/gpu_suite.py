@@ -22,12 +22,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks import runner, zoo
+from benchmarks import results, runner, zoo
 
 REPO = Path(__file__).resolve().parents[1]
 # Everything one device call carries (the working tree, the wheels in .whl/, the prepared
 # cases) must stay under the device tool's 64 MiB; checked against 60 MiB, as the tool's own
 # count differs a little from this one.
+# In the prepared folder: the commit the cases were built at (gpu/run_suite.sh records it).
+REVISION_FILE = "revision"
 TRAVEL_LIMIT = 60 * 2**20
 
 
@@ -93,6 +95,8 @@ def prepare(cases: list[runner.Case], out: Path) -> int:
         print(f"== {case.id}: built and stripped in {seconds:.0f} s", file=sys.stderr, flush=True)
         built.append(case)
     (out / "cases.json").write_text(json.dumps([asdict(c) for c in built], indent=1) + "\n")
+    # the commit the cases were built at: the run there records it (its tree's .git is stale)
+    (out / REVISION_FILE).write_text(f"{results.plex_revision() or 'unknown'}\n")
     parts = travelling_bytes(out)
     total = sum(parts.values())
     shown = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in parts.items())

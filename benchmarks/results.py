@@ -115,7 +115,11 @@ def _version(module: str) -> str | None:
         return None
 
 
-def _plex_revision() -> str | None:
+def plex_revision() -> str | None:
+    """The commit measured: `PLEX_REVISION` where the caller knows it better than git (the GPU
+    machine's copy of the tree carries a stale .git), else the checkout's HEAD (+dirty)."""
+    if os.environ.get("PLEX_REVISION"):
+        return os.environ["PLEX_REVISION"]
     try:
         rev = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -136,7 +140,7 @@ def _plex_revision() -> str | None:
 
 def versions() -> dict:
     found = {
-        "plex": _plex_revision(),
+        "plex": plex_revision(),
         "python": platform.python_version(),
         "iree": _version("iree-base-runtime"),
         "iree-compiler": _version("iree-base-compiler"),
