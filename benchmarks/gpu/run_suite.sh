@@ -17,17 +17,10 @@
 # --write docs/benchmarks.md`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-$PWD/gpu-results}"
-mkdir -p "$OUT"
-SITE=/tmp/plex-gpu-site
-
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$SITE" .whl/*.whl || { echo "wheel install failed"; exit 2; }
-export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1
+source benchmarks/gpu/runtime_env.sh
 # the commit the cases were built at (this copy's .git, if any, is stale)
 PLEX_REVISION="built at $(cat benchmarks/gpu/suite/revision 2>/dev/null || echo unknown)"
 export PLEX_REVISION
-export PATH="$SITE/iree/_runtime_libs:$PATH"
 
 {
   date -u

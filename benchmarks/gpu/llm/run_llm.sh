@@ -12,13 +12,7 @@
 # llm.log (the output).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-OUT="${OUT:-$PWD/gpu-results}"
-mkdir -p "$OUT"
-SITE=/tmp/plex-gpu-site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$SITE" .whl/*.whl || { echo "wheel install failed"; exit 2; }
-export PYTHONPATH="$SITE:$PWD/src:$PWD" PYTHONUNBUFFERED=1
-export PATH="$SITE/iree/_runtime_libs:$PATH"
+source benchmarks/gpu/runtime_env.sh
 {
   date -u
   nvidia-smi
