@@ -254,7 +254,11 @@ def test_the_normal_forms_compute_what_the_onnx_graphs_do(onnx_files, tmp_path):
     for m in models:
         (root / f"{m}.onnx").write_bytes((onnx_files / f"{m}.onnx").read_bytes())
     graphs = "".join(f'[graph.{m}]\nsource = "{m}.onnx"\n' for m in models)
-    expected = {"bert": {"linears": 12, "attention": 2}, "llama": {"linears": 15, "attention": 2}}
+    # Attention is not rewritten here: a CPU variant's input phase already put each written-out
+    # softmax's row max behind a barrier (myelin.compiler.cpu_max_reduction), which the
+    # attention rewrite does not look through; a CUDA variant has no such rewrite (the coverage
+    # tests above), and the JAX test below checks the attention rewrite's numerics on the CPU.
+    expected = {"bert": {"linears": 12, "attention": 0}, "llama": {"linears": 15, "attention": 0}}
     artifacts = _normal_and_plain_cpu_builds(root, graphs, expected)
     zoo = zoo_models()
     for m in models:

@@ -247,6 +247,10 @@ def eager_attention_as_sdpa(program: torch.export.ExportedProgram) -> int:
             sdpa = graph.call_function(_SDPA, (q, k, v, mask, 0.0, False), {"scale": scale})
         sdpa.meta = dict(node.meta)
         node.replace_all_uses_with(sdpa)
+        # a program output is named in the signature too: it must name the new node
+        for spec in program.graph_signature.output_specs:
+            if getattr(spec.arg, "name", None) == node.name:
+                spec.arg.name = sdpa.name
         dead |= _dead_inputs(node)
         count += 1
     if count:
