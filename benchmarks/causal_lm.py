@@ -87,6 +87,36 @@ def _plex(mln: Path, prompts: list[list[int]], new: int, keep: list) -> Callable
     return run
 
 
+def transformers_generation(
+    model: Any, ids: Any, new: int, sync: Callable[[], None] = lambda: None, **options: Any
+) -> Callable[[], Generation]:
+    """One transformers `generate` per call (greedy, `new` tokens, the prompt `ids` unpadded),
+    timed by a streamer as PLeX's Generator times itself; `sync` waits for the device (CUDA),
+    `options` go to `generate` (e.g. `cache_implementation="static"`)."""
+    import torch
+
+    mask = torch.ones_like(ids)
+
+    def run() -> Generation:
+        clock = _Clock()
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                do_sample=False,
+                streamer=clock,
+                **options,
+            )
+        sync()
+        stamps = clock.stamps  # [prompt, token 1, ..., token new]
+        return stamps[1] - start, stamps[-1] - stamps[1], out[:, ids.shape[1] :].tolist()
+
+    return run
+
+
 def _transformers(
     folder: Path, dtype: str, prompts: list[list[int]], new: int
 ) -> Callable[[], Generation]:
@@ -98,20 +128,7 @@ def _transformers(
     ).eval()
     hf.generation_config.eos_token_id = None  # never stop early, as PLeX's use_eos=False
     hf.generation_config.pad_token_id = 0
-    ids = torch.tensor(prompts)
-    mask = torch.ones_like(ids)
-
-    def run() -> Generation:
-        clock = _Clock()
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = hf.generate(
-                ids, attention_mask=mask, max_new_tokens=new, do_sample=False, streamer=clock
-            )
-        stamps = clock.stamps  # [prompt, token 1, ..., token new]
-        return stamps[1] - start, stamps[-1] - stamps[1], out[:, ids.shape[1] :].tolist()
-
-    return run
+    return transformers_generation(hf, torch.tensor(prompts), new)
 
 
 class Unavailable(Exception):
@@ -174,13 +191,18 @@ def _llama_cpp(
     return run
 
 
+def rows_first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    """Per row, the first position where the token lists differ (None: equal throughout)."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        n = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
+        out.append(n if n is not None or len(x) == len(y) else min(len(x), len(y)))
+    return out
+
+
 def first_divergence(a: list[list[int]], b: list[list[int]]) -> int | None:
     """The first position where any row's tokens differ (None: equal throughout)."""
-    found = [
-        next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
-        for x, y in zip(a, b, strict=True)
-    ]
-    return min((n for n in found if n is not None), default=None)
+    return min((n for n in rows_first_divergence(a, b) if n is not None), default=None)
 
 
 def _check(plex: list[list[int]], other: list[list[int]], strict: bool, against: str) -> dict:

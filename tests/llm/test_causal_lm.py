@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -21,60 +20,19 @@ pytest.importorskip("iree.turbine")
 import myelin  # noqa: E402
 from myelin.errors import MemoryBudgetExceeded  # noqa: E402
 from myelin.runtime.generation import Generator, Sampling  # noqa: E402
-from tests.conftest import build_app  # noqa: E402
-from tests.llm.tiny_models import FAMILIES, write_model  # noqa: E402
+from tests.llm.builds import MAX_SEQ, PROMPT, build_causal_lm, transformers_greedy  # noqa: E402
+from tests.llm.tiny_models import FAMILIES  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 NEW_TOKENS = 64
-PROMPT = "the quick brown fox"
-MAX_SEQ = 128
-
-
-def build_lm(root: Path, family: str, *, max_batch: int = 1) -> Path:
-    """A package whose graph is the model folder, an app over it, built to lm.mln."""
-    write_model(root / "lm" / "model", family)
-    (root / "lm" / "plex.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [package]
-            name = "lm"
-
-            [graph.lm]
-            source = "model"
-            frontend = "causal-lm"
-            max_seq = {MAX_SEQ}
-            max_batch = {max_batch}
-            """
-        )
-    )
-    (root / "app.toml").write_text('[app]\nname = "lm"\npackages = ["lm"]\n')
-    return build_app(root / "app.toml", root / "lm.mln")
-
-
-def transformers_greedy(folder: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    """transformers' own greedy `generate`, never stopping early (as use_eos=False)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
-    model.generation_config.eos_token_id = None
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> tuple[Path, Path]:
     """The Llama family with max_batch 2 (the batch tests) and the folder it came from."""
     root = tmp_path_factory.mktemp("llama")
-    return build_lm(root, "llama", max_batch=2), root / "lm" / "model"
+    return build_causal_lm(root, "llama", max_batch=2), root / "lm" / "model"
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +44,7 @@ def llama_model(llama):
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 def test_greedy_tokens_equal_transformers_generate(tmp_path, family):
-    mln = build_lm(tmp_path, family)
+    mln = build_causal_lm(tmp_path, family)
     model = myelin.Instance().load(mln)
     with Generator(model) as generator:
         prompt = generator.encode(PROMPT)

@@ -5,7 +5,6 @@ get none (myelin.compiler.storage_twins)."""
 from __future__ import annotations
 
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,33 +16,18 @@ pytest.importorskip("iree.turbine")
 
 from myelin.mln import MlnReader
 from myelin.signature import STORAGE_TWIN_SUFFIX
-from tests.conftest import build_app
-from tests.llm.tiny_models import write_model
+from tests.llm.builds import build_causal_lm
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_causal_lm_builds_for_cuda_without_twins_for_its_stateful_entrypoints(tmp_path: Path):
-    write_model(tmp_path / "lm" / "model", "llama")
-    (tmp_path / "lm" / "plex.toml").write_text(
-        textwrap.dedent(
-            """
-            [package]
-            name = "lm"
-
-            [graph.lm]
-            source = "model"
-            frontend = "causal-lm"
-            max_seq = 64
-            max_batch = 2
-            """
-        )
+    mln = build_causal_lm(
+        tmp_path,
+        max_seq=64,
+        max_batch=2,
+        app='[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "none"',
     )
-    (tmp_path / "app.toml").write_text(
-        '[app]\nname = "lm"\npackages = ["lm"]\n\n'
-        '[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "none"\n'
-    )
-    mln = build_app(tmp_path / "app.toml", tmp_path / "lm.mln")
     exported = vm_exports(mln, tmp_path)
     assert {"prefill", "decode"} <= exported
     assert not {n for n in exported if n.endswith(STORAGE_TWIN_SUFFIX)}
@@ -56,34 +40,14 @@ def test_a_static_prefill_length_puts_prefills_attention_on_the_flash_kernel(tmp
     pytest.importorskip("triton")
     from myelin.kernels import KERNELS_CUDA_ARCH, coverage_line
 
-    write_model(
-        tmp_path / "lm" / "model",
-        "llama",
-        hidden_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+    mln = build_causal_lm(
+        tmp_path,
+        max_seq=64,
+        max_batch=2,
+        graph='dtype = "float16"\nprefill_lengths = [32]',
+        app='[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "triton-attention"',
+        config=dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1),
     )
-    (tmp_path / "lm" / "plex.toml").write_text(
-        textwrap.dedent(
-            """
-            [package]
-            name = "lm"
-
-            [graph.lm]
-            source = "model"
-            frontend = "causal-lm"
-            max_seq = 64
-            max_batch = 2
-            dtype = "float16"
-            prefill_lengths = [32]
-            """
-        )
-    )
-    (tmp_path / "app.toml").write_text(
-        '[app]\nname = "lm"\npackages = ["lm"]\n\n'
-        '[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "triton-attention"\n'
-    )
-    mln = build_app(tmp_path / "app.toml", tmp_path / "lm.mln")
     assert {"prefill", "prefill_32", "decode"} <= vm_exports(mln, tmp_path)
     with MlnReader(mln) as reader:
         variants = reader.manifest["variants"]

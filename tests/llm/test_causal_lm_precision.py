@@ -5,9 +5,6 @@ the tolerances here sit above them with room for other CPUs' rounding."""
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -18,14 +15,11 @@ pytest.importorskip("iree.turbine")
 
 import myelin
 from myelin.runtime.generation import Generator
-from tests.conftest import build_app
-from tests.llm.tiny_models import write_model
+from tests.llm.builds import PROMPT, build_causal_lm
 
 pytestmark = pytest.mark.slow
 
 NEW_TOKENS = 64
-PROMPT = "the quick brown fox"
-MAX_SEQ = 128
 
 # name -> (the app's [weights.codec] table, the graph's dtype): every weight a codec may take
 # ("*"; the 32x64 k/v projections and the norms stay fp32 by the codec rules).
@@ -47,28 +41,6 @@ TOLERANCES: dict[str, tuple[float, int]] = {
     "dtype float16": (2e-3, 32),
     "dtype bfloat16": (1e-2, 8),
 }
-
-
-def build_variant(root: Path, codecs: str, dtype: str | None) -> Path:
-    """The tests' tiny Llama (seed 0) in a package, built with these codecs and dtype."""
-    write_model(root / "lm" / "model", "llama")
-    dtype_line = f'dtype = "{dtype}"' if dtype else ""
-    (root / "lm" / "plex.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [package]
-            name = "lm"
-
-            [graph.lm]
-            source = "model"
-            frontend = "causal-lm"
-            max_seq = {MAX_SEQ}
-            {dtype_line}
-            """
-        )
-    )
-    (root / "app.toml").write_text(f'[app]\nname = "lm"\npackages = ["lm"]\n\n{codecs}')
-    return build_app(root / "app.toml", root / "lm.mln")
 
 
 def first_decode_logits(generator: Generator, prompt: list[int], token: int) -> np.ndarray:
@@ -97,7 +69,9 @@ def measured(tmp_path_factory) -> dict:
     dtypes: dict[str, str] = {}
     for name, (codecs, dtype) in VARIANTS.items():
         root = tmp_path_factory.mktemp(name.replace(" ", "-"))
-        model = myelin.Instance().load(build_variant(root, codecs, dtype))
+        model = myelin.Instance().load(
+            build_causal_lm(root, graph=f'dtype = "{dtype}"' if dtype else "", app=codecs)
+        )
         try:
             with Generator(model) as generator:
                 prompt = generator.encode(PROMPT)

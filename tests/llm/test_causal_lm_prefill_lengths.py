@@ -5,9 +5,6 @@ falls back to `prefill` otherwise. Greedy tokens equal transformers' own `genera
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,37 +14,13 @@ pytest.importorskip("iree.turbine")
 
 import myelin  # noqa: E402
 from myelin.runtime.generation import Generator  # noqa: E402
-from tests.conftest import build_app  # noqa: E402
-from tests.llm.test_causal_lm import PROMPT, transformers_greedy  # noqa: E402
-from tests.llm.tiny_models import write_model  # noqa: E402
+from tests.llm.builds import MAX_SEQ, PROMPT, build_causal_lm, transformers_greedy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-MAX_SEQ = 128
 LENGTHS = (16, 64)
 NEW_TOKENS = 32
 BATCH = ["the quick brown fox jumps over the lazy dog", "a model"]
-
-
-def build_bucketed(root: Path, family: str) -> Path:
-    write_model(root / "lm" / "model", family)
-    (root / "lm" / "plex.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [package]
-            name = "lm"
-
-            [graph.lm]
-            source = "model"
-            frontend = "causal-lm"
-            max_seq = {MAX_SEQ}
-            max_batch = 2
-            prefill_lengths = {list(LENGTHS)}
-            """
-        )
-    )
-    (root / "app.toml").write_text('[app]\nname = "lm"\npackages = ["lm"]\n')
-    return build_app(root / "app.toml", root / "lm.mln")
 
 
 # Llama (rotary positions, grouped-query attention) and GPT-2 (learned positions, its own
@@ -55,7 +28,11 @@ def build_bucketed(root: Path, family: str) -> Path:
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
 def bucketed(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
-    model = myelin.Instance().load(build_bucketed(root, request.param))
+    model = myelin.Instance().load(
+        build_causal_lm(
+            root, request.param, max_batch=2, graph=f"prefill_lengths = {list(LENGTHS)}"
+        )
+    )
     yield model, root / "lm" / "model"
     model.close()
 

@@ -24,7 +24,9 @@ is not timed). Then per build (one family, one batch = the build's max_batch):
 - rounds interleave the runners (PLeX, eager, compiled, PLeX, ...), after one warm-up each
   (two for compiled: compilation and CUDA-graph capture); medians over rounds;
 - greedy tokens: per row, the first position where PLeX's tokens differ from each
-  transformers runner's (float16 on both sides: a divergence is expected at some point).
+  transformers runner's (float16 on both sides: a divergence is expected at some point), and
+  at each divergence the float32 model's preference between the two tokens, teacher-forced on
+  the shared prefix (`divergence_fp32`: a near tie, or a defect).
 
 Writes `OUT/llm.json` (a benchmarks/results.py run, suite "gpu": cases `llm-<build>-ttft` and
 `llm-<build>-decode-step`, in ms, samples per round; each transformers row's check: the first
@@ -55,6 +57,7 @@ sys.path.insert(0, str(HERE))
 import models  # noqa: E402
 
 from benchmarks import results  # noqa: E402
+from benchmarks.causal_lm import rows_first_divergence, transformers_generation  # noqa: E402
 from benchmarks.gpu import payload  # noqa: E402
 
 RUNNERS = ("PLeX", "transformers eager", "transformers compiled")
@@ -116,47 +119,6 @@ def _rebuild_family(
         print(f"{b['name']}: {status[b['name']]}", flush=True)
 
 
-class _Clock:
-    """A transformers streamer that stamps each `put` on the host: the prompt, then one per
-    generated token (generate moves each step's tokens to the host before calling it)."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-
-    def put(self, value: object) -> None:
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
-def hf_runner(model, ids, new: int, sync, **options):
-    """One transformers generation: (time to first token s, decode s, tokens per row)."""
-    import torch
-
-    mask = torch.ones_like(ids)
-
-    def run():
-        clock = _Clock()
-        sync()
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=new,
-                do_sample=False,
-                streamer=clock,
-                **options,
-            )
-        sync()
-        stamps = clock.stamps  # [prompt, token 1, ..., token new]
-        tokens = out[:, ids.shape[1] :].tolist()
-        return stamps[1] - start, stamps[-1] - stamps[1], tokens
-
-    return run
-
-
 def plex_runner(generator, prompts: list[list[int]], new: int):
     def run():
         r = generator.generate(prompts, max_new_tokens=new, use_eos=False)
@@ -165,13 +127,47 @@ def plex_runner(generator, prompts: list[list[int]], new: int):
     return run
 
 
-def first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
-    """Per row, the first position where the token lists differ (None: equal throughout)."""
-    out = []
-    for x, y in zip(a, b, strict=True):
-        n = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
-        out.append(n if n is not None or len(x) == len(y) else min(len(x), len(y)))
-    return out
+def explain_divergences(
+    folder: Path, prompt, tokens: dict[str, list[list[int]]], row: dict, device: str
+) -> list[dict]:
+    """At each row's first divergence between PLeX and a transformers runner, the float32
+    model's next-token logits teacher-forced on the prefix both sides share: which of the two
+    tokens float32 prefers and by how much. A margin within float16's rounding of the logits
+    (~1e-2 here) is a near tie either side may break; a wide one that float32 settles against
+    PLeX would be a defect."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+    )
+    model = model.eval().to(device)
+    found = []
+    for name, rows in row["first_divergence"].items():
+        for r, d in enumerate(rows):
+            if d is None or d >= len(tokens["PLeX"][r]) or d >= len(tokens[name][r]):
+                continue
+            ids = list(prompt[r]) + tokens["PLeX"][r][:d]
+            with torch.no_grad():
+                logits = model(torch.tensor([ids], device=device)).logits[0, -1].float()
+            ours, theirs = tokens["PLeX"][r][d], tokens[name][r][d]
+            top = torch.topk(logits, 2)
+            found.append(
+                {
+                    "against": name,
+                    "row": r,
+                    "position": d,
+                    "plex_token": ours,
+                    "other_token": theirs,
+                    "fp32_argmax": int(top.indices[0]),
+                    "fp32_logit_plex_minus_other": float(logits[ours] - logits[theirs]),
+                    "fp32_top2_margin": float(top.values[0] - top.values[1]),
+                }
+            )
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return found
 
 
 def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
@@ -206,13 +202,13 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
     row["plex_prefill"] = f"prefill_{fits[0]}" if fits else "prefill"
     runners = {
         "PLeX": plex_runner(generator, prompt.tolist(), new),
-        "transformers eager": hf_runner(hf, ids, new, sync),
+        "transformers eager": transformers_generation(hf, ids, new, sync),
     }
     warmups = {"PLeX": 1, "transformers eager": 1}
     if not args.compile:
         row["compiled_skipped"] = "not asked (--no-compile)"
     else:
-        compiled = hf_runner(hf, ids, new, sync, cache_implementation="static")
+        compiled = transformers_generation(hf, ids, new, sync, cache_implementation="static")
         try:
             compiled()  # compiles; a failure skips the runner
             runners["transformers compiled"] = compiled
@@ -261,9 +257,11 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
         for name, m in row["median"].items()
         if name != "PLeX"
     }
+    others = [name for name in tokens if name != "PLeX"]
     row["first_divergence"] = {
-        name: first_divergence(tokens["PLeX"], tokens[name]) for name in tokens if name != "PLeX"
+        name: rows_first_divergence(tokens["PLeX"], tokens[name]) for name in others
     }
+    row["divergence_fp32"] = explain_divergences(folder, prompt, tokens, row, args.device)
     row["tokens_first_row"] = {name: t[0][:16] for name, t in tokens.items()}
     return row
 
