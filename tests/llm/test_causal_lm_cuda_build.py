@@ -81,3 +81,27 @@ def vm_exports(mln: Path, tmp_path: Path) -> set[str]:
         for line in text.splitlines()
         if line.strip().startswith("vm.export @")
     }
+
+
+def test_q4_weights_in_a_float16_graph_build_with_the_kernel_library(tmp_path: Path):
+    """q4 weights in a float16 graph for Hopper with the kernels: decode steps' matmuls take
+    the q4 kernel, and a prefill matmul whose weight the codec decodes inside the matmul's own
+    dispatch stays IREE's, with that reason (a kernel call inside a dispatch region does not
+    compile: it once failed the whole build)."""
+    pytest.importorskip("triton")
+    mln = build_causal_lm(
+        tmp_path,
+        max_seq=64,
+        max_batch=2,
+        graph='dtype = "float16"\nprefill_lengths = [32]',
+        app='[weights.codec]\n"*" = "q4"\n\n'
+        '[devices.gpu]\ntarget = "cuda"\narch = "sm_90a"\nkernels = "triton-attention"',
+        config=dict(hidden_size=256, intermediate_size=512, num_attention_heads=4),
+    )
+    with MlnReader(mln) as reader:
+        variants = reader.manifest["variants"]
+    sites = [s for v in variants for d in v["devices"] for s in d.get("kernels", [])]
+    decode = [s for s in sites if s["function"] == "decode" and "matmul" in s["op"]]
+    assert decode and all(s["reason"] == "matched q4" for s in decode)
+    fused = [s for s in sites if "decodes its weight inside" in s["reason"]]
+    assert fused and {s["function"] for s in fused} <= {"prefill", "prefill_32"}

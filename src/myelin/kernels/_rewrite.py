@@ -147,6 +147,18 @@ def _function_name(op: ir.Operation) -> str:
     return ir.StringAttr(parent.attributes["sym_name"]).value
 
 
+def _in_dispatch_region(op: ir.Operation) -> bool:
+    """Whether `op` already sits in a `flow.dispatch.region` (a codec's decode fused with its
+    matmul: myelin.codecs._regions): a region becomes one executable, which cannot call
+    another, so a kernel call there would not compile."""
+    parent = op.parent
+    while parent is not None and parent.name not in ("util.func", "func.func"):
+        if parent.name == "flow.dispatch.region":
+            return True
+        parent = parent.parent
+    return False
+
+
 def find_matmuls(
     module: ir.Operation, choose: Callable[[str, str, bool, int | None, int, int], MatmulConfig]
 ) -> list[_Match]:
@@ -172,7 +184,9 @@ def find_matmuls(
         if narrowed is not None:
             root, out = narrowed
         reason = ""
-        if maps not in (None, _MAPS_AB, _MAPS_ABT):
+        if _in_dispatch_region(op):
+            reason = "a codec decodes its weight inside the matmul's dispatch"
+        elif maps not in (None, _MAPS_AB, _MAPS_ABT):
             reason = f"layout {maps} is not A x B or A x B^T"
         elif dtype not in _INPUT_TYPES or _element(b_t) != dtype:
             reason = f"inputs {dtype} x {_element(b_t)}: kernels take f16 or bf16 pairs"
