@@ -260,3 +260,42 @@ def test_masked_decode_attention_goes_to_the_split_kv_kernel_with_its_mask(tmp_p
     assert [n.split("_")[2] for _, n in calls] == ["attention", "combine"], calls
     assert all(exe.startswith("extern_dispatch") for exe, _ in calls), calls
     assert "tensor<8x1x576xf16>" in additive.split("flow.dispatch")[1], additive[:3000]
+
+
+# A decode over the cache as far as the call's length reaches (the causal-lm frontend reads its
+# cache to `attention_mask.shape[1]`): K, V and the mask have a dynamic key length.
+DYNAMIC_GRAPH = (
+    MAPS
+    + "#m = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>\n"
+    + """
+func.func @dynamic(%q3: tensor<8x1x128xf16>, %k3: tensor<8x?x128xf16>,
+    %v3: tensor<8x?x128xf16>, %mask: tensor<8x1x?xf16>) -> tensor<8x1x128xf16> {
+"""
+    + MASKED.format(q="tensor<8x1x128xf16>", kv="tensor<8x?x128xf16>", mask="tensor<8x1x?xf16>")
+    + """  return %r : tensor<8x1x128xf16>
+}
+"""
+)
+
+
+def test_a_decode_over_keys_of_the_calls_length_goes_to_the_split_kv_kernels(tmp_path):
+    """The key length is a push constant of the split kernel already; the wrapper reads it from
+    K's size at run time, and the number of splits and the workspace follow it."""
+    source = tmp_path / "dynamic.mlir"
+    source.write_text(DYNAMIC_GRAPH)
+    imported = import_graph(source, input_type="auto", module_name="g", scope="g")
+    kernelized = apply_kernels(imported.module_bytecode, library="triton-attention")
+    (site,) = kernelized.sites
+    assert site["kernel"].startswith("plex_decode_attention_mask_f16_d128_"), site
+    assert "keys of the call's length" in site["reason"] and site["k"] is None
+    phases: dict[str, str] = {}
+    compile_module(
+        kernelized.module_bytecode,
+        phase="input",
+        devices=[TargetDevice("gpu", target="cuda")],
+        stop_at="flow",
+        on_phase=lambda phase, text: phases.__setitem__(phase, text),
+    )
+    calls = re.findall(r"flow\.dispatch @(\w+)::(?:@\w+::)?@(\w+)", phases["flow"])
+    assert [n.split("_")[2] for _, n in calls] == ["attention", "combine"], calls
+    assert "iree_linalg_ext.attention" not in phases["flow"]
