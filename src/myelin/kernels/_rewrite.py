@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
+from myelin.kernels._conv import conv_of
 from myelin.kernels._triton import CompiledKernel, MatmulConfig
 
 # linalg.matmul's maps for A x B (the default) and A x B^T, as IREE 3.13 prints them.
@@ -42,13 +43,16 @@ class MatmulSite:
     b_transposed: bool
     kernel: str | None  # the kernel it goes to, or None
     reason: str  # why it goes there, or why it stays IREE codegen
+    # the convolution this matmul computes (myelin.kernels._conv: op, conv, flops), if any
+    conv: dict | None = None
 
     def to_json(self) -> dict:
         m, n, k = self.shape
-        return {
+        op = "matmul_transpose_b" if self.b_transposed else "matmul"
+        site = {
             "function": self.function,
             "location": self.location,
-            "op": "matmul_transpose_b" if self.b_transposed else "matmul",
+            "op": op,
             "m": m,
             "n": n,
             "k": k,
@@ -57,6 +61,9 @@ class MatmulSite:
             "kernel": self.kernel,
             "reason": self.reason,
         }
+        if self.conv is not None:  # listed as the convolution, with the matmul it runs as
+            site.update(self.conv, **{"as": op})
+        return site
 
 
 @dataclass
@@ -195,6 +202,7 @@ def find_matmuls(
             kernel=config.name if config is not None else None,
             reason=(reason or ("matched, with its truncf" if narrowed else "matched"))
             + (" (B^T read from the transpose's input)" if transpose is not None else ""),
+            conv=conv_of(op),
         )
         match = _Match(site, config, op, root, b_value=b_value, transpose=transpose)
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
