@@ -252,19 +252,20 @@ def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
     read = "affine_map<(n, f, h, w) -> (n, h, w, f)>"
     same = "affine_map<(n, f, h, w) -> (n, f, h, w)>"
     parallel = _parallel(4)
-    lines.append(f"%ye = tensor.empty() : {back_t}")
-    if bias:  # the accumulator's initial value, added in the accumulator's type
+    if bias:
+        # accumulated into the initial value, in its type, as the convolution did (written as
+        # an input instead, IREE 3.13's fusion of the bias's widening made an f16 + f32 add)
         lines += [
-            f"%y = linalg.generic {{indexing_maps = [{read}, {same}, {same}], "
-            f"iterator_types = [{parallel}]}} ins(%y4, %init : {nhwf}, {y_t}) "
-            f"outs(%ye : {back_t}) {{",
-            f"^bb0(%v: {acc}, %b0: {acc}, %o: {acc}):",
-            f"  %sum = arith.addf %v, %b0 : {acc}",
+            f"%y = linalg.generic {{indexing_maps = [{read}, {same}], "
+            f"iterator_types = [{parallel}]}} ins(%y4 : {nhwf}) outs(%init : {y_t}) {{",
+            f"^bb0(%v: {acc}, %o: {acc}):",
+            f"  %sum = arith.addf %v, %o : {acc}",
             f"  linalg.yield %sum : {acc}",
             f"}} -> {back_t}",
         ]
     else:
         lines += [
+            f"%ye = tensor.empty() : {back_t}",
             f"%y = linalg.generic {{indexing_maps = [{read}, {same}], "
             f"iterator_types = [{parallel}]}} ins(%y4 : {nhwf}) outs(%ye : {back_t}) {{",
             f"^bb0(%v: {res_el}, %o: {res_el}):",
