@@ -193,7 +193,9 @@ def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
     else:
         (sh, sw), (dh, dw) = s.stride, s.dilation
         col6 = _tensor([s.n, s.oh, s.ow, s.c, s.kh, s.kw], el)
-        gather = f"affine_map<(n, h, w, c, i, j) -> (n, c, h * {sh} + i * {dh}, w * {sw} + j * {dw})>"
+        gather = (
+            f"affine_map<(n, h, w, c, i, j) -> (n, c, h * {sh} + i * {dh}, w * {sw} + j * {dw})>"
+        )
         lines += [
             f"%e = tensor.empty() : {col6}",
             f"%g = linalg.generic {{indexing_maps = [{gather}, "
@@ -275,8 +277,7 @@ def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
     lines.append(f"util.return %y : {back_t}")
     body = "\n  ".join(lines)
     return (
-        f"util.func private @conv(%x: {x_t}, %w: {w_t}, %init: {y_t}) -> {back_t} {{\n"
-        f"  {body}\n}}"
+        f"util.func private @conv(%x: {x_t}, %w: {w_t}, %init: {y_t}) -> {back_t} {{\n  {body}\n}}"
     )
 
 

@@ -155,7 +155,9 @@ def _conv_reason(op: ir.Operation) -> str:
     if "_ng" in op.name:
         return "grouped convolution: no kernel form"
     if op.name != CONV_2D:
-        return f"convolution: no kernel form (only {CONV_2D.removeprefix('linalg.')} becomes a matmul)"
+        return (
+            f"convolution: no kernel form (only {CONV_2D.removeprefix('linalg.')} becomes a matmul)"
+        )
     return "convolution: no kernel form"
 
 
@@ -167,9 +169,7 @@ def risky_convolutions(sites: Iterable[dict]) -> list[dict]:
     """The f16 or bf16 convolutions no kernel took: IREE 3.13's own CUDA codegen computes them,
     which gave a wrong answer for ResNet-50 in f16 on an H100 (docs/kernels.md)."""
     return [
-        s
-        for s in sites
-        if is_conv(s) and not s.get("kernel") and s.get("dtype") in ("f16", "bf16")
+        s for s in sites if is_conv(s) and not s.get("kernel") and s.get("dtype") in ("f16", "bf16")
     ]
 
 
