@@ -159,9 +159,9 @@ def test_the_transformers_have_every_matmul_flop_on_kernels_and_the_cnn_its_conv
         assert "(100% of FLOPs)" in lines[module], lines[module]
         assert not any(f"module {module} " in w for w in warned)
     assert lines["gpt2_small"] == "kernels: 11 of 11 contractions (100% of FLOPs) on sm_90a kernels"
-    # the 1000-class head (N % 16 != 0) is the one contraction left: well under 1% of FLOPs
-    assert lines["timm_resnet50_small"].startswith("kernels: 17 of 18 contractions (")
-    assert "(100% of FLOPs)" in lines["timm_resnet50_small"], lines["timm_resnet50_small"]
+    # the 1000-class head (N % 16 != 0) is the one contraction left: 2% of the FLOPs on a
+    # 64-pixel image (0.1% at 224 pixels)
+    assert lines["timm_resnet50_small"].startswith("kernels: 17 of 18 contractions (98% of FLOPs)")
     # a build that leaves contractions to IREE's sm_80 codegen says which and why
     (resnet,) = [w for w in warned if "module timm_resnet50_small " in w]
     assert "matmul_transpose_b 2x1000x2048" in resnet and "conv" not in resnet
