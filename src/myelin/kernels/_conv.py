@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
+from myelin.kernels._rewrite import CONV_MARK, _is_zero_fill
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
-MARK = "plex.conv"  # on a rewritten matmul: JSON of `ConvForm.describe()`
+MARK = CONV_MARK  # on a rewritten matmul: JSON of `ConvForm.describe()`
 WHY = "plex.conv_reason"  # on a convolution left as it was
 KERNEL_DTYPES = ("f16", "bf16")
 _K_STEP = 64  # the matmul kernels' K tile: K % 64 == 0
@@ -113,12 +114,6 @@ def _owner(value: ir.Value) -> ir.Operation | None:
     owner = value.owner
     owner = getattr(owner, "operation", owner)
     return owner if isinstance(owner, ir.Operation) else None
-
-
-def _is_zero_fill(value: ir.Value) -> bool:
-    from myelin.kernels._rewrite import _is_zero_fill
-
-    return _is_zero_fill(value)
 
 
 def _narrowing(result: ir.Value) -> ir.Operation | None:
@@ -327,14 +322,6 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
             fill.erase()
         rewritten += 1
     return rewritten
-
-
-def conv_of(matmul: ir.Operation) -> dict | None:
-    """What convolution a matmul was (`ConvForm.describe()` and the convolution's location), if
-    the rewrite made it."""
-    if MARK not in matmul.attributes:
-        return None
-    return json.loads(ir.StringAttr(matmul.attributes[MARK]).value)
 
 
 def forget_marks(module: ir.Operation) -> None:

@@ -10,13 +10,13 @@ command buffer. Everything a kernel does not cover stays with IREE's codegen.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
-from myelin.kernels._conv import conv_of
 from myelin.kernels._triton import CompiledKernel, MatmulConfig
 
 # linalg.matmul's maps for A x B (the default) and A x B^T, as IREE 3.13 prints them.
@@ -29,6 +29,8 @@ _MAPS_ABT = (
     "affine_map<(d0, d1, d2) -> (d0, d1)>]"
 )
 _INPUT_TYPES = ("f16", "bf16")
+# On a matmul that computes a convolution (myelin.kernels._conv): JSON of what it was
+CONV_MARK = "plex.conv"
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,14 @@ def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
     if str(owner.attributes["permutation"]) != "array<i64: 1, 0>":
         return None
     return owner.operands[0], owner
+
+
+def conv_of(matmul: ir.Operation) -> dict | None:
+    """What convolution a matmul computes (`_conv.ConvForm.describe()` and the convolution's
+    location), if the im2col rewrite made it."""
+    if CONV_MARK not in matmul.attributes:
+        return None
+    return json.loads(ir.StringAttr(matmul.attributes[CONV_MARK]).value)
 
 
 def _function_name(op: ir.Operation) -> str:
