@@ -4,23 +4,23 @@ IREE 3.13 compiles a `linalg.conv_2d_nchw_fchw` for CUDA with its own sm_80 code
 ResNet-50 in f16 ran at 0.01x torch eager on an H100 and gave a wrong answer (cosine 0.66 to
 torch's output; docs/kernels.md). IREE 3.13 has no input-level pass that turns a convolution
 into a 2-D matmul (`iree-preprocessing-convert-1x1-filter-conv2d-to-matmul` takes 1x1 filters
-only, and its im2col lowering makes `iree_linalg_ext.im2col` after IREE's input phase, where no
-kernel can be matched), so the kernels step rewrites each static NCHW convolution itself, at the
-input phase, to
+only; `--iree-global-opt-use-im2col-for-convs` makes an `iree_linalg_ext.im2col` after the input
+phase, where no kernel can be matched), so the kernels step rewrites each static NCHW
+convolution itself, at the input phase, to
 
     cols[(n, oh, ow), (c, i, j)] = x[n, c, oh * sh + i * dh, ow * sw + j * dw]   (a gather)
     y[(n, oh, ow), f] = sum over (c, i, j) of cols * filter[f, (c, i, j)]    (A x B^T matmul)
 
-then `y` back to [n, f, oh, ow] (a transpose IREE fuses with the elementwise ops that follow:
-batch norm, ReLU). Taking the columns in (c, i, j) order makes the filter `[f, c, kh, kw]` the
+then `y` back to [n, f, oh, ow] (an elementwise transpose, which IREE may fuse with the
+elementwise ops that follow: batch norm, ReLU). Taking the columns in (c, i, j) order makes the filter `[f, c, kh, kw]` the
 B^T operand by a reshape alone: no weight is copied. A 1x1 convolution of stride 1 needs no
 gather: its columns are the input read channels-last. K (C x KH x KW) is padded with zeros to a
 multiple of 64, the kernels' K step (ResNet's stem: 3 x 7 x 7 = 147 -> 192); zeros add nothing.
 
 The torch frontend writes f16 convolutions as f16 x f16 accumulated in f32, then a `truncf`;
 the truncf moves to the 2-D matmul, where the kernel folds it. A bias is the accumulator's
-initial value (torch broadcasts it): it is added, in f32, where `y` is transposed back, and the
-matmul starts from zero, as the kernels need. The padding torch asks for is a `tensor.pad`
+initial value (torch broadcasts it): `y` is accumulated into it, in the accumulator's type, by
+the op that transposes `y` back, and the matmul starts from zero, as the kernels need. The padding torch asks for is a `tensor.pad`
 before the convolution; the gather reads the padded tensor.
 
 Each rewritten matmul carries `plex.conv` (what the convolution was) until the kernels step has
