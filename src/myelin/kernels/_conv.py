@@ -12,16 +12,17 @@ convolution itself, at the input phase, to
     y[(n, oh, ow), f] = sum over (c, i, j) of cols * filter[f, (c, i, j)]    (A x B^T matmul)
 
 then `y` back to [n, f, oh, ow] (an elementwise transpose, which IREE may fuse with the
-elementwise ops that follow: batch norm, ReLU). Taking the columns in (c, i, j) order makes the filter `[f, c, kh, kw]` the
-B^T operand by a reshape alone: no weight is copied. A 1x1 convolution of stride 1 needs no
-gather: its columns are the input read channels-last. K (C x KH x KW) is padded with zeros to a
+elementwise ops that follow: batch norm, ReLU). Taking the columns in (c, i, j) order makes the
+filter `[f, c, kh, kw]` the B^T operand by a reshape alone: no weight is copied. A 1x1
+convolution of stride 1 needs no gather: its columns are the input read channels-last. K (C x KH x KW) is padded with zeros to a
 multiple of 64, the kernels' K step (ResNet's stem: 3 x 7 x 7 = 147 -> 192); zeros add nothing.
 
 The torch frontend writes f16 convolutions as f16 x f16 accumulated in f32, then a `truncf`;
 the truncf moves to the 2-D matmul, where the kernel folds it. A bias is the accumulator's
 initial value (torch broadcasts it): `y` is accumulated into it, in the accumulator's type, by
-the op that transposes `y` back, and the matmul starts from zero, as the kernels need. The padding torch asks for is a `tensor.pad`
-before the convolution; the gather reads the padded tensor.
+the op that transposes `y` back, and the matmul starts from zero, as the kernels need. The
+padding torch asks for is a `tensor.pad` before the convolution; the gather reads the padded
+tensor.
 
 Each rewritten matmul carries `plex.conv` (what the convolution was) until the kernels step has
 reported it; a convolution left as it was carries `plex.conv_reason` (why), which the coverage
