@@ -14,8 +14,9 @@ convolution itself, at the input phase, to
 then `y` back to [n, f, oh, ow] (an elementwise transpose, which IREE may fuse with the
 elementwise ops that follow: batch norm, ReLU). Taking the columns in (c, i, j) order makes the
 filter `[f, c, kh, kw]` the B^T operand by a reshape alone: no weight is copied. A 1x1
-convolution of stride 1 needs no gather: its columns are the input read channels-last. K (C x KH x KW) is padded with zeros to a
-multiple of 64, the kernels' K step (ResNet's stem: 3 x 7 x 7 = 147 -> 192); zeros add nothing.
+convolution of stride 1 needs no gather: its columns are the input read channels-last. K
+(C x KH x KW) is padded with zeros to a multiple of 64, the kernels' K step (ResNet's stem:
+3 x 7 x 7 = 147 -> 192); zeros add nothing.
 
 The torch frontend writes f16 convolutions as f16 x f16 accumulated in f32, then a `truncf`;
 the truncf moves to the 2-D matmul, where the kernel folds it. A bias is the accumulator's
