@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("suite", choices=["gpu"])
     prep.add_argument("-o", "--out", type=Path, default=REPO / "benchmarks" / "gpu" / "suite")
     prep.add_argument("--case", nargs="+", help="only these case ids (glob patterns)")
+    prep.add_argument(
+        "--config", default="default", help="the cases of this configuration (`config`)"
+    )
     prep.add_argument("--small", action="store_true", help="each case's `small` sizes")
     prep.add_argument("--device", choices=["cuda", "cpu"], help="build for this device instead")
     rep = sub.add_parser("report", help="the latest table per suite and machine")
@@ -163,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import gpu_suite, runner
 
         suite = runner.load_suite("gpu")
-        chosen = _selected([c.id for c in suite.cases], args.case)
-        cases = [c for c in suite.cases if c.id in chosen]
+        in_config = [c for c in suite.cases if c.config == args.config]
+        chosen = _selected([c.id for c in in_config], args.case)
+        cases = [c for c in in_config if c.id in chosen]
         if args.small:
             cases = [runner.small(c) for c in cases]
         if args.device:

@@ -109,11 +109,13 @@ class _FirstOutput(torch.nn.Module):
         return next(v for v in out.values() if isinstance(v, torch.Tensor))
 
 
-def zoo_model(name: str, size: str = "real", dtype: str = "float16"):
+def zoo_model(name: str, size: str = "real", dtype: str = "float16", batch: int | None = None):
     """GPU zoo model `name` (models.py: `llama`, `qwen2`, `bert`, ...) at `size`, in float16 as
     models.py builds it, or cast to float32 (the CPU check: IREE 3.13 on llvm-cpu does not
-    compile these models' float16 convolutions)."""
-    model, inputs = _zoo_models().MODELS[name](size)
+    compile these models' float16 convolutions); `batch` (timm_resnet50 only) other than the
+    size's."""
+    extra = {} if batch is None else {"batch": batch}
+    model, inputs = _zoo_models().MODELS[name](size, **extra)
     if dtype == "float32":
         model = model.float()
         inputs = {k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}
@@ -121,8 +123,8 @@ def zoo_model(name: str, size: str = "real", dtype: str = "float16"):
 
 
 def _zoo(name: str):
-    def source(size: str = "real", dtype: str = "float16"):
-        return zoo_model(name, size, dtype)
+    def source(size: str = "real", dtype: str = "float16", batch: int | None = None):
+        return zoo_model(name, size, dtype, batch)
 
     source.__doc__ = f"benchmarks/gpu/zoo/models.py's `{name}`, float16, seeded by name."
     return source

@@ -105,7 +105,7 @@ def graphs(tmp_path_factory):
 def test_every_written_form_of_a_linear_becomes_one_2d_matmul(graphs):
     imported, _ = graphs
     text, counts = normalize_contractions(imported.module_bytecode)
-    assert counts == {"linears": 3, "attention": 0}
+    assert counts == {"linears": 3, "convolutions": 0, "attention": 0}
     # what stays batched: a product of two activations (no weight broadcast to it)
     assert text.count("linalg.batch_matmul") == 1
     assert text.count("linalg.matmul") == 3

@@ -69,7 +69,7 @@ EXPECTED: dict[str, dict[tuple[str, bool, str], int]] = {
     "vit_small": {
         ("matmul_transpose_b", True, "matched"): 13,
         ("attention", True, "matched"): 2,
-        ("conv_2d_nchw_fchw", False, CONV): 1,  # the patch embedding
+        ("conv_2d_nchw_fchw", True, "matched"): 1,  # the patch embedding, as im2col + matmul
     },
     "whisper_encoder_small": {
         ("matmul_transpose_b", True, "matched"): 12,
@@ -80,10 +80,11 @@ EXPECTED: dict[str, dict[tuple[str, bool, str], int]] = {
         ("matmul_transpose_b", True, "matched"): 8,
         ("attention", True, "matched"): 2,
         ("matmul_transpose_b", False, HEAD_1000.format(k=128)): 1,
-        ("conv_2d_nchw_fchw", False, CONV): 1,
+        ("conv_2d_nchw_fchw", True, "matched"): 1,
     },
+    # every convolution as im2col + matmul (1x1 ones without the gather), narrowed in the kernel
     "timm_resnet50_small": {
-        ("conv_2d_nchw_fchw", False, CONV): 17,
+        ("conv_2d_nchw_fchw", True, "matched, with its truncf"): 17,
         ("matmul_transpose_b", False, HEAD_1000.format(k=2048)): 1,
     },
 }  # fmt: skip
@@ -144,7 +145,7 @@ def test_every_contraction_of_the_model_is_reported_matched_or_with_its_reason(s
     assert _summary(sites[module]) == Counter(EXPECTED[module])
 
 
-def test_the_transformers_have_every_matmul_flop_on_kernels_and_the_cnn_says_why_not(zoo):
+def test_the_transformers_have_every_matmul_flop_on_kernels_and_the_cnn_its_convolutions(zoo):
     out, warned = zoo
     from myelin.kernels import KERNELS_CUDA_ARCH, coverage_line
 
@@ -158,10 +159,16 @@ def test_the_transformers_have_every_matmul_flop_on_kernels_and_the_cnn_says_why
         assert "(100% of FLOPs)" in lines[module], lines[module]
         assert not any(f"module {module} " in w for w in warned)
     assert lines["gpt2_small"] == "kernels: 11 of 11 contractions (100% of FLOPs) on sm_90a kernels"
-    assert lines["timm_resnet50_small"].startswith("kernels: 0 of 18 contractions (0% of FLOPs)")
+    # the 1000-class head (N % 16 != 0) is the one contraction left: 2% of the FLOPs on a
+    # 64-pixel image (0.1% at 224 pixels)
+    assert lines["timm_resnet50_small"].startswith("kernels: 17 of 18 contractions (98% of FLOPs)")
     # a build that leaves contractions to IREE's sm_80 codegen says which and why
     (resnet,) = [w for w in warned if "module timm_resnet50_small " in w]
-    assert "conv_2d_nchw_fchw" in resnet and CONV in resnet
+    assert "matmul_transpose_b 2x1000x2048" in resnet and "conv" not in resnet
+    # f16 convolutions IREE's CUDA codegen computes (Whisper's 1-D ones) are a warning of their
+    # own, naming the risk
+    (whisper,) = [w for w in warned if "whisper_encoder_small" in w and "CUDA codegen" in w]
+    assert "2 f16/bf16 convolution(s)" in whisper and "conv_1d_ncw_fcw" in whisper
 
 
 def test_inspect_shows_each_models_coverage_line(zoo):
@@ -172,7 +179,7 @@ def test_inspect_shows_each_models_coverage_line(zoo):
     shown = CliRunner().invoke(app, ["inspect", str(zoo[0])], env={"COLUMNS": "250"})
     assert shown.exit_code == 0, shown.output
     assert "kernels: " in shown.output and "on sm_90a kernels" in shown.output
-    assert "conv_2d_nchw_fchw" in shown.output
+    assert "conv_1d_ncw_fcw" in shown.output  # Whisper's, left to IREE
 
 
 def _load_zoo_models():

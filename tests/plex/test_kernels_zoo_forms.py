@@ -72,7 +72,7 @@ EAGER: dict[str, dict[tuple[str, bool, str], int]] = {
     "vit_eager": {
         ("matmul_transpose_b", True, "matched"): 13,
         ("attention", True, "matched"): 2,
-        ("conv_2d_nchw_fchw", False, CONV): 1,
+        ("conv_2d_nchw_fchw", True, "matched"): 1,
     },
     "whisper_encoder_eager": {
         ("matmul_transpose_b", True, "matched"): 12,
@@ -91,7 +91,7 @@ ONNX: dict[str, dict[tuple[str, bool, str], int]] = {
     "vit": {
         ("matmul", True, "matched"): 12,
         ("attention", True, "matched"): 2,
-        ("conv_2d_nchw_fchw", False, CONV): 1,
+        ("conv_2d_nchw_fchw", True, "matched"): 1,
     },
     "whisper_encoder": {
         ("matmul", True, "matched"): 12,
@@ -102,10 +102,10 @@ ONNX: dict[str, dict[tuple[str, bool, str], int]] = {
         ("matmul", True, "matched"): 8,
         ("attention", True, "matched"): 2,
         ("matmul_transpose_b", False, HEAD_1000.format(k=128)): 1,
-        ("conv_2d_nchw_fchw", False, CONV): 1,
+        ("conv_2d_nchw_fchw", True, "matched"): 1,
     },
     "timm_resnet50": {
-        ("conv_2d_nchw_fchw", False, CONV): 17,
+        ("conv_2d_nchw_fchw", True, "matched"): 17,
         ("matmul_transpose_b", False, HEAD_1000.format(k=2048)): 1,
     },
 }  # fmt: skip
@@ -258,7 +258,10 @@ def test_the_normal_forms_compute_what_the_onnx_graphs_do(onnx_files, tmp_path):
     # softmax's row max behind a barrier (myelin.compiler.cpu_max_reduction), which the
     # attention rewrite does not look through; a CUDA variant has no such rewrite (the coverage
     # tests above), and the JAX test below checks the attention rewrite's numerics on the CPU.
-    expected = {"bert": {"linears": 12, "attention": 0}, "llama": {"linears": 15, "attention": 0}}
+    expected = {
+        "bert": {"linears": 12, "convolutions": 0, "attention": 0},
+        "llama": {"linears": 15, "convolutions": 0, "attention": 0},
+    }
     artifacts = _normal_and_plain_cpu_builds(root, graphs, expected)
     zoo = zoo_models()
     for m in models:
@@ -314,7 +317,8 @@ def test_a_jax_block_reaches_the_kernels_and_its_normal_form_computes_the_same(t
     cpu = tmp_path / "jax_cpu"
     cpu.mkdir()
     (cpu / "block.py").write_text(JAX_PY)
-    artifacts = _normal_and_plain_cpu_builds(cpu, graph, {"block": {"linears": 0, "attention": 1}})
+    expected = {"block": {"linears": 0, "convolutions": 0, "attention": 1}}
+    artifacts = _normal_and_plain_cpu_builds(cpu, graph, expected)
     spec = importlib.util.spec_from_file_location("jax_block", cpu / "block.py")
     source = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(source)

@@ -92,10 +92,10 @@ def _ids(
     return torch.from_numpy(rng.integers(3, vocab or s["vocab"], shape, dtype=np.int64))
 
 
-def _pixels(size: str, side: int | None = None) -> torch.Tensor:
+def _pixels(size: str, side: int | None = None, batch: int | None = None) -> torch.Tensor:
     s = SIZES[size]
     rng = np.random.default_rng(2)
-    shape = (s["batch"], 3, side or s["image"], side or s["image"])
+    shape = (batch or s["batch"], 3, side or s["image"], side or s["image"])
     return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(DTYPE)
 
 
@@ -183,12 +183,12 @@ def whisper_encoder(size: str):
     return _finish(encoder), {"input_features": torch.from_numpy(features).to(DTYPE)}
 
 
-def _timm(name: str, size: str, side: int, **small: object):
+def _timm(name: str, size: str, side: int, batch: int | None = None, **small: object):
     import timm  # imports torchvision: tests/frontends/_torchvision_shim where none loads
 
     kwargs = {} if size == "real" else small
     model = timm.create_model(name, pretrained=False, **kwargs)
-    return _finish(model), {"x": _pixels(size, side)}
+    return _finish(model), {"x": _pixels(size, side, batch)}
 
 
 def timm_vit_base(size: str):
@@ -197,9 +197,10 @@ def timm_vit_base(size: str):
     return _timm("vit_base_patch16_224", size, s["image"], depth=2, num_heads=2, **small)
 
 
-def timm_resnet50(size: str):
-    # small: one block per stage (the same layer kinds) on a 64-pixel image
-    return _timm("resnet50", size, SIZES[size]["resnet_image"], layers=(1, 1, 1, 1))
+def timm_resnet50(size: str, batch: int | None = None):
+    # small: one block per stage (the same layer kinds) on a 64-pixel image; `batch`: images
+    # other than the size's (the convolution cases of benchmarks/cases/gpu.toml)
+    return _timm("resnet50", size, SIZES[size]["resnet_image"], batch, layers=(1, 1, 1, 1))
 
 
 MODELS: dict[str, Callable] = {

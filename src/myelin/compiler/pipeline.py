@@ -21,6 +21,7 @@ from myelin.compiler.cpu_attention import decompose_cpu_attentions
 from myelin.compiler.cpu_compute import demote_contractions
 from myelin.compiler.cpu_convolution import rewrite_cpu_convolutions
 from myelin.compiler.cpu_max_reduction import rewrite_cpu_max_reductions
+from myelin.compiler.cuda_convolution import half_convolutions
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
     ParameterRef,
@@ -258,6 +259,9 @@ class CompiledModule:
     # "scope::key" of each encoded parameter use decoded once at load into the packed layout
     # (a data-tiled variant, myelin.codecs._loadtime), in IR order
     decoded_at_load: tuple[str, ...] = ()
+    # f16/bf16 convolutions a CUDA device computes with IREE's own codegen, one phrase each
+    # (myelin.compiler.cuda_convolution: measured wrong on an H100)
+    cuda_codegen_convolutions: tuple[str, ...] = ()
 
 
 def compile_imported(
@@ -343,6 +347,7 @@ def compile_module(
     flags = [*variant_flags(devices, cancellable=cancellable), *extra_flags]
     backend_calls: list[BackendCall] = []
     decoded_at_load: list[str] = []
+    cuda_convolutions: list[str] = []
     # IREE keeps the tuning-spec path process-wide: name it in every compile, and compile with
     # a spec on one thread (both in myelin.tuning.gate)
     with (
@@ -378,6 +383,8 @@ def compile_module(
                 # filter (not a direct loop)
                 if cpu_attention_applies(devices):
                     decompose_cpu_attentions(module, devices)
+                if any(d.target == "cuda" for d in devices):  # what the kernels step left
+                    cuda_convolutions = half_convolutions(module)
                 if devices and all(d.target == "llvm-cpu" for d in devices):
                     rewrite_cpu_convolutions(module)
                     rewrite_cpu_max_reductions(module)  # a written-out softmax's row maxima
@@ -422,6 +429,7 @@ def compile_module(
         unknown,
         backend_calls=tuple(backend_calls),
         decoded_at_load=tuple(decoded_at_load),
+        cuda_codegen_convolutions=tuple(cuda_convolutions),
     )
 
 

@@ -155,6 +155,7 @@ def apply_kernels(
         _attention,
         _attention_ir,
         _concat,
+        _conv,
         _coverage,
         _normalize,
         _q4,
@@ -179,6 +180,8 @@ def apply_kernels(
             q4_sites, q4_kernels = _q4.rewrite_q4(module, arch)
             # linears the frontends lowered to batched forms, as the 2-D matmuls kernels match
             _normalize.linears_as_matmuls(module)
+            # 2-D convolutions as a gather and a 2-D matmul (im2col; 1x1 ones without a gather)
+            _conv.convs_as_matmuls(module)
             # attention written as batched matmuls around a softmax, as one attention op
             _attention_ir.hand_written_attention(module)
             choose = _space.with_tuned(choose_matmul_config, tuned or {})
@@ -204,6 +207,7 @@ def apply_kernels(
             # last: the attention rewrite reads the concats of a cache and its new tokens
             # (reported when rewritten: the other concats stay IREE's, as they were)
             sites += [c.to_json() for c in _concat.fuse_concats(module) if c.fused]
+            _conv.forget_marks(module)
             if not module.verify():
                 raise CompileError(f"{what}: the graph with kernels does not verify (internal)")
             buffer = io.BytesIO()
@@ -211,23 +215,32 @@ def apply_kernels(
     return KernelizedGraph(buffer.getvalue(), tuple(sites), tuple(sorted(kernels)))
 
 
-def normalize_contractions(module: str | bytes, what: str = "graph") -> tuple[str, dict[str, int]]:
+def normalize_contractions(
+    module: str | bytes, what: str = "graph", *, all_convolutions: bool = False
+) -> tuple[str, dict[str, int]]:
     """The IR (input phase, text or bytecode) with the rewrites the kernels step makes before it
-    matches anything: batched linears as 2-D matmuls (myelin.kernels._normalize) and attention
-    written by hand as one attention op (myelin.kernels._attention_ir); as text, with how many
-    of each. The kernels step applies them on CUDA devices; this lets the normal form be
-    compiled for any target, to check that it computes what the written form does."""
+    matches anything: batched linears as 2-D matmuls (myelin.kernels._normalize), 2-D
+    convolutions as a gather and a matmul (myelin.kernels._conv) and attention written by hand
+    as one attention op (myelin.kernels._attention_ir); as text, with how many of each. The
+    kernels step applies them on CUDA devices; this lets the normal form be compiled for any
+    target, to check that it computes what the written form does. `all_convolutions`: f32
+    convolutions too (the kernels step rewrites only those a kernel takes, f16 and bf16), so
+    that the rewrite can be checked in f32."""
     from myelin.compiler.session import CompilerSession
-    from myelin.kernels import _attention_ir, _normalize
+    from myelin.kernels import _attention_ir, _conv, _normalize
 
     with CompilerSession(["--iree-hal-target-device=llvm-cpu"]) as session:
         parsed = session.parse(module, what=what)
         with session.context:
             counts = {
                 "linears": _normalize.linears_as_matmuls(parsed),
+                "convolutions": _conv.convs_as_matmuls(
+                    parsed, None if all_convolutions else _conv.KERNEL_DTYPES
+                ),
                 "attention": _attention_ir.hand_written_attention(parsed),
             }
             _attention_ir.forget_reasons(parsed)
+            _conv.forget_marks(parsed)
             if not parsed.verify():
                 raise CompileError(f"{what}: the normalized graph does not verify (internal)")
             return str(parsed), counts

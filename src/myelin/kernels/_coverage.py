@@ -131,7 +131,7 @@ def unmatched_contractions(module: ir.Operation, library: str) -> list[dict]:
             site.update(m=q[-2], n=q[-1], k=key[-2], reason=_ATTENTION_REASON)
             site["flops"] = _product(4, *q[:-2], q[-2], key[-2], q[-1])
         elif "conv" in op.name:
-            site["reason"] = "convolution: no kernel form"
+            site["reason"] = _conv_reason(op)
             site["flops"] = _conv_flops(op)
         else:
             sizes = _loop_sizes(op)
@@ -139,6 +139,38 @@ def unmatched_contractions(module: ir.Operation, library: str) -> list[dict]:
             site["flops"] = _product(2, *sizes) if sizes else None
         sites.append(site)
     return sites
+
+
+def _conv_reason(op: ir.Operation) -> str:
+    """Why a convolution stays IREE's: what the im2col rewrite said (myelin.kernels._conv), or
+    the kind of convolution it does not take."""
+    from iree.compiler import ir
+
+    from myelin.kernels._conv import CONV_2D, WHY
+
+    if WHY in op.attributes:
+        return ir.StringAttr(op.attributes[WHY]).value
+    if op.name.startswith("linalg.depthwise"):
+        return "depthwise convolution: no kernel form"
+    if "_ng" in op.name:
+        return "grouped convolution: no kernel form"
+    if op.name != CONV_2D:
+        return (
+            f"convolution: no kernel form (only {CONV_2D.removeprefix('linalg.')} becomes a matmul)"
+        )
+    return "convolution: no kernel form"
+
+
+def is_conv(site: dict) -> bool:
+    return "conv" in str(site.get("op", ""))
+
+
+def risky_convolutions(sites: Iterable[dict]) -> list[dict]:
+    """The f16 or bf16 convolutions no kernel took: IREE 3.13's own CUDA codegen computes them,
+    which gave a wrong answer for ResNet-50 in f16 on an H100 (docs/kernels.md)."""
+    return [
+        s for s in sites if is_conv(s) and not s.get("kernel") and s.get("dtype") in ("f16", "bf16")
+    ]
 
 
 def _conv_flops(op: ir.Operation) -> int | None:

@@ -10,6 +10,7 @@ command buffer. Everything a kernel does not cover stays with IREE's codegen.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ _MAPS_ABT = (
     "affine_map<(d0, d1, d2) -> (d0, d1)>]"
 )
 _INPUT_TYPES = ("f16", "bf16")
+# On a matmul that computes a convolution (myelin.kernels._conv): JSON of what it was
+CONV_MARK = "plex.conv"
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,16 @@ class MatmulSite:
     b_transposed: bool
     kernel: str | None  # the kernel it goes to, or None
     reason: str  # why it goes there, or why it stays IREE codegen
+    # the convolution this matmul computes (myelin.kernels._conv: op, conv, flops), if any
+    conv: dict | None = None
 
     def to_json(self) -> dict:
         m, n, k = self.shape
-        return {
+        op = "matmul_transpose_b" if self.b_transposed else "matmul"
+        site = {
             "function": self.function,
             "location": self.location,
-            "op": "matmul_transpose_b" if self.b_transposed else "matmul",
+            "op": op,
             "m": m,
             "n": n,
             "k": k,
@@ -57,6 +63,9 @@ class MatmulSite:
             "kernel": self.kernel,
             "reason": self.reason,
         }
+        if self.conv is not None:  # listed as the convolution, with the matmul it runs as
+            site.update(self.conv, **{"as": op})
+        return site
 
 
 @dataclass
@@ -138,6 +147,14 @@ def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
     return owner.operands[0], owner
 
 
+def conv_of(matmul: ir.Operation) -> dict | None:
+    """What convolution a matmul computes (`_conv.ConvForm.describe()` and the convolution's
+    location), if the im2col rewrite made it."""
+    if CONV_MARK not in matmul.attributes:
+        return None
+    return json.loads(ir.StringAttr(matmul.attributes[CONV_MARK]).value)
+
+
 def _function_name(op: ir.Operation) -> str:
     parent = op.parent
     while parent is not None and parent.name not in ("util.func", "func.func"):
@@ -209,6 +226,7 @@ def find_matmuls(
             kernel=config.name if config is not None else None,
             reason=(reason or ("matched, with its truncf" if narrowed else "matched"))
             + (" (B^T read from the transpose's input)" if transpose is not None else ""),
+            conv=conv_of(op),
         )
         match = _Match(site, config, op, root, b_value=b_value, transpose=transpose)
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type

@@ -106,6 +106,7 @@ def _recorded_warnings(job: LinkJob, outputs: _Outputs) -> tuple[list[str], list
                     f"bytes): {', '.join(at_load[:3])}{', ...' if len(at_load) > 3 else ''}"
                 )
             notes += _kernel_coverage_warning(module.name, variant.name, compile_meta)
+            notes += _cuda_convolution_warning(module.name, variant.name, compile_meta)
             tuning_warning = (compile_meta.get("tuning") or {}).get("warning")
             if tuning_warning:
                 notes.append(tuning_warning)
@@ -260,6 +261,22 @@ def _kernel_coverage_warning(module: str, variant: str, compile_meta: dict) -> l
     return [
         f"module {module} [variant {variant}]: {coverage_line(sites, KERNELS_CUDA_ARCH)}; "
         f"left to IREE's codegen: {shown} (plex inspect lists them all)"
+    ]
+
+
+def _cuda_convolution_warning(module: str, variant: str, compile_meta: dict) -> list[str]:
+    """A CUDA variant whose f16/bf16 convolutions IREE 3.13's own codegen computes warns: that
+    code gave ResNet-50 a wrong answer on an H100 (myelin.compiler.cuda_convolution)."""
+    convs = compile_meta.get("cuda_codegen_convolutions", [])
+    if not convs:
+        return []
+    shown = "; ".join(convs[:3]) + (f"; {len(convs) - 3} more" if len(convs) > 3 else "")
+    return [
+        f"module {module} [variant {variant}]: {len(convs)} f16/bf16 convolution(s) left to "
+        "IREE 3.13's CUDA codegen, which computed ResNet-50's f16 convolutions wrong on an H100 "
+        "(cosine 0.66 to torch; docs/kernels.md): compare the outputs with a reference before "
+        'use, or build for Hopper with kernels = "triton" (2-D NCHW convolutions then run as '
+        f"matmul kernels): {shown}"
     ]
 
 

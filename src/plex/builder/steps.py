@@ -541,6 +541,7 @@ def run_compile(job: CompileJob, ctx: NodeContext) -> None:
                 "functions": functions,
                 "warnings": list(compiled.warnings),
                 "kernel_sites": meta.get("kernel_sites", []),
+                "cuda_codegen_convolutions": list(compiled.cuda_codegen_convolutions),
                 "codec_violations": codec_violations,
                 "codecs_at_load": codecs_at_load,
                 "backend_calls": [c.to_json() for c in compiled.backend_calls],

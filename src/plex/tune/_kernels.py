@@ -79,7 +79,8 @@ def shapes_of(sites: Sequence[dict]) -> list[Shape]:
     for s in sites:
         if s.get("kernel") is None or not str(s["kernel"]).startswith("plex_matmul"):
             continue
-        shape = Shape(s["op"], s["dtype"], s["out_dtype"], s["m"], s["n"], s["k"])
+        # a convolution's site names the matmul it runs as (myelin.kernels._conv)
+        shape = Shape(s.get("as", s["op"]), s["dtype"], s["out_dtype"], s["m"], s["n"], s["k"])
         found.setdefault(shape.key, shape)
     return list(found.values())
 

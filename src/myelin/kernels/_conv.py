@@ -1,0 +1,334 @@
+"""2-D convolutions as one matmul over gathered columns (im2col), so the matmul kernels take them.
+
+IREE 3.13 compiles a `linalg.conv_2d_nchw_fchw` for CUDA with its own sm_80 codegen: timm's
+ResNet-50 in f16 ran at 0.01x torch eager on an H100 and gave a wrong answer (cosine 0.66 to
+torch's output; docs/kernels.md). IREE 3.13 has no input-level pass that turns a convolution
+into a 2-D matmul (`iree-preprocessing-convert-1x1-filter-conv2d-to-matmul` takes 1x1 filters
+only; `--iree-global-opt-use-im2col-for-convs` makes an `iree_linalg_ext.im2col` after the input
+phase, where no kernel can be matched), so the kernels step rewrites each static NCHW
+convolution itself, at the input phase, to
+
+    cols[(n, oh, ow), (c, i, j)] = x[n, c, oh * sh + i * dh, ow * sw + j * dw]   (a gather)
+    y[(n, oh, ow), f] = sum over (c, i, j) of cols * filter[f, (c, i, j)]    (A x B^T matmul)
+
+then `y` back to [n, f, oh, ow] (an elementwise transpose, which IREE may fuse with the
+elementwise ops that follow: batch norm, ReLU). Taking the columns in (c, i, j) order makes the
+filter `[f, c, kh, kw]` the B^T operand by a reshape alone: no weight is copied. A 1x1
+convolution of stride 1 needs no gather: its columns are the input read channels-last. K
+(C x KH x KW) is padded with zeros to a multiple of 64, the kernels' K step (ResNet's stem:
+3 x 7 x 7 = 147 -> 192); zeros add nothing.
+
+The torch frontend writes f16 convolutions as f16 x f16 accumulated in f32, then a `truncf`;
+the truncf moves to the 2-D matmul, where the kernel folds it. A bias is the accumulator's
+initial value (torch broadcasts it): `y` is accumulated into it, in the accumulator's type, by
+the op that transposes `y` back, and the matmul starts from zero, as the kernels need. The
+padding torch asks for is a `tensor.pad` before the convolution; the gather reads the padded
+tensor.
+
+Each rewritten matmul carries `plex.conv` (what the convolution was) until the kernels step has
+reported it; a convolution left as it was carries `plex.conv_reason` (why), which the coverage
+report gives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from iree.compiler import ir
+
+from myelin.compiler.placement import find_ops
+from myelin.kernels._rewrite import CONV_MARK, _is_zero_fill
+
+CONV_2D = "linalg.conv_2d_nchw_fchw"
+MARK = CONV_MARK  # on a rewritten matmul: JSON of `ConvForm.describe()`
+WHY = "plex.conv_reason"  # on a convolution left as it was
+KERNEL_DTYPES = ("f16", "bf16")
+_K_STEP = 64  # the matmul kernels' K tile: K % 64 == 0
+_N_STEP = 16  # the matmul kernels' N alignment: N % 16 == 0
+
+
+@dataclass(frozen=True)
+class ConvForm:
+    """One NCHW convolution's sizes, and the matmul it becomes."""
+
+    n: int
+    c: int
+    h: int  # the padded input's
+    w: int
+    f: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    dtype: str
+    acc: str
+
+    @property
+    def k(self) -> int:
+        return self.c * self.kh * self.kw
+
+    @property
+    def k_padded(self) -> int:
+        return -(-self.k // _K_STEP) * _K_STEP
+
+    @property
+    def m(self) -> int:
+        return self.n * self.oh * self.ow
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1, stride 1: the columns are the input, channels-last (no gather)."""
+        return (self.kh, self.kw, *self.stride) == (1, 1, 1, 1)
+
+    def describe(self) -> dict:
+        form = "matmul (1x1, stride 1: no gather)" if self.pointwise else "im2col + matmul"
+        padded = f", K {self.k} padded to {self.k_padded}" if self.k_padded != self.k else ""
+        return {
+            "op": CONV_2D.removeprefix("linalg."),
+            "conv": f"{self.kh}x{self.kw} stride {_pair(self.stride)} dilation "
+            f"{_pair(self.dilation)}, {self.c} -> {self.f} channels, as {form}{padded}",
+            "flops": 2 * self.m * self.f * self.k,
+        }
+
+
+def _pair(values: tuple[int, int]) -> str:
+    return str(values[0]) if values[0] == values[1] else f"{values[0]}x{values[1]}"
+
+
+def _element(t: ir.Type) -> str:
+    return str(ir.RankedTensorType(t).element_type)
+
+
+def _pair_attribute(op: ir.Operation, name: str) -> tuple[int, int]:
+    """`dense<2> : vector<2xi64>` or `dense<[2, 1]> : vector<2xi64>` as (2, 2) or (2, 1)."""
+    if name not in op.attributes:
+        return (1, 1)
+    body = str(op.attributes[name]).split("<", 1)[1].split(">", 1)[0]
+    values = [int(v) for v in re.findall(r"-?\d+", body)]
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def _owner(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    return owner if isinstance(owner, ir.Operation) else None
+
+
+def _narrowing(result: ir.Value) -> ir.Operation | None:
+    """The elementwise generic that only narrows this f32 result (to f16/bf16), when it is the
+    result's one use."""
+    uses = list(result.uses)
+    if len(uses) != 1:
+        return None
+    user = uses[0].owner
+    user = getattr(user, "operation", user)
+    if user.name != "linalg.generic" or len(user.operands) != 2 or user.operands[0] != result:
+        return None
+    rank = ir.RankedTensorType(result.type).rank
+    identity = str(ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank)))
+    if [str(m) for m in ir.ArrayAttr(user.attributes["indexing_maps"])] != [identity] * 2:
+        return None
+    block = user.regions[0].blocks[0]
+    body = list(block.operations)
+    if [o.name for o in body] != ["arith.truncf", "linalg.yield"]:
+        return None
+    if body[0].operands[0] != block.arguments[0] or body[1].operands[0] != body[0].results[0]:
+        return None
+    return user if _element(user.results[0].type) in KERNEL_DTYPES else None
+
+
+def conv_form(op: ir.Operation, dtypes: tuple[str, ...] | None) -> ConvForm | str:
+    """The convolution's form, or why it is not rewritten (`dtypes`: the input types rewritten;
+    None: any)."""
+    x, w = op.operands[0], op.operands[1]
+    types = [ir.RankedTensorType(v.type) for v in (x, w, op.results[0])]
+    if not all(t.has_static_shape for t in types):
+        return "convolution with dynamic shapes: im2col needs static ones"
+    (n, c, h, width), (f, _, kh, kw), (_, _, oh, ow) = (t.shape for t in types)
+    dtype, acc = _element(x.type), _element(op.results[0].type)
+    if _element(w.type) != dtype:
+        return f"convolution of {dtype} by {_element(w.type)}: no kernel form"
+    if dtypes is not None and dtype not in dtypes:
+        return f"convolution inputs {dtype}: kernels take f16 or bf16 (build the model in f16)"
+    if acc not in ("f32", dtype):
+        return f"convolution accumulating in {acc}: no kernel form"
+    if dtypes is not None and f % _N_STEP:
+        return f"convolution with {f} output channels: kernels need N % 16 == 0"
+    stride, dilation = _pair_attribute(op, "strides"), _pair_attribute(op, "dilations")
+    return ConvForm(n, c, h, width, f, kh, kw, oh, ow, stride, dilation, dtype, acc)
+
+
+def _parallel(rank: int) -> str:
+    return ", ".join(['"parallel"'] * rank)
+
+
+def _tensor(dims: list[int], element: str) -> str:
+    return "tensor<" + "x".join(str(d) for d in dims) + f"x{element}>"
+
+
+def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
+    """(x, filter, init) -> the convolution's result (or its narrowing's, `out`), as a gather,
+    a 2-D A x B^T matmul and a transpose back to NCHW."""
+    s = form
+    el, acc = s.dtype, s.acc
+    x_t = _tensor([s.n, s.c, s.h, s.w], el)
+    w_t = _tensor([s.f, s.c, s.kh, s.kw], el)
+    y_t = _tensor([s.n, s.f, s.oh, s.ow], acc)
+    cols_t, wk_t = _tensor([s.m, s.k], el), _tensor([s.f, s.k], el)
+    lines = []
+    if s.pointwise:
+        nhwc = _tensor([s.n, s.h, s.w, s.c], el)
+        lines += [
+            f"%e = tensor.empty() : {nhwc}",
+            f"%t = linalg.transpose ins(%x : {x_t}) outs(%e : {nhwc}) permutation = [0, 2, 3, 1]",
+            f"%cols = tensor.collapse_shape %t [[0, 1, 2], [3]] : {nhwc} into {cols_t}",
+        ]
+    else:
+        (sh, sw), (dh, dw) = s.stride, s.dilation
+        col6 = _tensor([s.n, s.oh, s.ow, s.c, s.kh, s.kw], el)
+        gather = (
+            f"affine_map<(n, h, w, c, i, j) -> (n, c, h * {sh} + i * {dh}, w * {sw} + j * {dw})>"
+        )
+        lines += [
+            f"%e = tensor.empty() : {col6}",
+            f"%g = linalg.generic {{indexing_maps = [{gather}, "
+            "affine_map<(n, h, w, c, i, j) -> (n, h, w, c, i, j)>], "
+            f"iterator_types = [{_parallel(6)}]}} "
+            f"ins(%x : {x_t}) outs(%e : {col6}) {{",
+            f"^bb0(%v: {el}, %o: {el}):",
+            f"  linalg.yield %v : {el}",
+            f"}} -> {col6}",
+            f"%cols = tensor.collapse_shape %g [[0, 1, 2], [3, 4, 5]] : {col6} into {cols_t}",
+        ]
+    lines.append(f"%wk = tensor.collapse_shape %w [[0], [1, 2, 3]] : {w_t} into {wk_t}")
+    a, b = "%cols", "%wk"
+    if s.k_padded != s.k:
+        extra = s.k_padded - s.k
+        cols_p, wk_p = _tensor([s.m, s.k_padded], el), _tensor([s.f, s.k_padded], el)
+        lines.append(f"%pz = arith.constant 0.000000e+00 : {el}")
+        for name, value, src_t, dst_t in (("%colsp", a, cols_t, cols_p), ("%wkp", b, wk_t, wk_p)):
+            lines += [
+                f"{name} = tensor.pad {value} low[0, 0] high[0, {extra}] {{",
+                "^bb0(%i0: index, %i1: index):",
+                f"  tensor.yield %pz : {el}",
+                f"}} : {src_t} to {dst_t}",
+            ]
+        a, b, cols_t, wk_t = "%colsp", "%wkp", cols_p, wk_p
+    mm_t = _tensor([s.m, s.f], acc)
+    lines += [
+        f"%me = tensor.empty() : {mm_t}",
+        f"%zero = arith.constant 0.000000e+00 : {acc}",
+        f"%init0 = linalg.fill ins(%zero : {acc}) outs(%me : {mm_t}) -> {mm_t}",
+        "%mm = linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, "
+        "affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>] "
+        f"ins({a}, {b} : {cols_t}, {wk_t}) outs(%init0 : {mm_t}) -> {mm_t}",
+    ]
+    result, res_el = "%mm", acc
+    if out is not None:
+        out_t = _tensor([s.m, s.f], out)
+        identity = "affine_map<(d0, d1) -> (d0, d1)>"
+        lines += [
+            f"%ne = tensor.empty() : {out_t}",
+            f"%narrow = linalg.generic {{indexing_maps = [{identity}, {identity}], "
+            f'iterator_types = ["parallel", "parallel"]}} ins(%mm : {mm_t}) '
+            f"outs(%ne : {out_t}) {{",
+            f"^bb0(%v: {acc}, %o: {out}):",
+            f"  %t2 = arith.truncf %v : {acc} to {out}",
+            f"  linalg.yield %t2 : {out}",
+            f"}} -> {out_t}",
+        ]
+        result, res_el = "%narrow", out
+    nhwf = _tensor([s.n, s.oh, s.ow, s.f], res_el)
+    back_t = _tensor([s.n, s.f, s.oh, s.ow], res_el)
+    lines.append(
+        f"%y4 = tensor.expand_shape {result} [[0, 1, 2], [3]] "
+        f"output_shape [{s.n}, {s.oh}, {s.ow}, {s.f}] : {_tensor([s.m, s.f], res_el)} into {nhwf}"
+    )
+    read = "affine_map<(n, f, h, w) -> (n, h, w, f)>"
+    same = "affine_map<(n, f, h, w) -> (n, f, h, w)>"
+    parallel = _parallel(4)
+    if bias:
+        # accumulated into the initial value, in its type, as the convolution did (written as
+        # an input instead, IREE 3.13's fusion of the bias's widening made an f16 + f32 add)
+        lines += [
+            f"%y = linalg.generic {{indexing_maps = [{read}, {same}], "
+            f"iterator_types = [{parallel}]}} ins(%y4 : {nhwf}) outs(%init : {y_t}) {{",
+            f"^bb0(%v: {acc}, %o: {acc}):",
+            f"  %sum = arith.addf %v, %o : {acc}",
+            f"  linalg.yield %sum : {acc}",
+            f"}} -> {back_t}",
+        ]
+    else:
+        lines += [
+            f"%ye = tensor.empty() : {back_t}",
+            f"%y = linalg.generic {{indexing_maps = [{read}, {same}], "
+            f"iterator_types = [{parallel}]}} ins(%y4 : {nhwf}) outs(%ye : {back_t}) {{",
+            f"^bb0(%v: {res_el}, %o: {res_el}):",
+            f"  linalg.yield %v : {res_el}",
+            f"}} -> {back_t}",
+        ]
+    lines.append(f"util.return %y : {back_t}")
+    body = "\n  ".join(lines)
+    return (
+        f"util.func private @conv(%x: {x_t}, %w: {w_t}, %init: {y_t}) -> {back_t} {{\n  {body}\n}}"
+    )
+
+
+def _inline(function_text: str, before: ir.Operation, operands: list[ir.Value]):
+    """Inline the one-result function's body before `before`; (its result, the ops moved)."""
+    helper = ir.Module.parse(function_text)
+    (func,) = list(helper.body.operations)
+    block = func.regions[0].blocks[0]
+    for arg, value in zip(block.arguments, operands, strict=True):
+        arg.replace_all_uses_with(value)
+    ops = list(block.operations)
+    returned = ops[-1].operands[0]
+    for op in ops[:-1]:
+        op.move_before(before)
+    return returned, ops[:-1]
+
+
+def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERNEL_DTYPES) -> int:
+    """Rewrite every static `linalg.conv_2d_nchw_fchw` whose inputs are of `dtypes` (None: any)
+    and whose matmul the kernels could take to the gather + matmul form (see the module doc);
+    the others get the reason (`plex.conv_reason`). Returns how many were rewritten."""
+    rewritten = 0
+    for op in find_ops(module, lambda o: o.name == CONV_2D):
+        form = conv_form(op, dtypes)
+        if isinstance(form, str):
+            op.attributes[WHY] = ir.StringAttr.get(form)
+            continue
+        init = op.operands[2]
+        bias = not _is_zero_fill(init)
+        truncf = _narrowing(op.results[0]) if form.acc == "f32" and not bias else None
+        out = _element(truncf.results[0].type) if truncf is not None else None
+        replaced = truncf or op
+        with op.location:
+            value, moved = _inline(
+                _function_text(form, bias, out), replaced, [op.operands[0], op.operands[1], init]
+            )
+        described = {**form.describe(), "location": str(op.location)}
+        for m in moved:
+            if m.name == "linalg.matmul":
+                m.attributes[MARK] = ir.StringAttr.get(json.dumps(described))
+        replaced.results[0].replace_all_uses_with(value)
+        replaced.erase()
+        if replaced is not op:
+            op.erase()
+        fill = _owner(init)
+        if fill is not None and fill.name == "linalg.fill" and not list(fill.results[0].uses):
+            fill.erase()
+        rewritten += 1
+    return rewritten
+
+
+def forget_marks(module: ir.Operation) -> None:
+    """Drop the report's marks once it is written: they mean nothing to IREE."""
+    for op in find_ops(module, lambda o: MARK in o.attributes or WHY in o.attributes):
+        for name in (MARK, WHY):
+            if name in op.attributes:
+                del op.attributes[name]
