@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO / "src"))
 # dispatch name pattern -> category; first match wins (names are IREE's:
 # <function>_dispatch_<n>_<ops>_<shape>_<types>)
 CATEGORIES = (
-    ("attention", r"attention|softmax"),
-    ("KV repeat (repeat_kv copy)", r"_1x4x8x\d+x64|4x8x\w*x64|elementwise_broadcast.*x64_"),
+    ("attention", r"attention|softmax|batch_matmul"),
+    ("KV repeat (repeat_kv copy)", r"elementwise_broadcast_4x8x"),
     ("lm_head (32000 wide)", r"32000"),
     ("matvec / matmul (weights)", r"matmul|matvec|mmt4d|contract|batch_matmul"),
     ("pack / unpack (data tiling)", r"pack|unpack"),
