@@ -77,8 +77,10 @@ def profile(paths: list[Path], prompt: int, repeat: int, top: int) -> None:
             by: dict[str, float] = {}
             for s in result.dispatches:
                 by[category(s.name)] = by.get(category(s.name), 0) + s.total_ns
-            print(f"\n{path} {function} ({repeat} calls, load {os.getloadavg()[0]:.1f}): "
-                  f"{total / repeat / 1e6:.2f} ms of dispatches per call")
+            print(
+                f"\n{path} {function} ({repeat} calls, load {os.getloadavg()[0]:.1f}): "
+                f"{total / repeat / 1e6:.2f} ms of dispatches per call"
+            )
             print("| category | ms per call | share |\n|---|---:|---:|")
             for label, ns in sorted(by.items(), key=lambda kv_: -kv_[1]):
                 print(f"| {label} | {ns / repeat / 1e6:.2f} | {100 * ns / total:.1f}% |")
@@ -109,8 +111,10 @@ def time_builds(paths: list[Path], prompt: int, new: int, rounds: int) -> None:
             rows[p].append((r.prefill_tokens_per_s, r.decode_tokens_per_s))
             tokens[p] = list(r.tokens[0])
         loads.append(os.getloadavg()[0])
-    print(f"prompt {prompt}, {new} new tokens, {rounds} interleaved rounds, 1 thread, "
-          f"load {min(loads):.1f}-{max(loads):.1f}")
+    print(
+        f"prompt {prompt}, {new} new tokens, {rounds} interleaved rounds, 1 thread, "
+        f"load {min(loads):.1f}-{max(loads):.1f}"
+    )
     print("| build | prefill tok/s | decode tok/s | decode ms/step | same tokens as first |")
     print("|---|---:|---:|---:|---|")
     for p in paths:

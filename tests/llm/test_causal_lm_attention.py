@@ -20,8 +20,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("iree.turbine")
 
+from myelin.compiler.targets import DATA_TILING_FLAGS, data_tiling_choice  # noqa: E402
 from myelin.frontends import causal_lm  # noqa: E402
 from plex.builder import build  # noqa: E402
+from plex.builder.plan import CAUSAL_LM_TILING  # noqa: E402
 from tests.llm.tiny_models import write_model  # noqa: E402
 
 
@@ -109,16 +111,8 @@ target = "llvm-cpu"
 """
 
 
-@pytest.mark.parametrize(
-    ("pinned", "fused"),
-    [("", False), ("data_tiling = true", True)],
-    ids=["encoded-weights", "data-tiled"],
-)
-def test_dynamic_attention_on_llvm_cpu_is_matmuls_unless_data_tiled(tmp_path, pinned, fused):
-    """An app with encoded weights does not data-tile (they stay encoded), so the prefill's and
-    decode's attentions, of dynamic lengths, become two batch matmuls and a softmax; a pinned
-    data tiling keeps IREE's fused op (its decomposition does not compile there)."""
-    package = tmp_path / "lm"
+def _package(root: Path) -> Path:
+    package = root / "lm"
     write_model(package / "model", "llama")
     (package / "plex.toml").write_text(
         textwrap.dedent(
@@ -133,6 +127,23 @@ def test_dynamic_attention_on_llvm_cpu_is_matmuls_unless_data_tiled(tmp_path, pi
             """
         )
     )
+    return package
+
+
+HOST_TILES = data_tiling_choice("host", None).value  # an AVX-512 x86-64 host
+
+
+@pytest.mark.parametrize(
+    ("pinned", "fused"),
+    [("data_tiling = false", False), ("data_tiling = true", True), ("", HOST_TILES)],
+    ids=["untiled", "data-tiled", "host-default"],
+)
+def test_dynamic_attention_on_llvm_cpu_is_matmuls_unless_data_tiled(tmp_path, pinned, fused):
+    """Without data tiling the prefill's and decode's attentions, of dynamic lengths, become two
+    batch matmuls and a softmax; under data tiling they keep IREE's fused op (the
+    decomposition does not compile there). A causal LM with encoded weights data-tiles by
+    default where the host has the matmul kernels."""
+    _package(tmp_path)
     app = tmp_path / "app.toml"
     app.write_text(APP.format(pinned=pinned))
     ir = tmp_path / "ir"
@@ -141,3 +152,27 @@ def test_dynamic_attention_on_llvm_cpu_is_matmuls_unless_data_tiled(tmp_path, pi
     assert ("iree_linalg_ext.attention" in text) == fused
     if not fused:
         assert text.count("linalg.batch_matmul") >= 4  # Q @ K^T and P @ V, prefill and decode
+
+
+@pytest.mark.skipif(not HOST_TILES, reason="the host has no AVX-512 matmul kernels")
+def test_a_causal_lm_with_encoded_weights_records_why_it_data_tiles(tmp_path):
+    """The exception to "an app that encodes weights keeps them encoded" (plex.builder.plan):
+    recorded with its reason, and the generated tokens are the untiled build's."""
+    import myelin
+    from myelin.runtime.generation import Generator
+
+    _package(tmp_path)
+    tokens = {}
+    for name, pinned in (("default", ""), ("untiled", "data_tiling = false")):
+        app = tmp_path / f"{name}.toml"
+        app.write_text(APP.format(pinned=pinned))
+        model = myelin.Instance().load(build(app, tmp_path / f"{name}.mln").output)
+        with Generator(model) as generator:
+            tokens[name] = generator.generate("the quick brown fox", max_new_tokens=16).tokens
+        chosen = model.manifest["variants"][0]["devices"][0].get("host_chosen", {})
+        flags = model.manifest["variants"][0]["flags"]
+        model.close()
+        assert (DATA_TILING_FLAGS[0] in flags) == (name == "default")
+        if name == "default":
+            assert chosen["data_tiling"] == {"value": True, "reason": CAUSAL_LM_TILING}
+    assert tokens["default"] == tokens["untiled"]
