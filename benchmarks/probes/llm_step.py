@@ -1,14 +1,16 @@
 """Where a causal-LM prefill and decode step spend their time on this CPU, and A/B timings of
 builds of the same model (issue 33: the step around the matvecs).
 
-    python benchmarks/probes/llm_step.py profile A.mln [B.mln ...] [--prompt 128] [--repeat 5]
+    python benchmarks/probes/llm_step.py profile A.mln [B.mln ...] [--rounds 5] [--repeat 3]
     python benchmarks/probes/llm_step.py time A.mln B.mln [...] [--rounds 5] [--new 32]
 
 `profile`: IREE's HAL profile (myelin.runtime.profiling.capture, as `plex profile`) of one
 `prefill` of --prompt tokens and one `decode` at --prompt + 1 tokens held, on ONE worker
 (`--task_topology_group_count=1`, the thread count of the llama.cpp comparison), each dispatch
 put in a category by its name (matvec / matmul, attention, the cache copy, ...): ms per call
-and share of the call's dispatch time.
+and share of the call's dispatch time, the builds interleaved round by round (median and
+min-max of the rounds). The decomposed attention's softmax is elementwise ops and reductions,
+counted under those.
 
 `time`: the builds loaded together in one process on one thread, `Generator.generate` of the
 same --prompt random token ids (greedy, --new tokens, no EOS) in alternation for --rounds
@@ -60,7 +62,7 @@ def inputs(prompt: int, kv: int | None):
     return [ids, np.array([[kv - 1]], np.int64), np.ones((1, kv), np.int64)]
 
 
-def profile(paths: list[Path], prompt: int, repeat: int, top: int) -> None:
+def profile(paths: list[Path], prompt: int, repeat: int, rounds: int, top: int) -> None:
     from myelin.runtime import profiling
 
     command = profiling._command
@@ -69,24 +71,44 @@ def profile(paths: list[Path], prompt: int, repeat: int, top: int) -> None:
         return [*command(*args, **kwargs), "--task_topology_group_count=1"]
 
     profiling._command = one_worker
-    for path in paths:
-        for function, kv in (("prefill", None), ("decode", prompt + 1)):
-            with tempfile.TemporaryDirectory() as out:
-                result = profiling.capture(path, function, inputs(prompt, kv), out, repeat=repeat)
-            total = sum(s.total_ns for s in result.dispatches) or 1
-            by: dict[str, float] = {}
-            for s in result.dispatches:
-                by[category(s.name)] = by.get(category(s.name), 0) + s.total_ns
+    calls = (("prefill", None), ("decode", prompt + 1))
+    # (path, function) -> category -> ms per call, one value per round
+    ms: dict[tuple[Path, str], dict[str, list[float]]] = {}
+    hottest: dict[tuple[Path, str], list] = {}
+    loads = []
+    for _ in range(rounds):  # builds and calls interleaved, round by round
+        for path in paths:
+            for function, kv in calls:
+                with tempfile.TemporaryDirectory() as out:
+                    result = profiling.capture(
+                        path, function, inputs(prompt, kv), out, repeat=repeat
+                    )
+                by: dict[str, float] = {"(all dispatches)": 0.0}
+                for s in result.dispatches:
+                    by[category(s.name)] = by.get(category(s.name), 0) + s.total_ns / repeat / 1e6
+                    by["(all dispatches)"] += s.total_ns / repeat / 1e6
+                for label, value in by.items():
+                    ms.setdefault((path, function), {}).setdefault(label, []).append(value)
+                hottest[(path, function)] = result.dispatches[:top]
+                loads.append(os.getloadavg()[0])
+    print(
+        f"{rounds} interleaved rounds of {repeat} calls each, 1 worker, prompt {prompt} "
+        f"(decode at {prompt + 1} held), load {min(loads):.1f}-{max(loads):.1f}; "
+        "ms per call: median [min-max] of the rounds; share of the median total"
+    )
+    for (path, function), by in ms.items():
+        total = statistics.median(by["(all dispatches)"])
+        print(f"\n{path} {function}")
+        print("| category | ms per call | share |\n|---|---:|---:|")
+        for label, values in sorted(by.items(), key=lambda item: -statistics.median(item[1])):
+            m = statistics.median(values)
             print(
-                f"\n{path} {function} ({repeat} calls, load {os.getloadavg()[0]:.1f}): "
-                f"{total / repeat / 1e6:.2f} ms of dispatches per call"
+                f"| {label} | {m:.2f} [{min(values):.2f}-{max(values):.2f}] "
+                f"| {100 * m / total:.1f}% |"
             )
-            print("| category | ms per call | share |\n|---|---:|---:|")
-            for label, ns in sorted(by.items(), key=lambda kv_: -kv_[1]):
-                print(f"| {label} | {ns / repeat / 1e6:.2f} | {100 * ns / total:.1f}% |")
-            print("hottest dispatches:")
-            for s in result.dispatches[:top]:
-                print(f"  {s.total_ns / repeat / 1e6:8.3f} ms x{s.count // repeat:3d}  {s.name}")
+        print("hottest dispatches (last round):")
+        for s in hottest[(path, function)]:
+            print(f"  {s.total_ns / repeat / 1e6:8.3f} ms x{s.count // repeat:3d}  {s.name}")
 
 
 def time_builds(paths: list[Path], prompt: int, new: int, rounds: int) -> None:
@@ -140,7 +162,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     if args.mode == "profile":
-        profile(args.paths, args.prompt, args.repeat, args.top)
+        profile(args.paths, args.prompt, args.repeat, args.rounds, args.top)
     else:
         time_builds(args.paths, args.prompt, args.new, args.rounds)
 
