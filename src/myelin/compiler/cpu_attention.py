@@ -9,10 +9,12 @@ replaced, at the input phase, by a call of a private function computing that dec
 (backend_attention.decompose_attention). The score matrix [batch*heads, L, S] is materialized
 (the fused op keeps it in tiles): transient, 1.8 MiB for ViT-B/16's 12 x 197 x 197.
 
-Only attentions of static shapes are decomposed on llvm-cpu: with a dynamic batch and sequence
-(the MiniLM example) IREE 3.13 fails to compile the decomposition under data tiling ("'affine.
-delinearize_index' op no basis element may be statically non-positive"), so those keep the
-fused op.
+Attentions of dynamic shapes (a causal LM's prefill and decode) are decomposed too. Under data
+tiling their batch matmuls would fail to compile in IREE 3.13 ("'affine.delinearize_index' op no
+basis element may be statically non-positive"), so there they get a `compilation_info`
+(UNTILED_MATMUL): IREE's data tiling leaves an op with a preset strategy alone, and they run
+IREE's plain matmul code. A 2-layer TinyLlama prefill of 128 tokens (data-tiled) spent 718 ms
+in the fused attentions and about 85 ms in their decomposition (docs/llm.md).
 
 vulkan-spirv variants get the decomposition too, dynamic shapes included (no data tiling
 there): IREE 3.13's SPIR-V pipeline cannot lower the fused op at all, so without it a model
@@ -40,7 +42,21 @@ def applies(devices: Sequence[TargetDevice]) -> bool:
 
 
 def _dynamic_ok(devices: Sequence[TargetDevice]) -> bool:
-    return all(d.target == "vulkan-spirv" for d in devices)
+    return all(d.target in ("llvm-cpu", "vulkan-spirv") for d in devices)
+
+
+def _data_tiled(devices: Sequence[TargetDevice]) -> bool:
+    return any(d.target == "llvm-cpu" and d.data_tiling for d in devices)
+
+
+# The batch matmuls of a dynamic attention's decomposition under data tiling: IREE's own matmul
+# code (its SetEncoding skips an op with a preset compilation_info), 16 f32 lanes of AVX-512 wide.
+UNTILED_MATMUL = (
+    "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+    "distribution = [1, 64, 64, 0], vector_common_parallel = [1, 8, 16, 0], "
+    "vector_reduction = [0, 0, 0, 1]>, translation_info = #iree_codegen.translation_info<"
+    "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>, {enable_loop_peeling}>>"
+)
 
 
 def _static(op: ir.Operation) -> bool:
@@ -60,6 +76,32 @@ def decompose_cpu_attentions(module: ir.Operation, devices: Sequence[TargetDevic
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
+    untiled = set()
     for index, op in enumerate(found):
+        if not _static(op):
+            untiled.add(f"{FUNCTION_PREFIX}_{index}")
         decompose_attention(module, op, f"{FUNCTION_PREFIX}_{index}")
+    if untiled and _data_tiled(devices):
+        _keep_out_of_data_tiling(module, untiled)
     return len(found)
+
+
+def _keep_out_of_data_tiling(module: ir.Operation, functions: set[str]) -> None:
+    """Give the batch matmuls of these decompositions UNTILED_MATMUL."""
+    matmuls: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.batch_matmul":
+            parent = op.parent
+            while parent is not None and parent.name != "util.func":
+                parent = parent.parent
+            if (
+                parent is not None
+                and ir.StringAttr(parent.attributes["sym_name"]).value in functions
+            ):
+                matmuls.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    for op in matmuls:
+        op.attributes["compilation_info"] = ir.Attribute.parse(UNTILED_MATMUL)

@@ -40,8 +40,11 @@ transformers' `generate` does.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +197,83 @@ def _cache_classes() -> tuple[type, type]:
     return DeviceKVLayer, DeviceKVCache
 
 
+# The attention function the frontend gives the model (transformers' AttentionInterface name).
+GROUPED_ATTENTION = "myelin_grouped_sdpa"
+
+
+def grouped_query_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention without `repeat_kv` for grouped-query attention.
+
+    transformers' SDPA path expands the `kv_heads` key and value heads to the query heads
+    (`repeat_kv`) under torch.export; the export keeps that as a copy of every held key and
+    value per layer and step, `groups` times the cache read (7.9 ms of a 1.1B decode step at
+    129 tokens held, docs/llm.md). Here the query heads of one group become rows instead:
+    query [b, kv_heads * groups, q, d] -> [b, kv_heads, groups * q, d] (head h is group
+    member h % groups of key head h // groups, as `repeat_kv` orders them), the mask is
+    repeated over the groups' rows, and attention reads the cache's heads as they are. Each
+    output row is the same dot products and softmax as before; only its place changes back.
+
+    Without groups, without a mask, or inside `_heads_as_heads()` (the static prefill, whose
+    constant causal mask must stay recognizable to become `is_causal=True` for the flash
+    kernel) it is transformers' own function unchanged.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = groups == 1 or attention_mask is None or not _GROUP_ROWS.get()
+    if plain or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+        )
+    batch, heads, q, head_dim = query.shape
+    kv_heads = key.shape[1]
+    # contiguous() then view(), and the output's dims split before they are permuted: other
+    # spellings (a reshape of the transposed query, a view of the attention's output) make
+    # torch.export guard on the dynamic length, and the export refuses the guard.
+    rows = query.contiguous().view(batch, kv_heads, groups * q, head_dim)
+    if attention_mask.shape[1] == 1:  # [b, 1, q, kv]: the same rows for every group member
+        mask = attention_mask.repeat(1, 1, groups, 1)
+    else:  # [b, heads, q, kv]
+        mask = attention_mask.contiguous().view(batch, kv_heads, groups * q, -1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        rows, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    # [b, kv_heads, groups * q, d] -> [b, q, heads, d], what transformers' function returns
+    out = out.unflatten(2, (groups, q)).permute(0, 3, 1, 2, 4).contiguous()
+    out = out.view(batch, q, heads, value.shape[-1])
+    return out, None
+
+
+_GROUP_ROWS = contextvars.ContextVar("myelin_group_rows", default=True)
+
+
+@contextlib.contextmanager
+def _heads_as_heads() -> Iterator[None]:
+    token = _GROUP_ROWS.set(False)
+    try:
+        yield
+    finally:
+        _GROUP_ROWS.reset(token)
+
+
+def use_grouped_query_attention(model: Any) -> None:
+    """Give `model` `grouped_query_attention` (registered once under GROUPED_ATTENTION)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_attention)
+    model.set_attn_implementation(GROUPED_ATTENTION)
+
+
 class CausalLMModule(torch.nn.Module):
     """The model plus its KV cache as buffers; `prefill` and `decode` are what PLeX exports."""
 
@@ -273,14 +353,15 @@ class CausalLMModule(torch.nn.Module):
             slots[None, :] > slots[:, None], -torch.inf
         )
         last = attention_mask.sum(dim=1) - 1  # [b]
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=mask[None, None, :, :],
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=last,
-        )
+        with _heads_as_heads():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=mask[None, None, :, :],
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=last,
+            )
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         return out.logits[rows, rows, :].float()
 
@@ -348,6 +429,7 @@ def to_mlir(request: FrontendRequest) -> FrontendResult:
         )
     with torch_frontend._EXPORT_LOCK, torch_frontend._quiet_export_warnings():
         model = load_model(folder, what=what, dtype=options.torch_dtype)
+        use_grouped_query_attention(model)
         module = CausalLMModule(model, options)
         programs = _export(module, options, what)
         tensors = _externalize(programs, request.scope)
