@@ -163,9 +163,9 @@ def select(devices: Sequence[Any]) -> dict[str, Kernel]:
         return {}
     chosen: dict[str, Kernel] = {}
     for kernel in KERNELS:
-        if kernel.form not in chosen and set(kernel.features) <= features:
-            if kernel.source.exists():
-                chosen[kernel.form] = kernel
+        has = set(kernel.features) <= features and kernel.source.exists()
+        if kernel.form not in chosen and has:
+            chosen[kernel.form] = kernel
     return chosen
 
 
@@ -338,6 +338,7 @@ def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> st
         types += [f"memref<{t}>", "index"]
     signature = ", ".join([*types, "index", "index", "index", "index"])
     workgroups = min(matvec.n // kernel.block, MAX_WORKGROUPS)
+    symbol = kernel.symbol
     return f"""
 stream.executable private @{name} attributes {{
   hal.executable.objects = #hal.executable.objects<{{
@@ -352,7 +353,7 @@ stream.executable private @{name} attributes {{
     stream.return %w, %c1, %c1 : index, index, index
   }}
   builtin.module {{
-    func.func private @{kernel.symbol}({signature}) attributes {{hal.import.static, llvm.bareptr = true}}
+    func.func private @{symbol}({signature}) attributes {{hal.import.static, llvm.bareptr = true}}
     func.func @{name}({args}) {{
       %c0 = arith.constant 0 : index
       {chr(10).join("      " + s for s in subspans).lstrip()}
@@ -363,7 +364,7 @@ stream.executable private @{name} attributes {{
       {workgroup_share("%blocks")}
       %n_begin = arith.muli %first, %block : index
       %n_count = arith.muli %count, %block : index
-      func.call @{kernel.symbol}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)
+      func.call @{symbol}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)
           : ({signature}) -> ()
       return
     }}

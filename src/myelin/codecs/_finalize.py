@@ -16,11 +16,11 @@ from typing import Any
 
 from iree.compiler import ir
 
+from myelin.codecs._cpu_kernels import apply_kernels as apply_cpu_kernels
+from myelin.codecs._cpu_kernels import select as select_cpu_kernels
 from myelin.codecs._loadtime import choose_forms
 from myelin.codecs._matvec import apply_cpu_tiles
 from myelin.codecs._q4_gpu import choose_kernel_forms
-from myelin.codecs._cpu_kernels import apply_kernels as apply_cpu_kernels
-from myelin.codecs._cpu_kernels import select as select_cpu_kernels
 
 
 @dataclass(frozen=True)
