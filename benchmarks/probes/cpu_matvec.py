@@ -163,8 +163,8 @@ def main() -> None:
             nbytes = sum(d.nbytes for d in stored.values())
             calls = {"iree": compiled(graph, stored, {})}
             if codec == "q4":  # before the AVX-512 kernel, q4 ran the AVX2 one
-                calls["avx2"] = compiled(graph, stored, {"q4": avx2})
-            calls["kernel"] = compiled(graph, stored, {codec: kernels[codec]})
+                calls["avx2"] = compiled(graph, stored, {"q4": (avx2,)})
+            calls["kernel"] = compiled(graph, stored, {codec: kernels[codec][:1]})
             x = rng.standard_normal((1, k)).astype(np.float32)
             want = x @ decoded.T  # decoded: the logical [out, in] weight
             for form, call in calls.items():
@@ -189,7 +189,7 @@ def main() -> None:
             before = "avx2" if codec == "q4" else "iree"
             ratio = [a / b for a, b in zip(times[before], times["kernel"], strict=True)]
             print(
-                f"| {codec} | {n}x{k} | {nbytes / 1e6:.1f} | {kernels[codec].name} "
+                f"| {codec} | {n}x{k} | {nbytes / 1e6:.1f} | {kernels[codec][0].name} "
                 f"| {cells['iree']} | {cells.get('avx2', '-')} | {cells['kernel']} "
                 f"| {statistics.median(ratio):.2f}x |",
                 flush=True,

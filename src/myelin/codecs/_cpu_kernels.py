@@ -10,7 +10,8 @@ the codes with it in integers, the factors applied in f32 once per group and out
 converts and accumulates in f32, streaming the weight once (the C files say how).
 
 `KERNELS` is the one table: per codec form (`q4`, `int8`, `fp16`), the kernels in order of
-preference, each with the CPU features it needs; a variant runs the first one its CPU has.
+preference, each with the CPU features it needs and the output block it works in; a matvec
+runs the first one its variant's CPU has that takes its shape.
 
 How they reach IREE, at its public boundary: the encode step marks each K-major matvec of a
 form (`MARK`, value: the form) on the op that yields its dispatch region's result; the compile
@@ -154,24 +155,24 @@ def _cpu_features(devices: Sequence[Any]) -> frozenset[str] | None:
     return frozenset(f.replace("_", "") for f in hostinfo.cpu_flags())  # avx512_vnni: avx512vnni
 
 
-def select(devices: Sequence[Any]) -> dict[str, Kernel]:
-    """Per form, the kernel a variant on these devices (TargetDevice) runs: the first in
-    KERNELS whose features its CPU has, built where gcc and the kernel's source are; forms
-    absent keep IREE's code."""
+def select(devices: Sequence[Any]) -> dict[str, tuple[Kernel, ...]]:
+    """Per form, the kernels a variant on these devices (TargetDevice) may run, in KERNELS'
+    order: those whose features its CPU has, built where gcc and the kernel's source are. A
+    matvec runs the first that takes its shape; forms absent keep IREE's code."""
     features = _cpu_features(devices)
     if features is None or shutil.which("gcc") is None:
         return {}
-    chosen: dict[str, Kernel] = {}
+    chosen: dict[str, tuple[Kernel, ...]] = {}
     for kernel in KERNELS:
-        has = set(kernel.features) <= features and kernel.source.exists()
-        if kernel.form not in chosen and has:
-            chosen[kernel.form] = kernel
+        if set(kernel.features) <= features and kernel.source.exists():
+            chosen[kernel.form] = (*chosen.get(kernel.form, ()), kernel)
     return chosen
 
 
 def selection_key(devices: Sequence[Any]) -> str:
-    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 int8=..."."""
-    return " ".join(f"{f}={k.name}" for f, k in sorted(select(devices).items())) or "(none)"
+    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 q4=...,..."."""
+    chosen = sorted(select(devices).items())
+    return " ".join(f"{f}={','.join(k.name for k in ks)}" for f, ks in chosen) or "(none)"
 
 
 def _dims(value: ir.Value) -> list[int]:
@@ -435,10 +436,10 @@ def _regions(module: ir.Operation) -> list[tuple[ir.Operation, ir.Operation]]:
     return found
 
 
-def apply_kernels(module: ir.Operation, kernels: dict[str, Kernel]) -> list[str]:
-    """Replace every marked matvec region a kernel of `kernels` (select()) takes by a dispatch
-    of it, and drop the marks; returns what was placed ("q4_matvec_avx2 2048x256": the kernel,
-    K x N), one per matvec."""
+def apply_kernels(module: ir.Operation, kernels: dict[str, tuple[Kernel, ...]]) -> list[str]:
+    """Replace every marked matvec region by a dispatch of the first kernel of its form in
+    `kernels` (select()) that takes it, and drop the marks; returns what was placed
+    ("q4_matvec_avx2 2048x256": the kernel, K x N), one per matvec."""
     from iree.compiler import ir
 
     placed: list[str] = []
@@ -447,11 +448,11 @@ def apply_kernels(module: ir.Operation, kernels: dict[str, Kernel]) -> list[str]
     for region, marked in _regions(module):
         form = ir.StringAttr(marked.attributes[MARK]).value
         del marked.attributes[MARK]
-        kernel = kernels.get(form)
-        if kernel is None or len(region.results) != 1:
+        if form not in kernels or len(region.results) != 1:
             continue
         matvec = MATVECS[form](marked)
-        if matvec is None or not _takes(kernel, matvec):
+        kernel = next((k for k in kernels[form] if matvec and _takes(k, matvec)), None)
+        if matvec is None or kernel is None:
             continue
         if not all(_outside(v, region) for b, v, _, _ in matvec.operands if b != "init"):
             continue
