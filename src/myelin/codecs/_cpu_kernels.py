@@ -53,7 +53,11 @@ if TYPE_CHECKING:
 MARK = "plex.cpu_matvec"
 GROUP = 32  # the activation's quantization group (and q4's: other q4 groups keep IREE's code)
 MAX_K = 8192  # the kernels' stacks hold the quantized activation
-MAX_WORKGROUPS = 32  # each re-quantizes the activation (K operations): a few per worker
+MAX_WORKGROUPS = 32
+# Each workgroup of a kernel that quantizes the activation does so itself (K elements, ~2 us at
+# K = 2048): measured on Zen 4, a 2048x2048 q4 matvec took 64 us as 1 call and 93 us as 16.
+# So such kernels get one workgroup per this many weight bytes (at least one).
+BYTES_PER_QUANTIZING_WORKGROUP = 1 << 20
 HEADER = Path(__file__).with_name("cpu_matvec.h")
 # Freestanding: the object is linked into an embedded ELF (no libc, no unwind tables, no
 # stack protector, no loops turned into memset/memcpy calls).
@@ -77,6 +81,7 @@ class Kernel:
     name: str
     features: tuple[str, ...]  # the CPU features it needs, as LLVM names them (gcc: -m<name>)
     block: int  # outputs per kernel block: N must be a multiple
+    quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
 
     @property
     def source(self) -> Path:
@@ -94,10 +99,10 @@ class Kernel:
 _AVX512_VNNI = ("avx512f", "avx512bw", "avx512vnni", "avx2", "fma")
 # Per form, in order of preference (measured: benchmarks/probes/cpu_matvec.py).
 KERNELS = (
-    Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128),
-    Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64),
-    Kernel("int8", "int8_matvec_avx512vnni", _AVX512_VNNI, 64),
-    Kernel("fp16", "fp16_matvec_avx512", ("avx512f", "f16c", "fma"), 128),
+    Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True),
+    Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True),
+    Kernel("int8", "int8_matvec_avx512vnni", _AVX512_VNNI, 64, quantizes=True),
+    Kernel("fp16", "fp16_matvec_avx512", ("avx512f", "f16c", "fma"), 128, quantizes=False),
 )
 
 
@@ -320,7 +325,22 @@ def _takes(kernel: Kernel, matvec: Matvec) -> bool:
     quantize the activation, whole groups and at most MAX_K."""
     if matvec.n % kernel.block:
         return False
-    return kernel.form == "fp16" or (matvec.k % GROUP == 0 and matvec.k <= MAX_K)
+    return not kernel.quantizes or (matvec.k % GROUP == 0 and matvec.k <= MAX_K)
+
+
+_BYTES = {"f32": 4, "f16": 2, "i8": 1}
+
+
+def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
+    """How many workgroups split the output blocks: up to MAX_WORKGROUPS, and for a kernel
+    that quantizes the activation one per BYTES_PER_QUANTIZING_WORKGROUP of weight read."""
+    count = min(matvec.n // kernel.block, MAX_WORKGROUPS)
+    if kernel.quantizes:
+        weight = sum(
+            size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "init")
+        )
+        count = min(count, max(1, weight // BYTES_PER_QUANTIZING_WORKGROUP))
+    return count
 
 
 def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> str:
@@ -338,7 +358,7 @@ def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> st
         pointers += [f"%p_{b}", f"%o_{b}"]
         types += [f"memref<{t}>", "index"]
     signature = ", ".join([*types, "index", "index", "index", "index"])
-    workgroups = min(matvec.n // kernel.block, MAX_WORKGROUPS)
+    workgroups = _workgroups(kernel, matvec)
     symbol = kernel.symbol
     return f"""
 stream.executable private @{name} attributes {{
