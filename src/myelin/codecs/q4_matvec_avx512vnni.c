@@ -15,85 +15,95 @@
  * the group. */
 #include "cpu_matvec.h"
 
-#define BLOCK 128 /* outputs per inner block: one 64-byte line of codes per row */
+#define BLOCK 128 /* outputs per vpdpbusd step: one 64-byte line of codes per row */
+#define CHUNK 512 /* outputs per pass over the rows: their sums live in L1 (32 + 32 vectors) */
 
-static void block128(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
-                     const float* row_scale, const float* row_offset, const float* init,
-                     float* out, size_t k, size_t n, size_t n0, const int8_t* xq,
-                     const float* d, const float* xs) {
+/* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
+ * at a time, each across the whole chunk (256 contiguous bytes), so a cold weight streams from
+ * memory (docs/codecs.md, "CPU matvec kernels": block by block down all rows reads it at about
+ * half the rate). */
+static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
+                  const float* row_scale, const float* row_offset, const float* init,
+                  float* out, size_t k, size_t n, size_t c0, size_t width, const int8_t* xq,
+                  const float* d, const float* xs) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 acc[8];
-  for (int c = 0; c < 8; ++c) acc[c] = _mm512_setzero_ps();
+  const size_t blocks = width / BLOCK;
   const size_t stride = n / 2;
-  const uint8_t* base = codes + n0 / 2;
+  __m512 acc[CHUNK / 16]; /* [8b + c]: outputs c0 + 128b + 16c .. + 15 */
+  __m512i p[CHUNK / 16];
+  for (size_t j = 0; j < 8 * blocks; ++j) acc[j] = _mm512_setzero_ps();
   for (size_t g = 0; g < k / GROUP; ++g) {
-    /* p[4h + i], 128-bit lane L, element j: output n0 + 2 * (16L + 4i + j) + h */
-    __m512i p[8];
-    for (int i = 0; i < 8; ++i) p[i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
+    /* p[8b + 4h + i], 128-bit lane L, element j: output c0 + 128b + 2 * (16L + 4i + j) + h */
+    for (size_t j = 0; j < 8 * blocks; ++j) p[j] = _mm512_setzero_si512();
     for (int r = 0; r < GROUP; r += 4) {
       const size_t row = g * GROUP + r;
-      const uint8_t* c = base + row * stride;
-      const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
-      const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
-      const __m512i r3 = _mm512_loadu_si512(c + 3 * stride);
-      /* pairs of rows first (one byte holds two outputs), then the nibbles, then the quads */
-      const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
-      const __m512i e = _mm512_unpacklo_epi8(r2, r3), f = _mm512_unpackhi_epi8(r2, r3);
-      const __m512i al = _mm512_and_si512(a, nibble), bl = _mm512_and_si512(b, nibble);
-      const __m512i el = _mm512_and_si512(e, nibble), fl = _mm512_and_si512(f, nibble);
-      const __m512i ah = _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble);
-      const __m512i bh = _mm512_and_si512(_mm512_srli_epi16(b, 4), nibble);
-      const __m512i eh = _mm512_and_si512(_mm512_srli_epi16(e, 4), nibble);
-      const __m512i fh = _mm512_and_si512(_mm512_srli_epi16(f, 4), nibble);
       int32_t quad;
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
-      p[0] = _mm512_dpbusd_epi32(p[0], _mm512_unpacklo_epi16(al, el), xv);
-      p[1] = _mm512_dpbusd_epi32(p[1], _mm512_unpackhi_epi16(al, el), xv);
-      p[2] = _mm512_dpbusd_epi32(p[2], _mm512_unpacklo_epi16(bl, fl), xv);
-      p[3] = _mm512_dpbusd_epi32(p[3], _mm512_unpackhi_epi16(bl, fl), xv);
-      p[4] = _mm512_dpbusd_epi32(p[4], _mm512_unpacklo_epi16(ah, eh), xv);
-      p[5] = _mm512_dpbusd_epi32(p[5], _mm512_unpackhi_epi16(ah, eh), xv);
-      p[6] = _mm512_dpbusd_epi32(p[6], _mm512_unpacklo_epi16(bh, fh), xv);
-      p[7] = _mm512_dpbusd_epi32(p[7], _mm512_unpackhi_epi16(bh, fh), xv);
+      const uint8_t* c = codes + row * stride + c0 / 2;
+      for (size_t b = 0; b < blocks; ++b, c += BLOCK / 2) {
+        const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
+        const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
+        const __m512i r3 = _mm512_loadu_si512(c + 3 * stride);
+        /* pairs of rows first (one byte holds two outputs), then the nibbles, then the quads */
+        const __m512i a = _mm512_unpacklo_epi8(r0, r1), bb = _mm512_unpackhi_epi8(r0, r1);
+        const __m512i e = _mm512_unpacklo_epi8(r2, r3), f = _mm512_unpackhi_epi8(r2, r3);
+        const __m512i al = _mm512_and_si512(a, nibble), bl = _mm512_and_si512(bb, nibble);
+        const __m512i el = _mm512_and_si512(e, nibble), fl = _mm512_and_si512(f, nibble);
+        const __m512i ah = _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble);
+        const __m512i bh = _mm512_and_si512(_mm512_srli_epi16(bb, 4), nibble);
+        const __m512i eh = _mm512_and_si512(_mm512_srli_epi16(e, 4), nibble);
+        const __m512i fh = _mm512_and_si512(_mm512_srli_epi16(f, 4), nibble);
+        __m512i* q = p + 8 * b;
+        q[0] = _mm512_dpbusd_epi32(q[0], _mm512_unpacklo_epi16(al, el), xv);
+        q[1] = _mm512_dpbusd_epi32(q[1], _mm512_unpackhi_epi16(al, el), xv);
+        q[2] = _mm512_dpbusd_epi32(q[2], _mm512_unpacklo_epi16(bl, fl), xv);
+        q[3] = _mm512_dpbusd_epi32(q[3], _mm512_unpackhi_epi16(bl, fl), xv);
+        q[4] = _mm512_dpbusd_epi32(q[4], _mm512_unpacklo_epi16(ah, eh), xv);
+        q[5] = _mm512_dpbusd_epi32(q[5], _mm512_unpackhi_epi16(ah, eh), xv);
+        q[6] = _mm512_dpbusd_epi32(q[6], _mm512_unpacklo_epi16(bh, fh), xv);
+        q[7] = _mm512_dpbusd_epi32(q[7], _mm512_unpackhi_epi16(bh, fh), xv);
+      }
     }
-    /* Natural order: even and odd outputs interleaved (u[2i], u[2i + 1]: 128-bit lane L holds
-     * outputs 32L + 8i + (0..7)), then the lanes transposed (v[c]: outputs 16c .. 16c + 15). */
-    __m512i v[8];
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = _mm512_unpacklo_epi32(p[i], p[4 + i]);
-      v[2 * i + 1] = _mm512_unpackhi_epi32(p[i], p[4 + i]);
-    }
-    transpose_lanes(v);     /* v[0..3] -> outputs 0-15, 32-47, 64-79, 96-111 */
-    transpose_lanes(v + 4); /* v[4..7] -> outputs 16-31, 48-63, 80-95, 112-127 */
     const __m512 dg = _mm512_set1_ps(d[g]);
-    const uint8_t* sg = scale + g * n + n0;
-    for (int a = 0; a < 4; ++a) {
-      for (int s = 0; s < 2; ++s) {
-        const int c = 2 * a + s;
-        const __m128i s8 = _mm_loadu_si128((const __m128i*)(sg + 16 * c));
-        const __m512 sf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s8)), dg);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[4 * s + a]), sf, acc[c]);
+    for (size_t b = 0; b < blocks; ++b) {
+      /* Natural order: even and odd outputs interleaved (v[2i], v[2i + 1]: 128-bit lane L holds
+       * outputs 32L + 8i + (0..7)), then the lanes transposed. */
+      const __m512i* q = p + 8 * b;
+      __m512i v[8];
+      for (int i = 0; i < 4; ++i) {
+        v[2 * i] = _mm512_unpacklo_epi32(q[i], q[4 + i]);
+        v[2 * i + 1] = _mm512_unpackhi_epi32(q[i], q[4 + i]);
+      }
+      transpose_lanes(v);     /* v[0..3] -> outputs 0-15, 32-47, 64-79, 96-111 */
+      transpose_lanes(v + 4); /* v[4..7] -> outputs 16-31, 48-63, 80-95, 112-127 */
+      const uint8_t* sg = scale + g * n + c0 + b * BLOCK;
+      for (int a = 0; a < 4; ++a) {
+        for (int s = 0; s < 2; ++s) {
+          const int c = 2 * a + s;
+          const __m128i s8 = _mm_loadu_si128((const __m128i*)(sg + 16 * c));
+          const __m512 sf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s8)), dg);
+          acc[8 * b + c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[4 * s + a]), sf, acc[8 * b + c]);
+        }
       }
     }
   }
   /* the offsets' term: one pass over the group offsets (1/16 of the codes' bytes) */
-  __m512 acc_o[8];
-  for (int c = 0; c < 8; ++c) acc_o[c] = _mm512_setzero_ps();
+  __m512 acc_o[CHUNK / 16];
+  for (size_t j = 0; j < 8 * blocks; ++j) acc_o[j] = _mm512_setzero_ps();
   for (size_t g = 0; g < k / GROUP; ++g) {
     const __m512 xg = _mm512_set1_ps(xs[g]);
-    const int8_t* og = offset + g * n + n0;
-    for (int c = 0; c < 8; ++c) {
-      const __m128i o8 = _mm_loadu_si128((const __m128i*)(og + 16 * c));
-      acc_o[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(o8)), xg, acc_o[c]);
+    const int8_t* og = offset + g * n + c0;
+    for (size_t j = 0; j < 8 * blocks; ++j) {
+      const __m128i o8 = _mm_loadu_si128((const __m128i*)(og + 16 * j));
+      acc_o[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(o8)), xg, acc_o[j]);
     }
   }
-  for (int c = 0; c < 8; ++c) {
-    const size_t at = n0 + 16 * c;
+  for (size_t j = 0; j < 8 * blocks; ++j) {
+    const size_t at = c0 + 16 * j;
     __m512 r = _mm512_loadu_ps(init + at);
-    r = _mm512_fmadd_ps(acc[c], _mm512_loadu_ps(row_scale + at), r);
-    r = _mm512_fmadd_ps(acc_o[c], _mm512_loadu_ps(row_offset + at), r);
+    r = _mm512_fmadd_ps(acc[j], _mm512_loadu_ps(row_scale + at), r);
+    r = _mm512_fmadd_ps(acc_o[j], _mm512_loadu_ps(row_offset + at), r);
     _mm512_storeu_ps(out + at, r);
   }
 }
@@ -112,9 +122,11 @@ void plex_q4_matvec_avx512vnni(const float* x, size_t x_off, const uint8_t* code
   float d[MAX_K / GROUP], xs[MAX_K / GROUP];
   int32_t xi[MAX_K / GROUP];
   quantize_q8_avx512(x + x_off, k, xq, d, xs, xi);
-  for (size_t n0 = n_begin; n0 < n_begin + n_count; n0 += BLOCK) {
-    block128(codes + codes_off, scale + scale_off, offset + offset_off,
-             row_scale + row_scale_off, row_offset + row_offset_off, init + init_off,
-             out + out_off, k, n, n0, xq, d, xs);
+  const size_t end = n_begin + n_count;
+  for (size_t c0 = n_begin; c0 < end; c0 += CHUNK) {
+    const size_t width = end - c0 < CHUNK ? end - c0 : CHUNK;
+    chunk(codes + codes_off, scale + scale_off, offset + offset_off, row_scale + row_scale_off,
+          row_offset + row_offset_off, init + init_off, out + out_off, k, n, c0, width, xq, d,
+          xs);
   }
 }
