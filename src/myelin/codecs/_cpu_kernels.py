@@ -93,7 +93,9 @@ class Kernel:
 
     @property
     def cflags(self) -> tuple[str, ...]:
-        return (*CFLAGS, *(f"-m{f}" for f in self.features))
+        # the C side checks these against its own #defines (cpu_matvec.h)
+        numbers = (f"-DPLEX_BLOCK={self.block}", f"-DPLEX_GROUP={GROUP}", f"-DPLEX_MAX_K={MAX_K}")
+        return (*CFLAGS, *(f"-m{f}" for f in self.features), *numbers)
 
 
 _AVX512_VNNI = ("avx512f", "avx512bw", "avx512vnni", "avx2", "fma")

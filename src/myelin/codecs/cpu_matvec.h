@@ -14,6 +14,15 @@
 #define GROUP 32
 #define MAX_K 8192 /* the quantized activation lives on the worker's stack */
 
+/* myelin.codecs._cpu_kernels passes its own numbers (-DPLEX_*): the two sides must agree. */
+#if defined(PLEX_GROUP) && (PLEX_GROUP != GROUP || PLEX_MAX_K != MAX_K)
+#error "GROUP / MAX_K differ from myelin.codecs._cpu_kernels"
+#endif
+#define CHECK_BLOCK(block) _Static_assert(!PLEX_BLOCK || PLEX_BLOCK == (block), "BLOCK differs")
+#ifndef PLEX_BLOCK
+#define PLEX_BLOCK 0
+#endif
+
 /* xq[e] = round(x[e] / d[g]) (half away from zero), d[g] = max|x| / 127 over group g; xs[g] the
  * exact float sum of x over the group, xi[g] the sum of xq over it. The scalar form: every
  * kernel rounds the same way, and the numpy reference in the tests does too. */

@@ -8,6 +8,7 @@
 #include "cpu_matvec.h"
 
 #define BLOCK 128 /* outputs per inner block: 256 bytes (4 lines) per row */
+CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 
 static void block128(const uint16_t* w, const float* x, const float* init, float* out,
                      size_t k, size_t n, size_t n0) {

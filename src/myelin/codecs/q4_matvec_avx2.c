@@ -19,6 +19,7 @@
 #include "cpu_matvec.h"
 
 #define BLOCK 64 /* outputs per inner block: 32 bytes of codes per row */
+CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 
 /* Outputs n0 .. n0 + 63 over every group. */
 static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,

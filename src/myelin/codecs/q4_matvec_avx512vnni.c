@@ -16,6 +16,7 @@
 #include "cpu_matvec.h"
 
 #define BLOCK 128 /* outputs per vpdpbusd step: one 64-byte line of codes per row */
+CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 #define CHUNK 512 /* outputs per pass over the rows: their sums live in L1 (32 + 32 vectors) */
 
 /* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
