@@ -13,7 +13,7 @@ multiplies each partial sum by the group's scale times `max|x| / 127` and adds t
 offset times the exact float sum of `x` (the offset term needs no quantization), once per
 (group, half, output). The codecs' grouped q4 form converts every code to float and takes an
 FMA per weight (docs/codecs.md, "Matrix-vector products"); on an AVX2 CPU the codec runs the C
-kernel instead (myelin.codecs._q4_kernel: the same Q8 idea with `vpmaddubsw`), and
+kernel instead (myelin.codecs._cpu_kernels: the same Q8 idea with `vpmaddubsw` or `vpdpbusd`), and
 `q4-grouped` is that build with the kernel turned off.
 
 Weights are random codes and factors (the same bytes for the q4 and Q8 forms); every form is
@@ -227,17 +227,15 @@ def codec_form(k: int, n: int, codec: str, w: np.ndarray, kernel: bool = True):
     graph = encode_graph(
         imported.module_bytecode, inputs, lambda p: w, CodecPolicy(rules=(CodecRule("w", codec),))
     )
-    from myelin.compiler import pipeline
+    from unittest import mock
 
-    applies = pipeline.q4_kernel_applies
-    if not kernel:
-        pipeline.q4_kernel_applies = lambda devices: False
-    try:
+    from myelin.codecs import _finalize
+
+    select = _finalize.select_cpu_kernels if kernel else (lambda devices: {})
+    with mock.patch.object(_finalize, "select_cpu_kernels", select):
         vmfb = compile_imported(
             graph.module_bytecode, phase="input", devices=[TargetDevice("cpu")]
         ).vmfb
-    finally:
-        pipeline.q4_kernel_applies = applies
     record = graph.records[0]
     layout = choose_layout(
         record.codec,

@@ -18,7 +18,7 @@ those listed before it:
   up), `_emit` (building decode IR from templates), `_regions` (decode and consumer in one
   dispatch region), `_forms` (two forms of one contraction until a variant chooses),
   `_chunked` (q4 contractions over a long axis), `_gather` (embedding lookups),
-  `_loadtime` (decode at load under data tiling), `_q4_kernel` (the AVX2 matvec kernel),
+  `_loadtime` (decode at load under data tiling), `_cpu_kernels` (the C matvec kernels),
   `_matvec` (matvecs), `_q4_gpu` (q4's Hopper kernel form and the kernel's contract),
   `_rewrite` (one parameter's rewrite, ordering the above), `_apply` (a graph's encode step);
 - `_finalize`: `finalize(module, devices)`, the choices left open for a variant, which the

@@ -26,19 +26,24 @@ CODECS: dict[str, str] = {
 NO_CODEC = "fp32"
 
 
-@functools.cache
-def kernels_key() -> str:
-    """The q4 AVX2 kernel a compile links into q4 matvecs (myelin.codecs._q4_kernel), as part of
-    the compile key: its source and flags' digest, and the C compiler that builds it (a build
-    machine without gcc keeps the grouped matvec: another artifact, so another key)."""
-    from myelin.backends import compiler_version
-    from myelin.codecs._q4_kernel import digest
+def kernels_key(devices: tuple[Any, ...]) -> str:
+    """The CPU matvec kernels a compile for these devices (TargetDevice) links into encoded
+    matvecs (myelin.codecs._cpu_kernels), as part of the compile key: which kernel each form
+    gets, every kernel's source and flags' digest, and the C compiler that builds them (a build
+    machine without gcc keeps IREE's code: another artifact, so another key)."""
+    return _kernels_key(tuple(devices))
 
-    return f"{digest()} {compiler_version() or '(no gcc)'}"
+
+@functools.cache
+def _kernels_key(devices: tuple[Any, ...]) -> str:
+    from myelin.backends import compiler_version
+    from myelin.codecs._cpu_kernels import digest, selection_key
+
+    return f"{selection_key(devices)} {digest()} {compiler_version() or '(no gcc)'}"
 
 
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 12
+FORMAT_VERSION = 13
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 

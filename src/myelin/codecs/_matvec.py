@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from iree.compiler import ir
 
-from myelin.codecs import _q4_kernel as q4_kernel
+from myelin.codecs import _cpu_kernels as cpu_kernels
 from myelin.codecs._contract import Layout
 from myelin.codecs._emit import (
     DECODE_ATTRIBUTE,
@@ -134,6 +134,15 @@ def mark_matvec(op: ir.Operation, n_loop: int, k_loop: int, context: ir.Context)
         f"vector_common_parallel = {vector}, vector_reduction = {reduction}>"
     )
     op.attributes[CPU_TILES_ATTRIBUTE] = ir.StringAttr.get(text, context)
+
+
+def mark_cpu_matvec(op: ir.Operation, form: str, layout: Layout, context: ir.Context) -> None:
+    """Mark `op`, the op yielding a matvec's dispatch region result, as a matvec of codec form
+    `form` the compile step may give to a CPU kernel (myelin.codecs._cpu_kernels), if its
+    weight is stored K-major (rank 2, the contracted axis first): the only order they read."""
+    order = layout.order or tuple(range(len(layout.logical_shape)))
+    if len(order) == 2 and order[0] in layout.reduce_axes:
+        op.attributes[cpu_kernels.MARK] = ir.StringAttr.get(form, context)
 
 
 def apply_cpu_tiles(module: ir.Operation, cpu: bool) -> int:
@@ -308,9 +317,7 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
     total = body[-1]
     total.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
     mark_matvec(total, n_loop, k, context)
-    # the compile step may put the AVX2 kernel in its place (myelin.codecs._q4_kernel)
-    stored = "kn" if (layout.order or (0, 1))[0] == axis else "nk"
-    total.attributes[q4_kernel.MARK] = ir.StringAttr.get(stored, context)
+    mark_cpu_matvec(total, "q4", layout, context)
     consumer.results[0].replace_all_uses_with(total.results[0])
     # all but the constant and the activation's reshape: one dispatch (xs in it is recomputed
     # per workgroup, K additions, cheaper than a dispatch of its own)
@@ -377,6 +384,7 @@ func.func private @scaled(%p: {result_t}, %s: {scale_t}, %init: {result_t}) -> {
     remap([scale], [*zip(block.arguments, [consumer.results[0], parts[1], init], strict=True)])
     scale.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
     mark_matvec(consumer, n_loop, k, context)
+    mark_cpu_matvec(scale, "int8", layout, context)
     fill = zeroed.owner
     wrap_in_dispatch_region([unpack, fill.operands[1].owner, fill, consumer, scale], context)
     for op in reversed(chain.ops):

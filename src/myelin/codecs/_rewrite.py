@@ -36,7 +36,13 @@ from myelin.codecs._contract import Layout
 from myelin.codecs._emit import emit_tensor_decode, load_part, split_of, tensor_type
 from myelin.codecs._gather import byte_view, emit_scalar_decode
 from myelin.codecs._loadtime import emit_load_time_form, wants_load_time_form
-from myelin.codecs._matvec import emit_grouped, emit_scaled, mark_matvec, matvec_loops
+from myelin.codecs._matvec import (
+    emit_grouped,
+    emit_scaled,
+    mark_cpu_matvec,
+    mark_matvec,
+    matvec_loops,
+)
 from myelin.codecs._q4_gpu import emit_kernel_form
 from myelin.codecs._regions import wrap_in_dispatch_region
 from myelin.codecs._uses import classify, follow, module_globals, symbol_users
@@ -65,6 +71,13 @@ def _replace_global(
         new.attributes["initial_value"] = value
         created.append((ir.StringAttr(new.attributes["sym_name"]).value, part_type))
     return created
+
+
+def _is_fp16_matvec(layout: Layout, placed: list[ir.Operation], consumer: ir.Operation) -> bool:
+    """Whether a matvec decoded by `placed` is fp16's plain form (one `arith.extf` generic into
+    a matmul), which the AVX-512 fp16 kernel may take (myelin.codecs._cpu_kernels)."""
+    plain = consumer.name in ("linalg.matmul", "linalg.batch_matmul")
+    return layout.codec == "fp16" and len(placed) == 1 and plain
 
 
 def rewrite(
@@ -122,6 +135,8 @@ def rewrite(
                     wrap_in_dispatch_region([*placed, chain.consumer], context)
                     if matvec is not None:
                         mark_matvec(chain.consumer, *matvec, context)
+                        if _is_fp16_matvec(layout, placed, chain.consumer):
+                            mark_cpu_matvec(chain.consumer, "fp16", layout, context)
         load.erase()
     old.erase()
     return report

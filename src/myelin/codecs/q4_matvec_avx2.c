@@ -1,8 +1,6 @@
 /* q4 x Q8 matrix-vector product for AVX2 + FMA: the decode step of a q4 codec weight.
- *
- * Linked into IREE's llvm-cpu executables as a static object (hal.executable.objects), so it
- * meets the embedded-ELF rules: no libc, no globals, no TLS, position independent
- * (myelin.codecs._q4_kernel builds it; docs/codecs.md, "q4 on AVX2 CPUs").
+ * Built and linked into IREE's executables by myelin.codecs._cpu_kernels (docs/codecs.md,
+ * "CPU matvec kernels").
  *
  * The weight is the codec's format-7 storage, read in place from the parameters:
  *   codes  [K][N/2] bytes: w[k][n] in the low nibble of byte n/2 for even n, the high for odd n
@@ -11,40 +9,17 @@
  * out[n] = init[n] + sum_k x[k] * w[k][n].
  *
  * As llama.cpp's Q4_0 x Q8_0: the activation is quantized once per call and group of 32
- * (xq = round(x / d), d = max|x| / 127), the codes are multiplied with it in integers
+ * (cpu_matvec.h), the codes are multiplied with it in integers
  * (vpmaddubsw on pairs of rows, summed in 16 bits over 16 rows, then vpmaddwd into 32 bits),
  * and the group's factors are applied once per group and output in f32:
  *   out[n] = init[n] + row_scale[n] * sum_g d[g] * scale[g][n] * P[g][n]
  *                    + row_offset[n] * sum_g xs[g] * offset[g][n],
  * with P[g][n] = sum_e xq[32g + e] * codes[32g + e][n] and xs[g] the exact float sum of x over
  * the group. |P| per 16 rows <= 16 * 15 * 127 = 30480 fits in 16 bits. */
-#include <immintrin.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "cpu_matvec.h"
 
-#define GROUP 32
-#define BLOCK 64                /* outputs per inner block: 32 bytes of codes per row */
-#define MAX_K 8192              /* the quantized activation lives on the worker's stack */
-
-/* The activation quantized per group (xq, d) and its exact group sums (xs). */
-static void quantize(const float* x, size_t k, int8_t* xq, float* d, float* xs) {
-  for (size_t g = 0; g < k / GROUP; ++g) {
-    const float* v = x + g * GROUP;
-    float amax = 0.0f, sum = 0.0f;
-    for (int e = 0; e < GROUP; ++e) {
-      const float a = v[e] < 0 ? -v[e] : v[e];
-      amax = a > amax ? a : amax;
-      sum += v[e];
-    }
-    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    d[g] = amax / 127.0f;
-    xs[g] = sum;
-    for (int e = 0; e < GROUP; ++e) {
-      const float t = v[e] * inv;
-      xq[g * GROUP + e] = (int8_t)(int)(t < 0 ? t - 0.5f : t + 0.5f);
-    }
-  }
-}
+#define BLOCK 64 /* outputs per inner block: 32 bytes of codes per row */
+CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 
 /* Outputs n0 .. n0 + 63 over every group. */
 static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
@@ -134,7 +109,8 @@ void plex_q4_matvec_avx2(const float* x, size_t x_off, const uint8_t* codes, siz
                          size_t n_begin, size_t n_count) {
   int8_t xq[MAX_K] __attribute__((aligned(32)));
   float d[MAX_K / GROUP], xs[MAX_K / GROUP];
-  quantize(x + x_off, k, xq, d, xs);
+  int32_t xi[MAX_K / GROUP];
+  quantize_q8(x + x_off, k, xq, d, xs, xi);
   for (size_t n0 = n_begin; n0 < n_begin + n_count; n0 += BLOCK) {
     block64(codes + codes_off, scale + scale_off, offset + offset_off,
             row_scale + row_scale_off, row_offset + row_offset_off, init + init_off,

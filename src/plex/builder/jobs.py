@@ -118,8 +118,8 @@ class CompileJob(Job):
     # ops placed on external backend devices, rewritten into calls at the input phase
     # (myelin.compiler.backend_ops): (device, backend, op, min_flops) in [placement] order
     backend_ops: tuple[tuple[str, str, str, int], ...] = ()
-    # myelin.codecs.kernels_key(): the q4 AVX2 kernel (and the C compiler building it) that
-    # this compile links into q4 matvecs
+    # myelin.codecs.kernels_key(devices): the CPU matvec kernels (and the C compiler building
+    # them) that this compile links into encoded matvecs
     codecs_kernels: str = ""
     # `[myelin] tuning`: the spec file for this variant's target (by content) and its
     # `package:name` and target (for the flag that applies it, the report and the provenance)

@@ -538,9 +538,10 @@ def _compile_node(
     resume: PhaseFile | None,
 ) -> Node:
     writes_phases = request.dump_phases is not None or request.compile_to is not None
+    devices = tuple(target_device(app, d) for d in variant.devices)
     job = CompileJob(
         source=Output(_compile_source_id(app, unit, variant)),
-        devices=tuple(target_device(app, d) for d in variant.devices),
+        devices=devices,
         requirements=tuple(device_requirements(d) for d in variant.devices),
         cancellable=app.cancellable,
         favor=app.favor,
@@ -556,7 +557,7 @@ def _compile_node(
         phase_fields=phase_fields(unit, variant, app) if writes_phases else {},
         what=f"{unit.ref} ({variant.name})",
         backend_ops=backend_ops(app, unit, variant),
-        codecs_kernels=codecs_kernels_key(),
+        codecs_kernels=codecs_kernels_key(devices),
         **_tuning_fields(app, variant),
     )
     label = f"compile {unit.ref} for {variant.name}"

@@ -1,0 +1,518 @@
+"""CPU matvec kernels: hand-written C matvecs linked into IREE's llvm-cpu executables.
+
+IREE 3.13's llvm-cpu codegen turns an encoded matvec (myelin.codecs._matvec) into float FMAs on
+decoded weights, one or more instructions per weight, and does not emit the integer dot
+products (AVX2's `vpmaddubsw`, AVX-512 VNNI's `vpdpbusd`) from linalg, not even for an integer
+matvec written for them. A decode step then reads its weights at 5-6 GB/s where llama.cpp
+reads them at 11-19 GB/s on the same core. The kernels here do what llama.cpp does: q4 and int8
+quantize the activation row to 8 bits per group of 32 once per call (its Q8_0) and multiply
+the codes with it in integers, the factors applied in f32 once per group and output; fp16
+converts and accumulates in f32, streaming the weight once (the C files say how).
+
+`KERNELS` is the one table: per codec form (`q4`, `int8`, `fp16`), the kernels in order of
+preference, each with the CPU features it needs and the output block it works in; a matvec
+runs the first one its variant's CPU has that takes its shape.
+
+How they reach IREE, at its public boundary: the encode step marks each K-major matvec of a
+form (`MARK`, value: the form) on the op that yields its dispatch region's result; the compile
+step of a one-device llvm-cpu variant replaces each marked region whose shapes the kernel takes
+by a `flow.dispatch` of a `stream.executable` whose workgroups call the kernel on their share
+of the outputs. The executable carries the kernel's object file (`hal.executable.objects`,
+built here by gcc) and IREE's linker links it into the executable's embedded ELF (the call is
+`hal.import.static`). The object is a file in the system temp dir, named by its digest: IREE
+3.13 links an object given as `data` as an empty file. The bindings are the encoded parameters
+themselves (read in place from the .mln), the activation and the consumer's init. Everything
+else (cuda, vmvx, a CPU without the features, a shape no kernel takes, a build machine without
+gcc) keeps IREE's code for the matvec. `hal.dispatch.extern` would be the shorter spelling,
+but it crashes iree-compile 3.13 on llvm-cpu.
+
+Only one activation row (M = 1, a decode step of batch 1): the encode step marks matvecs only
+(myelin.codecs._matvec.matvec_loops); a batched decode's matmul keeps IREE's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from myelin.compiler.workgroup_split import workgroup_share
+from myelin.errors import CompileError
+
+if TYPE_CHECKING:
+    from iree.compiler import ir
+
+# On the op yielding a marked matvec region's result: the codec form ("q4", "int8", "fp16") of
+# a matvec whose weight is stored K-major (the kernels read K-major weights only).
+MARK = "plex.cpu_matvec"
+GROUP = 32  # the activation's quantization group (and q4's: other q4 groups keep IREE's code)
+MAX_K = 8192  # the kernels' stacks hold the quantized activation
+MAX_WORKGROUPS = 32
+# Each workgroup of a kernel that quantizes the activation does so itself (K elements, ~2 us at
+# K = 2048): measured on Zen 4, a 2048x2048 q4 matvec took 64 us as 1 call and 93 us as 16.
+# So such kernels get one workgroup per this many weight bytes (at least one).
+BYTES_PER_QUANTIZING_WORKGROUP = 1 << 20
+HEADER = Path(__file__).with_name("cpu_matvec.h")
+# Freestanding: the object is linked into an embedded ELF (no libc, no unwind tables, no
+# stack protector, no loops turned into memset/memcpy calls).
+CFLAGS = (
+    "-O3",
+    "-fPIC",
+    "-ffreestanding",
+    "-fno-builtin",
+    "-fno-stack-protector",
+    "-fno-tree-loop-distribute-patterns",
+    "-fno-asynchronous-unwind-tables",
+    "-fno-ident",
+)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One C matvec kernel: `<name>.c` next to this module, its entry point `plex_<name>`."""
+
+    form: str  # the codec form whose marked matvecs it takes
+    name: str
+    features: tuple[str, ...]  # the CPU features it needs, as LLVM names them (gcc: -m<name>)
+    block: int  # outputs per kernel block: N must be a multiple
+    quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
+
+    @property
+    def source(self) -> Path:
+        return Path(__file__).with_name(f"{self.name}.c")
+
+    @property
+    def symbol(self) -> str:
+        return f"plex_{self.name}"
+
+    @property
+    def cflags(self) -> tuple[str, ...]:
+        # the C side checks these against its own #defines (cpu_matvec.h)
+        numbers = (f"-DPLEX_BLOCK={self.block}", f"-DPLEX_GROUP={GROUP}", f"-DPLEX_MAX_K={MAX_K}")
+        return (*CFLAGS, *(f"-m{f}" for f in self.features), *numbers)
+
+
+_AVX512_VNNI = ("avx512f", "avx512bw", "avx512vnni", "avx2", "fma")
+# Per form, in order of preference (measured: benchmarks/probes/cpu_matvec.py).
+KERNELS = (
+    Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True),
+    Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True),
+    Kernel("int8", "int8_matvec_avx512vnni", _AVX512_VNNI, 64, quantizes=True),
+    Kernel("fp16", "fp16_matvec_avx512", ("avx512f", "f16c", "fma"), 128, quantizes=False),
+)
+
+
+def digest() -> str:
+    """Every kernel's source, the shared header and the flags: part of the compile key."""
+    text = HEADER.read_bytes() if HEADER.exists() else b"(no header)"
+    for kernel in KERNELS:
+        source = kernel.source.read_bytes() if kernel.source.exists() else b"(no source)"
+        text += f"{kernel}".encode() + source + " ".join(kernel.cflags).encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def kernel_object(kernel: Kernel) -> Path:
+    """The kernel's x86-64 object file, compiled once per kernel digest into the system temp
+    dir (again if something deleted it). IREE 3.13's llvm-cpu linker reads an object by
+    `path` only: one given as `data` links as an empty file (undefined symbol), or crashes
+    iree-compile when it has no path."""
+    folder = Path(tempfile.gettempdir()) / "plex-kernels"
+    target = folder / f"{kernel.name}-{digest()}.o"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="plex-matvec-", dir=folder) as tmp:
+        out = Path(tmp) / "kernel.o"
+        try:
+            subprocess.run(
+                ["gcc", *kernel.cflags, "-c", str(kernel.source), "-o", str(out)],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        except FileNotFoundError as e:
+            raise CompileError(f"the CPU matvec kernel {kernel.name} needs gcc") from e
+        except subprocess.CalledProcessError as e:
+            raise CompileError(
+                f"gcc failed on {kernel.source.name}: {e.stderr.strip()[-800:]}"
+            ) from e
+        out.replace(target)  # atomic: concurrent compiles see a whole file or none
+    return target
+
+
+def _cpu_features(devices: Sequence[Any]) -> frozenset[str] | None:
+    """The LLVM CPU features of the one x86-64 llvm-cpu device (TargetDevice) in `devices`: the
+    ones it names, else the host's for `cpu = "host"`; None for anything else (another target,
+    several devices, a CPU named without features)."""
+    from myelin import hostinfo
+
+    if len(devices) != 1 or devices[0].target != "llvm-cpu" or hostinfo.machine() != "x86_64":
+        return None
+    device = devices[0]
+    if device.cpu_features:
+        return frozenset(f.lstrip("+") for f in device.cpu_features.split(",") if f[:1] != "-")
+    if (device.cpu or "host") != "host":
+        return None
+    return frozenset(f.replace("_", "") for f in hostinfo.cpu_flags())  # avx512_vnni: avx512vnni
+
+
+def select(devices: Sequence[Any]) -> dict[str, tuple[Kernel, ...]]:
+    """Per form, the kernels a variant on these devices (TargetDevice) may run, in KERNELS'
+    order: those whose features its CPU has, built where gcc and the kernel's source are. A
+    matvec runs the first that takes its shape; forms absent keep IREE's code."""
+    features = _cpu_features(devices)
+    if features is None or shutil.which("gcc") is None:
+        return {}
+    chosen: dict[str, tuple[Kernel, ...]] = {}
+    for kernel in KERNELS:
+        if set(kernel.features) <= features and kernel.source.exists():
+            chosen[kernel.form] = (*chosen.get(kernel.form, ()), kernel)
+    return chosen
+
+
+def selection_key(devices: Sequence[Any]) -> str:
+    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 q4=...,..."."""
+    chosen = sorted(select(devices).items())
+    return " ".join(f"{f}={','.join(k.name for k in ks)}" for f, ks in chosen) or "(none)"
+
+
+def _dims(value: ir.Value) -> list[int]:
+    from iree.compiler import ir
+
+    t = ir.RankedTensorType(value.type)
+    return [t.get_dim_size(d) for d in range(t.rank)] if t.has_static_shape else []
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    from iree.compiler import ir
+
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+@dataclass
+class Matvec:
+    """A marked matvec's operands in its kernel's argument order (the activation first, the
+    consumer's init last), and its sizes."""
+
+    k: int
+    n: int
+    operands: list[tuple[str, ir.Value, str, int]]  # (binding, value, element type, elements)
+
+
+def _q4_matvec(total: ir.Operation) -> Matvec | None:
+    """From the grouped matvec's sum op (myelin.codecs._matvec.emit_grouped): the activation,
+    the codes, the four factor parts and the init; None if the IR is not the one emit_grouped
+    builds or a shape the kernels do not take."""
+    if len(total.operands) != 7:
+        return None
+    p_op, xs_op = _producer(total.operands[0]), _producer(total.operands[1])
+    if p_op is None or xs_op is None or p_op.name != "linalg.generic":
+        return None
+    unpack = _producer(p_op.operands[1])
+    expand = _producer(xs_op.operands[0])
+    if unpack is None or expand is None or expand.name != "tensor.expand_shape":
+        return None
+    x, codes, init = expand.operands[0], unpack.operands[0], total.operands[6]
+    dims = _dims(codes)
+    if len(dims) != 3 or dims[1] != GROUP:
+        return None
+    groups, _, n = dims
+    k = groups * GROUP
+    if any(_dims(total.operands[i]) != [groups, n] for i in (2, 3)):
+        return None
+    if any(_dims(total.operands[i]) != [n] for i in (4, 5)):
+        return None
+    return Matvec(
+        k,
+        n,
+        [
+            ("x", x, "f32", k),
+            ("codes", codes, "i8", k * n // 2),  # two 4-bit codes a byte
+            ("scale", total.operands[2], "i8", groups * n),
+            ("offset", total.operands[3], "i8", groups * n),
+            ("rs", total.operands[4], "f32", n),
+            ("ro", total.operands[5], "f32", n),
+            ("init", init, "f32", n),
+        ],
+    )
+
+
+def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
+    """From int8's scaling op (myelin.codecs._matvec.emit_scaled: `dot * scale[n] + init`,
+    after the contraction of the codes as floats): the activation, the codes, the scale and
+    the init."""
+    if len(scaled.operands) != 4:
+        return None
+    contraction = _producer(scaled.operands[0])
+    if contraction is None or len(contraction.operands) != 3:
+        return None
+    found = _weight_and_activation(contraction, "i8")
+    if found is None:
+        return None
+    codes, x, k, n = found
+    scale, init = scaled.operands[1], scaled.operands[2]
+    if _dims(scale) != [n]:
+        return None
+    return Matvec(
+        k,
+        n,
+        [
+            ("x", x, "f32", k),
+            ("codes", codes, "i8", k * n),
+            ("scale", scale, "f32", n),
+            ("init", init, "f32", n),
+        ],
+    )
+
+
+def _fp16_matvec(contraction: ir.Operation) -> Matvec | None:
+    """From fp16's contraction (its weight operand the decode `arith.extf` of the stored f16
+    data, myelin.codecs._rewrite): the activation, the weight and the init."""
+    if len(contraction.operands) != 3:
+        return None
+    found = _weight_and_activation(contraction, "f16")
+    if found is None:
+        return None
+    w, x, k, n = found
+    return Matvec(
+        k,
+        n,
+        [("x", x, "f32", k), ("w", w, "f16", k * n), ("init", contraction.operands[2], "f32", n)],
+    )
+
+
+def _weight_and_activation(
+    contraction: ir.Operation, element: str
+) -> tuple[ir.Value, ir.Value, int, int] | None:
+    """(stored [K, N] data, activation, K, N) of a matvec contraction one of whose inputs is a
+    one-input decode of stored data with this element type."""
+    from iree.compiler import ir
+
+    for w_at in (0, 1):
+        decode = _producer(contraction.operands[w_at])
+        if decode is None or decode.name != "linalg.generic" or len(decode.operands) != 2:
+            continue
+        stored = decode.operands[0]
+        if str(ir.RankedTensorType(stored.type).element_type) != element:
+            continue
+        dims = _dims(stored)
+        x = contraction.operands[1 - w_at]
+        if len(dims) != 2 or math.prod(_dims(x) or [0]) != dims[0]:
+            return None
+        if math.prod(_dims(contraction.operands[2]) or [0]) != dims[1]:
+            return None
+        return stored, x, dims[0], dims[1]
+    return None
+
+
+# form -> how its marked op gives the matvec's operands
+MATVECS: dict[str, Callable[[ir.Operation], Matvec | None]] = {
+    "q4": _q4_matvec,
+    "int8": _int8_matvec,
+    "fp16": _fp16_matvec,
+}
+
+
+def _takes(kernel: Kernel, matvec: Matvec) -> bool:
+    """Whether the kernel takes these sizes: whole blocks of outputs; for the ones that
+    quantize the activation, whole groups and at most MAX_K."""
+    if matvec.n % kernel.block:
+        return False
+    return not kernel.quantizes or (matvec.k % GROUP == 0 and matvec.k <= MAX_K)
+
+
+_BYTES = {"f32": 4, "f16": 2, "i8": 1}
+
+
+def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
+    """How many workgroups split the output blocks: up to MAX_WORKGROUPS, and for a kernel
+    that quantizes the activation one per BYTES_PER_QUANTIZING_WORKGROUP of weight read."""
+    count = min(matvec.n // kernel.block, MAX_WORKGROUPS)
+    if kernel.quantizes:
+        weight = sum(
+            size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "init")
+        )
+        count = min(count, max(1, weight // BYTES_PER_QUANTIZING_WORKGROUP))
+    return count
+
+
+def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> str:
+    dyn = "strided<[1], offset: ?>"
+    bindings = [(b, t, size) for b, _, t, size in matvec.operands] + [("out", "f32", matvec.n)]
+    args = ", ".join(f"%b_{b}: !stream.binding" for b, _, _ in bindings)
+    subspans, pointers, types = [], [], []
+    for b, t, size in bindings:
+        memref = f"memref<{size}x{t}, {dyn}>"
+        subspans.append(
+            f"%m_{b} = stream.binding.subspan %b_{b}[%c0] : !stream.binding -> {memref}\n"
+            f"      %p_{b}, %o_{b}, %s_{b}, %st_{b} = memref.extract_strided_metadata %m_{b}\n"
+            f"          : {memref} -> memref<{t}>, index, index, index"
+        )
+        pointers += [f"%p_{b}", f"%o_{b}"]
+        types += [f"memref<{t}>", "index"]
+    signature = ", ".join([*types, "index", "index", "index", "index"])
+    workgroups = _workgroups(kernel, matvec)
+    symbol = kernel.symbol
+    return f"""
+stream.executable private @{name} attributes {{
+  hal.executable.objects = #hal.executable.objects<{{
+    #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64"> = [
+      #hal.executable.object<{{path = "{obj}"}}>
+    ]
+  }}>
+}} {{
+  stream.executable.export public @{name} workgroups() -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %w = arith.constant {workgroups} : index
+    stream.return %w, %c1, %c1 : index, index, index
+  }}
+  builtin.module {{
+    func.func private @{symbol}({signature}) attributes {{hal.import.static, llvm.bareptr = true}}
+    func.func @{name}({args}) {{
+      %c0 = arith.constant 0 : index
+      {chr(10).join("      " + s for s in subspans).lstrip()}
+      %k = arith.constant {matvec.k} : index
+      %n = arith.constant {matvec.n} : index
+      %blocks = arith.constant {matvec.n // kernel.block} : index
+      %block = arith.constant {kernel.block} : index
+      {workgroup_share("%blocks")}
+      %n_begin = arith.muli %first, %block : index
+      %n_count = arith.muli %count, %block : index
+      func.call @{symbol}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)
+          : ({signature}) -> ()
+      return
+    }}
+  }}
+}}
+"""
+
+
+def _hoisted_init(init: ir.Value, region: ir.Operation) -> ir.Value | None:
+    """`init`, built inside `region` (the dispatch region rebuilds its consumer's init),
+    rebuilt before it: the ops from its `tensor.empty` on, cloned. None if it reads a value of
+    the region other than its own chain."""
+    from iree.compiler import ir
+
+    chain: list[ir.Operation] = []
+    value = init
+    while True:
+        op = _producer(value)
+        parent = op.parent if op is not None else None
+        if op is None or parent is None or parent.operation != region:
+            break  # defined outside the region already (a function argument or an op there)
+        chain.append(op)
+        if op.name == "tensor.empty":
+            break
+        if not op.name.startswith("linalg.") or len(op.results) != 1:
+            return None
+        value = op.operands[len(op.operands) - 1]
+    mapping: list[tuple[ir.Value, ir.Value]] = []  # (in the region, its clone's)
+    result = init
+    for op in reversed(chain):
+        clone = op.clone(ip=ir.InsertionPoint(region))
+        for i, operand in enumerate(op.operands):
+            new = next((b for a, b in mapping if a == operand), None)
+            if new is not None:
+                clone.operands[i] = new
+                continue
+            owner = _producer(operand)
+            parent = owner.parent if owner is not None else None
+            if parent is not None and parent.operation == region:
+                clone.erase()  # reads something else computed in the region
+                return None
+        mapping.append((op.results[0], clone.results[0]))
+        result = clone.results[0]
+    return result
+
+
+def _outside(value: ir.Value, region: ir.Operation) -> bool:
+    owner = _producer(value)
+    parent = owner.parent if owner is not None else None
+    return parent is None or parent.operation != region
+
+
+def _regions(module: ir.Operation) -> list[tuple[ir.Operation, ir.Operation]]:
+    from iree.compiler import ir
+
+    found: list[tuple[ir.Operation, ir.Operation]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if MARK in op.attributes:
+            parent = op.parent
+            if parent is not None and parent.operation.name == "flow.dispatch.region":
+                found.append((parent.operation, op))
+            else:
+                del op.attributes[MARK]
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+def apply_kernels(module: ir.Operation, kernels: dict[str, tuple[Kernel, ...]]) -> list[str]:
+    """Replace every marked matvec region by a dispatch of the first kernel of its form in
+    `kernels` (select()) that takes it, and drop the marks; returns what was placed
+    ("q4_matvec_avx2 2048x256": the kernel, K x N), one per matvec."""
+    from iree.compiler import ir
+
+    placed: list[str] = []
+    executables: dict[tuple[str, int, int], str] = {}
+    body = module.regions[0].blocks[0]
+    for region, marked in _regions(module):
+        form = ir.StringAttr(marked.attributes[MARK]).value
+        del marked.attributes[MARK]
+        if form not in kernels or len(region.results) != 1:
+            continue
+        matvec = MATVECS[form](marked)
+        kernel = next((k for k in kernels[form] if matvec and _takes(k, matvec)), None)
+        if matvec is None or kernel is None:
+            continue
+        if not all(_outside(v, region) for b, v, _, _ in matvec.operands if b != "init"):
+            continue
+        init = _hoisted_init(matvec.operands[-1][1], region)
+        if init is None:
+            continue
+        key = (kernel.name, matvec.k, matvec.n)
+        name = executables.get(key)
+        if name is None:
+            name = executables[key] = f"__plex_{kernel.name}_{matvec.k}x{matvec.n}"
+            text = _executable_text(name, kernel, matvec, kernel_object(kernel))
+            helper = ir.Module.parse(text)
+            for op in list(helper.body.operations):
+                body.append(op.detach_from_parent())
+        operands = [v for _, v, _, _ in matvec.operands[:-1]] + [init]
+        with ir.InsertionPoint(region), region.location:
+            dispatch = _dispatch(name, operands, region.results[0].type)
+        region.results[0].replace_all_uses_with(dispatch.results[0])
+        region.erase()
+        placed.append(f"{kernel.name} {matvec.k}x{matvec.n}")
+    return placed
+
+
+def _dispatch(name: str, operands: list[ir.Value], result_type: ir.Type) -> ir.Operation:
+    """`flow.dispatch @name::@name(operands)` -> result_type (static shapes, no workload; the
+    entry point is named as its executable: IREE links the executables of a module into one,
+    where entry points must differ)."""
+    from iree.compiler import ir
+
+    context = result_type.context
+    return ir.Operation.create(
+        "flow.dispatch",
+        results=[result_type],
+        operands=operands,
+        attributes={
+            "entry_points": ir.ArrayAttr.get(
+                [ir.SymbolRefAttr.get([name, name], context)], context
+            ),
+            "operandSegmentSizes": ir.DenseI32ArrayAttr.get([0, len(operands), 0, 0], context),
+        },
+    )
