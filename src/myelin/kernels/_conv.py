@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
+from myelin.kernels._normalize import inline_ops
 from myelin.kernels._rewrite import CONV_MARK, _is_zero_fill
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
@@ -278,20 +279,6 @@ def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
     )
 
 
-def _inline(function_text: str, before: ir.Operation, operands: list[ir.Value]):
-    """Inline the one-result function's body before `before`; (its result, the ops moved)."""
-    helper = ir.Module.parse(function_text)
-    (func,) = list(helper.body.operations)
-    block = func.regions[0].blocks[0]
-    for arg, value in zip(block.arguments, operands, strict=True):
-        arg.replace_all_uses_with(value)
-    ops = list(block.operations)
-    returned = ops[-1].operands[0]
-    for op in ops[:-1]:
-        op.move_before(before)
-    return returned, ops[:-1]
-
-
 def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERNEL_DTYPES) -> int:
     """Rewrite every static `linalg.conv_2d_nchw_fchw` whose inputs are of `dtypes` (None: any)
     and whose matmul the kernels could take to the gather + matmul form (see the module doc);
@@ -308,7 +295,7 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
         out = _element(truncf.results[0].type) if truncf is not None else None
         replaced = truncf or op
         with op.location:
-            value, moved = _inline(
+            value, moved = inline_ops(
                 _function_text(form, bias, out), replaced, [op.operands[0], op.operands[1], init]
             )
         described = {**form.describe(), "location": str(op.location)}

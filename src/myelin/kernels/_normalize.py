@@ -249,6 +249,13 @@ def inline_text(function_text: str, before: ir.Operation, operands: list[ir.Valu
     """Parse a one-result function and inline its body before `before`, its arguments bound to
     `operands`; returns the value it returns. (The MLIR Python API builds named linalg ops
     from text most reliably: their regions are filled in by the parser.)"""
+    return inline_ops(function_text, before, operands)[0]
+
+
+def inline_ops(
+    function_text: str, before: ir.Operation, operands: list[ir.Value]
+) -> tuple[ir.Value, list[ir.Operation]]:
+    """`inline_text`, also returning the ops it moved (for a caller that marks them)."""
     helper = ir.Module.parse(function_text)
     (func,) = list(helper.body.operations)
     block = func.regions[0].blocks[0]
@@ -258,7 +265,7 @@ def inline_text(function_text: str, before: ir.Operation, operands: list[ir.Valu
     returned = ops[-1].operands[0]
     for op in ops[:-1]:
         op.move_before(before)
-    return returned
+    return returned, ops[:-1]
 
 
 def linears_as_matmuls(module: ir.Operation) -> int:
