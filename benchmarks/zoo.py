@@ -289,4 +289,5 @@ def weights(
         *module.named_parameters(remove_duplicate=False),
         *module.named_buffers(remove_duplicate=False),
     ]
-    return {key: t.detach().numpy() for key, t in tensors}
+    # .cpu(): an earlier case of the same model may have moved the (cached) module to the GPU
+    return {key: t.detach().cpu().numpy() for key, t in tensors}
