@@ -57,16 +57,13 @@ def test_a_static_prefill_length_puts_prefills_attention_on_the_flash_kernel(tmp
         if s["op"].startswith("attention"):
             attention.setdefault(s["function"], []).append(s)
     assert [s["reason"] for s in attention["prefill_32"]] == ["matched", "matched"]
-    # decode reads the cache to the call's length: the split-KV kernel takes that length
-    assert all("split-KV decode" in s["reason"] for s in attention["decode"]), attention["decode"]
     assert all(
         s["kernel"].startswith("plex_attention_causal_f16_d64") for s in attention["prefill_32"]
     )
     assert (attention["prefill_32"][0]["m"], attention["prefill_32"][0]["k"]) == (32, 32)
     assert [s["reason"] for s in attention["prefill"]] == ["shapes must be static, rank 3"] * 2
-    # the dynamic prefill's 2 causal attentions stay IREE's (prefill_32 added 15 matmuls and 2
-    # attentions, all on kernels)
-    assert "49 of 51 contractions" in coverage_line(sites, KERNELS_CUDA_ARCH)
+    # before: 30 of 34 (prefill_32 adds its 15 matmuls and its 2 attentions, on kernels)
+    assert "47 of 51 contractions" in coverage_line(sites, KERNELS_CUDA_ARCH)
 
 
 def vm_exports(mln: Path, tmp_path: Path) -> set[str]:

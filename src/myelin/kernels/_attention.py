@@ -175,9 +175,7 @@ class AttentionMatch:
     site: dict  # the report entry (same fields as a matmul's; op "attention")
     config: AttentionConfig | DecodeAttentionConfig | None
     op: ir.Operation
-    # (batch*heads, query length, key length, head dim); the key length None when it is the
-    # call's (a split-KV decode over the cache so far)
-    shape: tuple[int, int, int | None, int]
+    shape: tuple[int, int, int, int]  # (batch*heads, query length, key length, head dim)
     mask_ops: list[ir.Operation]  # the causal mask's producers, erased once unused
     # Split-KV decode whose K and V are each a concat of two parts along the keys (cache, new
     # token): the parts ([bh, n, d] views made by the rewrite) and the concat ops to erase.
@@ -200,25 +198,6 @@ def _static_dims(t: ir.Type) -> list[int] | None:
     if any(rt.is_dynamic_dim(i) for i in range(rt.rank)):
         return None
     return [rt.get_dim_size(i) for i in range(rt.rank)]
-
-
-def _dims(t: ir.Type) -> list[int | None]:
-    """The sizes of a ranked tensor type, None where dynamic."""
-    rt = ir.RankedTensorType(t)
-    return [None if rt.is_dynamic_dim(i) else rt.get_dim_size(i) for i in range(rt.rank)]
-
-
-def _decode_dims(q: ir.Value, k: ir.Value, v: ir.Value, out: ir.Value) -> list | None:
-    """Q, K, V, O's sizes when every one is static but the key length of K and V (a decode
-    over a cache of the call's length: the split-KV kernel takes the length as a push
-    constant); None otherwise."""
-    dims = [_dims(x.type) for x in (q, k, v, out)]
-    if any(len(d) != 3 for d in dims):
-        return None
-    fixed = [dims[0], [dims[1][0], dims[1][2]], [dims[2][0], dims[2][2]], dims[3]]
-    if any(x is None for d in fixed for x in d) or dims[1][1] is not None or dims[2][1] is not None:
-        return None
-    return dims
 
 
 def _float_constant(value: ir.Value) -> float | None:
@@ -281,8 +260,8 @@ def _decode_mask_refusal(mask: ir.Value, shape: tuple[int, int, int, int], dtype
             f"{elem} mask: the decode kernel takes an additive mask of the query's dtype "
             f"({dtype}); pass attn_mask as a float tensor (0 / -inf), not a boolean one"
         )
-    if _dims(mask.type) != [shape[0], shape[1], shape[2]]:
-        return "the mask's shape is not [batch*heads, query length, key length]"
+    if _static_dims(mask.type) != [shape[0], shape[1], shape[2]]:
+        return "the mask's shape is not static [batch*heads, query length, key length]"
     return ""
 
 
@@ -408,11 +387,6 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
         has_mask = maps == _MAPS_MASK and len(operands) == 6
         q, k, v, scale = operands[:4]
         dims = [_static_dims(x.type) for x in (q, k, v, op.results[0])]
-        dynamic_keys = False
-        if any(d is None for d in dims):
-            decode_dims = _decode_dims(q, k, v, op.results[0])
-            if decode_dims is not None and decode_dims[0][1] <= MAX_QUERY_ROWS:
-                dims, dynamic_keys = decode_dims, True
         dtype = str(ir.RankedTensorType(q.type).element_type)
         shape = (0, 0, 0, 0)
         mask_ops: list[ir.Operation] = []
@@ -443,8 +417,6 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             if not mask_ops:
                 mask, reason = operands[4], _decode_mask_refusal(operands[4], shape, dtype)
         causal = has_mask and mask is None
-        if causal and dynamic_keys:
-            reason = "shapes must be static, rank 3 (a causal mask, keys of the call's length)"
         config: AttentionConfig | DecodeAttentionConfig | None = None
         kv_parts = None
         layouts = None
@@ -459,8 +431,6 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             )
             kc, vc = _concat_parts(k), _concat_parts(v)
             how = "matched (split-KV decode" + (", additive mask)" if mask else ")")
-            if dynamic_keys:
-                how = how[:-1] + "; keys of the call's length)"
             if kc is not None and vc is not None and kc.lengths == vc.lengths:
                 kv_parts = (kc, vc)
                 how = how[:-1] + "; K, V read from the concat's two parts)"

@@ -153,48 +153,33 @@ def wrapper_text(
     config: DecodeAttentionConfig,
     kernels: dict[str, CompiledKernel],
     types: tuple[str, str, str, str],  # Q, K1/V1, K2/V2, O (rank 3 each)
-    shape: tuple[int, int, int | None, int],  # (bh, M, N1, N2); N1 None: the call's length
+    shape: tuple[int, int, int, int],  # (bh, M, N1, N2)
     mask_type: str | None = None,  # the mask [bh, M, N1 + N2], with a masked config
 ) -> str:
     """(Q, K1, V1, K2, V2[, mask]) -> O: the split kernel over (splits, bh) into an f32
-    workspace, then the combine kernel over bh. With N1 None (a cache read to the call's
-    length) N1 is K1's size at run time: the splits and the workspace follow it."""
+    workspace, then the combine kernel over bh."""
     qt, t1, t2, ot = types
     assert (mask_type is not None) == config.masked
     mask_arg = f", %mask: {mask_type}" if mask_type else ""
-    bh, m, n1, n2 = shape
-    d = config.head_dim
-    if n1 is None:
-        keys = f"""%c1 = arith.constant 1 : index
-  %n1 = tensor.dim %k1, %c1 : {t1}
-  %n1_i32 = arith.index_cast %n1 : index to i32
-  %splits = affine.apply affine_map<()[s0] -> ((s0 + {n2}) ceildiv {config.split})>()[%n1]
-  %ws_n = affine.apply affine_map<()[s0] -> (s0 * {bh * m * (d + 1)})>()[%splits]
-  %s_i32 = arith.index_cast %splits : index to i32"""
-        ws, dyn1, ws_dims = "tensor<?xf32>", "{%n1}", "{%ws_n}"
-    else:
-        keys = f"""%splits = arith.constant {config.splits(n1 + n2)} : index
-  %n1_i32 = arith.constant {n1} : i32
-  %s_i32 = arith.constant {config.splits(n1 + n2)} : i32"""
-        ws = f"tensor<{config.workspace_elements(bh, m, n1 + n2)}xf32>"
-        dyn1, ws_dims = "", ""
     mask_use = ", %mask" if mask_type else ""
-    # K2 and V2 are K1 and V1 again (N2 = 0) when there is no concat: the same dynamic size
-    dyn2 = dyn1 if t2 == t1 else ""
-    mask_t = f", {mask_type}{dyn1}" if mask_type else ""
+    mask_t = f", {mask_type}" if mask_type else ""
+    bh, m, n1, n2 = shape
+    splits = config.splits(n1 + n2)
+    ws = f"tensor<{config.workspace_elements(bh, m, n1 + n2)}xf32>"
     binding = "#hal.pipeline.binding<storage_buffer"
     ro = f"{binding}, ReadOnly>"
     split, combine = kernels[config.name], kernels[config.combine_name]
     return f"""
 util.func private @{name}(%q: {qt}, %k1: {t1}, %v1: {t1}, %k2: {t2}, %v2: {t2}{mask_arg}) -> {ot} {{
+  %splits = arith.constant {splits} : index
   %bh = arith.constant {bh} : index
   %m_i32 = arith.constant {m} : i32
+  %n1_i32 = arith.constant {n1} : i32
   %n2_i32 = arith.constant {n2} : i32
-  {keys}
+  %s_i32 = arith.constant {splits} : i32
   %ws = hal.dispatch.extern "{split.name}"[%splits, %bh]
       (%m_i32, %n1_i32, %n2_i32, %q, %k1, %v1, %k2, %v2{mask_use})
-      : (i32, i32, i32, {qt}, {t1}{dyn1}, {t1}{dyn1}, {t2}{dyn2}, {t2}{dyn2}{mask_t})
-        -> {ws}{ws_dims}
+      : (i32, i32, i32, {qt}, {t1}, {t1}, {t2}, {t2}{mask_t}) -> {ws}
     count(%device: !hal.device, %ws_: index, %wbh: index) -> (index, index, index) {{
       %one = arith.constant 1 : index
       hal.return %ws_, %wbh, %one : index, index, index
@@ -203,7 +188,7 @@ util.func private @{name}(%q: {qt}, %k1: {t1}, %v1: {t1}, %k2: {t2}, %v2: {t2}{m
       {ro}, {ro}, {ro}, {ro}, {ro},{f" {ro}," if mask_type else ""} {binding}>]>)
     {_object(split)}
   %r = hal.dispatch.extern "{combine.name}"[%bh](%m_i32, %s_i32, %ws)
-      : (i32, i32, {ws}{ws_dims}) -> {ot}
+      : (i32, i32, {ws}) -> {ot}
     count(%device: !hal.device, %wbh: index) -> (index, index, index) {{
       %one = arith.constant 1 : index
       hal.return %wbh, %one, %one : index, index, index
