@@ -193,6 +193,24 @@ def build():
 """
 
 
+# a batch of images: each convolution runs one image at a time, IREE's packed batch-1 case
+CONV2D_BATCH_MODEL = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    convs = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.Conv2d(16, 4, 1),
+    )
+    return convs.eval(), (torch.randn(3, 3, 20, 20),)
+"""
+
+
 # attention written out, as transformers' attn_implementation="eager" does
 EAGER_ATTENTION_MODEL = """
 import torch
@@ -242,6 +260,36 @@ def test_cpu_rewrites_leave_their_op_behind_and_compute_like_torch(
 
     namespace: dict = {}
     exec(source, namespace)
+    convs, xs = namespace["build"]()
+    model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
+    with model.session() as session:
+        got = np.asarray(session.call("forward", *(x.numpy() for x in xs)))
+    model.close()
+    with torch.inference_mode():
+        want = convs(*xs).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_of_2d_convolutions_runs_as_packed_matmuls_and_computes_like_torch(tmp_path):
+    """IREE 3.13 packs an NCHW convolution's im2col product only at batch 1; a batch of 3 is
+    split into one-image convolutions (myelin.compiler.cpu_convolution), so each becomes an
+    `mmt4d` of IREE's microkernels, and the result is torch's."""
+    package = tmp_path / "conv"
+    package.mkdir()
+    (package / "model.py").write_text(CONV2D_BATCH_MODEL)
+    (package / "plex.toml").write_text(
+        '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(package=package) + "data_tiling = true\n")
+    build(app, tmp_path / "ir", compile_to="dispatch-creation")
+    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
+    assert "linalg.conv_2d" not in text
+    # three convolutions of three images each, every product packed
+    assert text.count("linalg.mmt4d") >= 9
+
+    namespace: dict = {}
+    exec(CONV2D_BATCH_MODEL, namespace)
     convs, xs = namespace["build"]()
     model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
     with model.session() as session:

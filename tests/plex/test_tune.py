@@ -30,6 +30,22 @@ def untiled_mlp(folder):
     return app
 
 
+def test_a_data_tiled_device_has_nothing_to_tune_and_is_told_why(tmp_path):
+    """Under data tiling every matmul is IREE's packed microkernel, which takes no tile config:
+    the run stops after the reference build with why, and what pinning it off would cost."""
+    from plex.tune import TuneError
+
+    app = copy_example("mlp", tmp_path / "mlp")
+    app.write_text(app.read_text().replace("data_tiling = false", "data_tiling = true"))
+    with pytest.raises(TuneError) as raised:
+        tune(app, "cpu", tmp_path / "tuned", trials=1, dims=["*=8"], log=lambda line: None)
+    message = str(raised.value)
+    assert "no contraction dispatch to tune on device 'cpu'" in message
+    assert "data tiling is on (pinned in the app)" in message
+    assert "mmt4d microkernels" in message and "[devices.cpu]" in message
+    assert not (tmp_path / "tuned" / "plex.toml").exists()
+
+
 def forward(path):
     with myelin.Instance().load(path) as model, model.session() as session:
         return session.call("forward", X)

@@ -380,13 +380,15 @@ def compile_module(
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
                 # llvm-cpu and vulkan-spirv: attentions left become two matmuls and a softmax
                 # (not IREE's fused op); llvm-cpu: 1-D convolutions gathered columns times the
-                # filter (not a direct loop)
+                # filter (not a direct loop), under data tiling 2-D ones too (one packed matmul
+                # whatever the batch)
                 if cpu_attention_applies(devices):
                     decompose_cpu_attentions(module, devices)
                 if any(d.target == "cuda" for d in devices):  # what the kernels step left
                     cuda_convolutions = half_convolutions(module)
                 if devices and all(d.target == "llvm-cpu" for d in devices):
-                    rewrite_cpu_convolutions(module)
+                    tiled = all(d.data_tiling for d in devices)
+                    rewrite_cpu_convolutions(module, data_tiling=tiled)
                     rewrite_cpu_max_reductions(module)  # a written-out softmax's row maxima
                 # llvm-cpu `compute = "bf16"`: contraction inputs rounded to bf16, last, so
                 # that the matmuls of the rewrites above are covered too

@@ -32,6 +32,7 @@ from plex.tune._search import (
 )
 
 if TYPE_CHECKING:
+    from myelin.compiler.targets import HostChoice
     from myelin.tuning.cpu import ConfiguredContraction, CpuTarget
     from plex.tune._database import Database
     from plex.tune._headroom import Headroom
@@ -151,13 +152,10 @@ def tune(
 
     ranked = sorted(found, key=lambda c: share_of(c.dispatch), reverse=True)[:max_dispatches]
     if not ranked:
-        hint = (
-            " (data tiling is on: IREE's packed matmuls take no tile config; tune the device "
-            "with data_tiling = false)"
-            if data_tiling_of(app, spec_device)[0]
-            else ""
+        raise TuneError(
+            f"{app.name}: no contraction dispatch to tune on device {device!r}"
+            + _data_tiling_hint(*data_tiling_of(app, spec_device), device)
         )
-        raise TuneError(f"{app.name}: no contraction dispatch to tune on device {device!r}{hint}")
     for c in ranked:
         log(f"  hot: {c.dispatch} {share_of(c.dispatch):.0%} of the call ({c.match.describe()})")
 
@@ -448,6 +446,21 @@ class _Candidates:
             if (out / TIMED_OUT).exists():  # transient: build it again next run
                 cache.discard(result.key)
         return built
+
+
+def _data_tiling_hint(tiled: bool, choice: HostChoice | None, device: str) -> str:
+    """Why a data-tiled device has nothing to tune, and what pinning it off costs: the untuned
+    build of an untiled device is the slower one (docs/tuning.md, measured)."""
+    if not tiled:
+        return ""
+    why = f"this host's choice: {choice.reason}" if choice is not None else "pinned in the app"
+    return (
+        f": data tiling is on ({why}), and IREE 3.13's packed matmuls (its mmt4d microkernels) "
+        "take no tile config, so IREE's defaults stay. `data_tiling = false` in "
+        f"[devices.{device}] makes the device tunable, but its untuned build runs slower than "
+        "this one (docs/tuning.md, 'Measured'): time a tuned build against this one before "
+        "selecting it"
+    )
 
 
 def _device_app(app_path: Path, device: str) -> str:
