@@ -229,6 +229,34 @@ def build():
 """
 
 
+def _torch_app(tmp_path: Path, source: str, device_lines: str) -> Path:
+    """A package whose torch graph is `source`'s `build()`, and an app over it on the CPU
+    device of APP with `device_lines` added."""
+    package = tmp_path / "conv"
+    package.mkdir()
+    (package / "model.py").write_text(source)
+    (package / "plex.toml").write_text(
+        '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
+    )
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(package=package) + device_lines)
+    return app
+
+
+def _assert_runs_like_torch(app: Path, source: str, tmp_path: Path) -> None:
+    """The built app's `forward` equals `source`'s module in torch eager (1e-5)."""
+    namespace: dict = {}
+    exec(source, namespace)
+    convs, xs = namespace["build"]()
+    model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
+    with model.session() as session:
+        got = np.asarray(session.call("forward", *(x.numpy() for x in xs)))
+    model.close()
+    with torch.inference_mode():
+        want = convs(*xs).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("source", "gone", "phase", "pinned"),
     [
@@ -246,55 +274,23 @@ def build():
 def test_cpu_rewrites_leave_their_op_behind_and_compute_like_torch(
     tmp_path, source, gone, phase, pinned
 ):
-    package = tmp_path / "conv"
-    package.mkdir()
-    (package / "model.py").write_text(source)
-    (package / "plex.toml").write_text(
-        '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
-    )
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(package=package) + pinned)
+    app = _torch_app(tmp_path, source, pinned)
     build(app, tmp_path / "ir", compile_to=phase)
     text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
     assert gone not in text
 
-    namespace: dict = {}
-    exec(source, namespace)
-    convs, xs = namespace["build"]()
-    model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
-    with model.session() as session:
-        got = np.asarray(session.call("forward", *(x.numpy() for x in xs)))
-    model.close()
-    with torch.inference_mode():
-        want = convs(*xs).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _assert_runs_like_torch(app, source, tmp_path)
 
 
 def test_a_batch_of_2d_convolutions_runs_as_packed_matmuls_and_computes_like_torch(tmp_path):
     """IREE 3.13 packs an NCHW convolution's im2col product only at batch 1; a batch of 3 is
     split into one-image convolutions (myelin.compiler.cpu_convolution), so each becomes an
     `mmt4d` of IREE's microkernels, and the result is torch's."""
-    package = tmp_path / "conv"
-    package.mkdir()
-    (package / "model.py").write_text(CONV2D_BATCH_MODEL)
-    (package / "plex.toml").write_text(
-        '[package]\nname = "conv"\n[graph.conv]\nsource = "model.py:build"\nfrontend = "torch"\n'
-    )
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(package=package) + "data_tiling = true\n")
+    app = _torch_app(tmp_path, CONV2D_BATCH_MODEL, "data_tiling = true\n")
     build(app, tmp_path / "ir", compile_to="dispatch-creation")
     text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
     assert "linalg.conv_2d" not in text
     # three convolutions of three images each, every product packed
     assert text.count("linalg.mmt4d") >= 9
 
-    namespace: dict = {}
-    exec(CONV2D_BATCH_MODEL, namespace)
-    convs, xs = namespace["build"]()
-    model = myelin.Instance().load(build(app, tmp_path / "conv.mln").output)
-    with model.session() as session:
-        got = np.asarray(session.call("forward", *(x.numpy() for x in xs)))
-    model.close()
-    with torch.inference_mode():
-        want = convs(*xs).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _assert_runs_like_torch(app, CONV2D_BATCH_MODEL, tmp_path)
