@@ -380,8 +380,8 @@ def compile_module(
                     backend_calls = place_backend_ops(module, backend_ops, host, what=what)
                 # llvm-cpu and vulkan-spirv: attentions left become two matmuls and a softmax
                 # (not IREE's fused op); llvm-cpu: 1-D convolutions gathered columns times the
-                # filter (not a direct loop), under data tiling 2-D ones too (one packed matmul
-                # whatever the batch)
+                # filter (not a direct loop), under data tiling a batch of 2-D ones one image at
+                # a time (each IREE's packed batch-1 case)
                 if cpu_attention_applies(devices):
                     decompose_cpu_attentions(module, devices)
                 if any(d.target == "cuda" for d in devices):  # what the kernels step left
