@@ -89,10 +89,37 @@ def _graph() -> str:
         f"func.func @d96(%q: {t96}, %k: {t96}, %v: {t96}) -> {t96} {{\n"
         "  %scale = arith.constant 0.1 : f32" + _attention("d96", t96, t96, "")
     )
-    return "\n".join([MAPS, causal, notcausal, full, d96])
+    return "\n".join([MAPS, causal, notcausal, full, d96, _heads_graph()])
 
 
-FUNCTIONS = ["causal", "notcausal", "full", "d96"]
+def _heads_graph() -> str:
+    """Attention as transformers writes it at batch 2: each of Q, K, V a linear's output viewed
+    as [batch, tokens, heads, d] and transposed to [batch, heads, tokens, d] (collapsed to the
+    op's [batch*heads, tokens, d]), the result transposed back."""
+    x, t4, t3 = "tensor<2x100x3x64xf16>", "tensor<2x3x100x64xf16>", "tensor<6x100x64xf16>"
+    lines = [f"func.func @heads(%xq: {x}, %xk: {x}, %xv: {x}) -> {x} {{"]
+    lines.append("  %scale = arith.constant 0.125 : f32")
+    for name in "qkv":
+        lines += [
+            f"  %e{name} = tensor.empty() : {t4}",
+            f"  %t{name} = linalg.transpose ins(%x{name} : {x}) outs(%e{name} : {t4})"
+            " permutation = [0, 2, 1, 3]",
+            f"  %{name} = tensor.collapse_shape %t{name} [[0, 1], [2], [3]] : {t4} into {t3}",
+        ]
+    body = _attention("heads", t3, t3, "").replace(f"  return %r : {t3}\n}}", "")
+    return (
+        "\n".join(lines)
+        + body
+        + f"""
+  %ro = tensor.expand_shape %r [[0, 1], [2], [3]] output_shape [2, 3, 100, 64] : {t3} into {t4}
+  %eo = tensor.empty() : {x}
+  %o = linalg.transpose ins(%ro : {t4}) outs(%eo : {x}) permutation = [0, 2, 1, 3]
+  return %o : {x}
+}}"""
+    )
+
+
+FUNCTIONS = ["causal", "notcausal", "full", "d96", "heads"]
 
 
 def test_the_attention_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
@@ -100,9 +127,9 @@ def test_the_attention_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
     assert kernel.cubin[:4] == b"\x7fELF"
     assert ".target sm_90a" in kernel.ptx and "wgmma.mma_async" in kernel.ptx
     entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
-    # what IREE passes: Q, K, V, O bindings, then the two lengths and the eight strides (no
-    # Triton scratch pointers)
-    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 10
+    # what IREE passes: Q, K, V, O bindings, then the two lengths, the heads per batch and the
+    # twelve strides (no Triton scratch pointers)
+    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 15
     assert kernel.threads == 256 and kernel.shared_bytes <= 227 * 1024
 
 
@@ -115,24 +142,30 @@ fn = _attention_fn()
 out = {}
 for name, causal, bh, sq, sk, d in (
     ("causal", True, 3, 200, 200, 64), ("full", False, 2, 100, 300, 128),
-    ("token_major", True, 3, 150, 150, 64),
+    ("token_major", True, 3, 150, 150, 64), ("batch_token_major", False, 6, 90, 130, 64),
 ):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(bh, sq, d, generator=g).half()
     k, v = (torch.randn(bh, sk, d, generator=g).half() for _ in range(2))
     o = torch.full((bh, sq, d), float("nan")).half()
     config = AttentionConfig("f16", d, causal, d ** -0.5)
+    grid = (triton.cdiv(sq, config.block_m), bh)
     if name == "token_major":  # Q, K, V, O as [tokens, heads, d]: strides, no transposes
         qt, kt, vt = (x.transpose(0, 1).contiguous() for x in (q, k, v))
         ot = torch.full((sq, bh, d), float("nan")).half()
-        strides = [d, bh * d] * 4
-        fn[(triton.cdiv(sq, config.block_m), bh)](
-            qt, kt, vt, ot, sq, sk, *strides, **launch_constants(config))
+        strides = [bh * d, d, bh * d] * 4
+        fn[grid](qt, kt, vt, ot, sq, sk, bh, *strides, **launch_constants(config))
         o = ot.transpose(0, 1)
+    elif name == "batch_token_major":  # [batch, tokens, heads, d], 2 batches of 3 heads
+        b, h = 2, 3
+        qt, kt, vt = (x.view(b, h, -1, d).transpose(1, 2).contiguous() for x in (q, k, v))
+        ot = torch.full((b, sq, h, d), float("nan")).half()
+        strides = [sq * h * d, d, h * d] + [sk * h * d, d, h * d] * 2 + [sq * h * d, d, h * d]
+        fn[grid](qt, kt, vt, ot, sq, sk, h, *strides, **launch_constants(config))
+        o = ot.transpose(1, 2).reshape(bh, sq, d)
     else:
-        strides = [sq * d, d, sk * d, d, sk * d, d, sq * d, d]
-        fn[(triton.cdiv(sq, config.block_m), bh)](
-            q, k, v, o, sq, sk, *strides, **launch_constants(config))
+        strides = [bh * sq * d, sq * d, d] + [bh * sk * d, sk * d, d] * 2 + [bh * sq * d, sq * d, d]
+        fn[grid](q, k, v, o, sq, sk, bh, *strides, **launch_constants(config))
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float()[None], k.float()[None], v.float()[None], is_causal=causal)[0]
     out[name] = float((o.float() - ref).norm() / ref.norm())
@@ -149,7 +182,7 @@ def test_the_attention_kernel_matches_torch_in_tritons_interpreter():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(errors) == {"causal", "full", "token_major"}, errors
+    assert set(errors) == {"causal", "full", "token_major", "batch_token_major"}, errors
     assert all(e < 2e-3 for e in errors.values()), errors
 
 
@@ -173,7 +206,11 @@ def test_the_rewrite_sends_sdpa_attention_to_the_kernel_and_leaves_the_rest(kern
     assert sites["d96"]["kernel"] is None and "head dim 96" in sites["d96"]["reason"]
     _, calls = flow_dispatches(k.module_bytecode, FUNCTIONS)
     externs = sorted(n for exe, n in calls if exe.startswith("extern_dispatch"))
-    assert [n.split("_")[2] for n in externs] == ["causal", "full"]
+    assert [n.split("_")[2] for n in externs] == ["causal", "full", "full"]  # heads: full
+    # [batch, tokens, heads, d] read and written in place: no transpose is left to make
+    assert "4 of Q, K, V, O read/written token-major" in sites["heads"]["reason"]
+    assert sites["heads"]["batch"] == 6
+    assert not [n for exe, n in calls if n.startswith("heads_dispatch")], calls
     codegen = [n for exe, n in calls if not exe.startswith("extern_dispatch")]
     assert any("d96_dispatch" in n and "attention" in n for n in codegen), codegen
     assert any("notcausal_dispatch" in n and "attention" in n for n in codegen), codegen

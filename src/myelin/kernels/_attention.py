@@ -16,10 +16,13 @@ The flash kernel: one program per (128 query rows, batch-head); keys in blocks o
 online softmax (running max and sum in f32, exp2 with the scale folded into log2 units); causal
 is torch's `is_causal` (top-left aligned: query i sees keys 0..i), and blocks past the diagonal
 are skipped. Q, K, V, O are read and written through strides (i32 push constants: elements
-between batch-heads and between rows): head-major [batch*heads, sequence, head_dim], or
-token-major [sequence, heads, head_dim] when the op's operand (result) is a transpose of (to)
-that, so the transposes are never made. The sequence lengths are push constants too, so any
-length works (rows and keys past the end are masked).
+between batches, between heads and between rows, batch-head `bh` being batch `bh // H`, head
+`bh % H`): head-major [batch*heads, sequence, head_dim], or token-major when the op's operand
+(result) is a transpose of (to) that: [sequence, heads, head_dim] at batch 1, or
+[batch, sequence, heads, head_dim] (what a linear's output is after `view(b, s, h, d)`, and what
+`transpose(1, 2)` then `reshape` turn the result back into: every transformers and timm
+attention). The transposes are then never made. The sequence lengths are push constants too, so
+any length works (rows and keys past the end are masked).
 """
 
 from __future__ import annotations
@@ -80,21 +83,24 @@ def _attention_fn():
 
     @triton.jit
     def plex_attention(
-        q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK,
-        Q_SB, Q_SR, K_SB, K_SR, V_SB, V_SR, O_SB, O_SR,
+        q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK, H,
+        Q_SB, Q_SH, Q_SR, K_SB, K_SH, K_SR, V_SB, V_SH, V_SR, O_SB, O_SH, O_SR,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
         QK_SCALE: tl.constexpr,
     ):  # fmt: skip
-        # X_SB / X_SR: elements between batch-heads / rows of X (its head dim is contiguous).
+        # X_SB / X_SH / X_SR: elements between batches / heads / rows of X (its head dim is
+        # contiguous); batch-head bh is batch bh // H, head bh % H.
         pid_m = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
+        batch = bh // H
+        head = bh % H
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = tl.arange(0, BN)
         offs_d = tl.arange(0, D)
-        q_ptr += bh * Q_SB
-        k_ptr += bh * K_SB
-        v_ptr += bh * V_SB
-        o_ptr += bh * O_SB
+        q_ptr += batch * Q_SB + head * Q_SH
+        k_ptr += batch * K_SB + head * K_SH
+        v_ptr += batch * V_SB + head * V_SH
+        o_ptr += batch * O_SB + head * O_SH
         rows = offs_m[:, None] < SQ
         q = tl.load(q_ptr + offs_m[:, None] * Q_SR + offs_d[None, :], mask=rows, other=0.0)
         m_i = tl.full((BM,), float("-inf"), tl.float32)
@@ -148,13 +154,13 @@ def compile_attention(config: AttentionConfig, arch: str = "sm_90a") -> Compiled
     t = _TYPES[config.dtype]
     signature = {
         "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "o_ptr": f"*{t}",
-        "SQ": "i32", "SK": "i32",
-        **{f"{x}_S{y}": "i32" for x in "QKVO" for y in "BR"},
+        "SQ": "i32", "SK": "i32", "H": "i32",
+        **{f"{x}_S{y}": "i32" for x in "QKVO" for y in "BHR"},
         "D": "constexpr", "BM": "constexpr", "BN": "constexpr", "CAUSAL": "constexpr",
         "QK_SCALE": "constexpr",
     }  # fmt: skip
     # Pointers 16-byte aligned; strides multiples of 16 elements (head dims 64, 128): wide loads.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, *range(6, 14))}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, *range(7, 19))}
     return compile_triton(
         _attention_fn, signature, launch_constants(config), attrs,
         num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
@@ -184,6 +190,7 @@ class AttentionMatch:
     # token-major [n, b, d] when a `linalg.transpose` [1, 0, 2] makes (or takes) the op's
     # operand (result); the transposes are then skipped (erased once unused).
     layouts: tuple[_Layout, _Layout, _Layout, _Layout] | None = None
+    heads: int = 1  # batch-heads per batch, as the flash kernel splits them (layouts' strides)
     # Split-KV decode with an additive mask [batch*heads, query length, key length]: the value.
     mask: ir.Value | None = None
 
@@ -270,42 +277,104 @@ _TOKEN_MAJOR = "array<i64: 1, 0, 2>"
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where the kernel reads (or writes) one of Q, K, V, O: the value, its strides (elements
-    between batch-heads and between rows) and the transpose it replaces, if any."""
+    """Where the kernel reads (or writes) one of Q, K, V, O: the value and its strides
+    (elements between heads and between rows; between batches, or None for one batch-head after
+    another) and the reshapes and transpose it makes unneeded (Q, K, V: consumer first; O: from
+    the op on, the last being what the kernel's call replaces)."""
 
-    value: ir.Value | None  # None for O: the op's result, or the transpose's
-    batch_stride: int
+    value: ir.Value | None  # None for O: the kernel writes the call's result
+    head_stride: int
     row_stride: int
-    transpose: ir.Operation | None = None
+    batch_stride: int | None = None
+    heads: int | None = None  # the heads per batch a [b, n, h, d] layout is read with
+    skipped: tuple[ir.Operation, ...] = ()  # O: the last one is what the call replaces
+
+    def strides(self, heads: int) -> tuple[int, int, int]:
+        """(batch, head, row) strides when the batch-heads are `heads` per batch."""
+        batch = heads * self.head_stride if self.batch_stride is None else self.batch_stride
+        return batch, self.head_stride, self.row_stride
+
+
+_TOKEN_MAJOR_4D = "array<i64: 0, 2, 1, 3>"
+_HEADS_COLLAPSED = "[[0, 1], [2], [3]]"
+
+
+def _named(op, name: str) -> bool:
+    return getattr(op, "name", None) == name
 
 
 def _operand_layout(value: ir.Value) -> _Layout:
-    """The operand [b, n, d] itself, or the token-major [n, b, d] tensor it is a transpose of
-    (torch's `x.transpose(0, 1)` before `scaled_dot_product_attention`)."""
+    """The operand [bh, n, d] itself; the token-major [n, bh, d] tensor it is a transpose of
+    (torch's `x.transpose(0, 1)` before `scaled_dot_product_attention`); or the [b, n, h, d]
+    tensor it is the transpose to [b, h, n, d] and collapse of (`x.view(b, n, h, d)
+    .transpose(1, 2)`, as every transformers and timm attention writes it)."""
     b, n, d = _static_dims(value.type) or (0, 0, 0)
     owner = _owner(value)
-    if (
-        getattr(owner, "name", None) == "linalg.transpose"
-        and str(owner.attributes["permutation"]) == _TOKEN_MAJOR
+    if _named(owner, "linalg.transpose") and str(owner.attributes["permutation"]) == _TOKEN_MAJOR:
+        return _Layout(owner.operands[0], d, b * d, skipped=(owner,))
+    if _named(owner, "tensor.collapse_shape") and (
+        str(owner.attributes["reassociation"]) == _HEADS_COLLAPSED
     ):
-        return _Layout(owner.operands[0], d, b * d, owner)
+        transpose = _owner(owner.operands[0])
+        if (
+            _named(transpose, "linalg.transpose")
+            and str(transpose.attributes["permutation"]) == _TOKEN_MAJOR_4D
+        ):
+            x = transpose.operands[0]
+            dims = _static_dims(x.type)
+            if dims is not None:
+                _, s, h, hd = dims
+                return _Layout(x, hd, h * hd, s * h * hd, h, (owner, transpose))
     return _Layout(value, n * d, d)
 
 
+def _one_user(value: ir.Value):
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    user = uses[0].owner
+    return getattr(user, "operation", user)
+
+
 def _result_layout(result: ir.Value) -> _Layout:
-    """The result [b, m, d] itself, or, when its one use is a transpose to [m, b, d], that."""
-    b, m, d = _static_dims(result.type) or (0, 0, 0)
-    uses = list(result.uses)
-    if len(uses) == 1:
-        user = uses[0].owner
-        user = getattr(user, "operation", user)
+    """The result [bh, m, d] itself, or, when its one use is a transpose to [m, bh, d] (or an
+    expand to [b, h, m, d] whose one use is a transpose to [b, m, h, d]), that."""
+    bh, m, d = _static_dims(result.type) or (0, 0, 0)
+    user = _one_user(result)
+    if (
+        _named(user, "linalg.transpose")
+        and user.operands[0] == result
+        and str(user.attributes["permutation"]) == _TOKEN_MAJOR
+    ):
+        return _Layout(None, d, bh * d, skipped=(user,))
+    if _named(user, "tensor.expand_shape") and (
+        str(user.attributes["reassociation"]) == _HEADS_COLLAPSED
+    ):
+        transpose = _one_user(user.results[0])
         if (
-            user.name == "linalg.transpose"
-            and user.operands[0] == result
-            and str(user.attributes["permutation"]) == _TOKEN_MAJOR
+            _named(transpose, "linalg.transpose")
+            and transpose.operands[0] == user.results[0]
+            and str(transpose.attributes["permutation"]) == _TOKEN_MAJOR_4D
         ):
-            return _Layout(None, d, b * d, user)
+            dims = _static_dims(transpose.results[0].type)
+            if dims is not None:
+                _, s, h, hd = dims
+                return _Layout(None, hd, h * hd, s * h * hd, h, (user, transpose))
     return _Layout(None, m * d, d)
+
+
+def _layouts(q: ir.Value, k: ir.Value, v: ir.Value, o: ir.Value, bh: int):
+    """Q, K, V, O's layouts and the heads per batch the kernel splits batch-heads by: the
+    [b, n, h, d] layouts' heads (those that disagree, or do not divide `bh`, are read as the op
+    sees them), else all of `bh` (one batch)."""
+    layouts = [*(_operand_layout(x) for x in (q, k, v)), _result_layout(o)]
+    heads = next((x.heads for x in layouts if x.heads and bh % x.heads == 0), bh)
+    for i, x in enumerate(layouts):
+        if x.heads is not None and x.heads != heads:
+            value = (q, k, v, None)[i]
+            _, n, d = _static_dims((q, k, v, o)[i].type) or (0, 0, 0)
+            layouts[i] = _Layout(value, n * d, d)
+    return tuple(layouts), heads
 
 
 @dataclass(frozen=True)
@@ -420,6 +489,7 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
         config: AttentionConfig | DecodeAttentionConfig | None = None
         kv_parts = None
         layouts = None
+        heads = 1
         how = "matched"
         if reason:
             pass
@@ -436,8 +506,8 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
                 how = how[:-1] + "; K, V read from the concat's two parts)"
         else:
             config = AttentionConfig(dtype, shape[3], causal=causal, scale=float(scale_value))
-            layouts = (*(_operand_layout(x) for x in (q, k, v)), _result_layout(op.results[0]))
-            skipped = sum(x.transpose is not None for x in layouts)
+            layouts, heads = _layouts(q, k, v, op.results[0], shape[0])
+            skipped = sum(bool(x.skipped) for x in layouts)
             if skipped:
                 how = f"matched ({skipped} of Q, K, V, O read/written token-major: no transposes)"
         site = {
@@ -454,7 +524,9 @@ def find_attention(module: ir.Operation) -> list[AttentionMatch]:
             "kernel": None if config is None else config.name,
             "reason": reason or how,
         }
-        matches.append(AttentionMatch(site, config, op, shape, mask_ops, kv_parts, layouts, mask))
+        matches.append(
+            AttentionMatch(site, config, op, shape, mask_ops, kv_parts, layouts, heads, mask)
+        )
     return matches
 
 
@@ -473,8 +545,8 @@ def wrapper_text(name: str, kernel: CompiledKernel, match: AttentionMatch) -> st
     bh, sq, sk, _ = match.shape
     lq, lk, lv, lo = match.layouts
     t, kt, vt = (str(x.value.type) for x in (lq, lk, lv))  # type: ignore[union-attr]
-    ot = str((lo.transpose or match.op).results[0].type)
-    strides = [v for x in match.layouts for v in (x.batch_stride, x.row_stride)]
+    ot = str((lo.skipped[-1] if lo.skipped else match.op).results[0].type)
+    strides = [match.heads, *(v for x in match.layouts for v in x.strides(match.heads))]
     consts = "\n".join(f"  %s{i} = arith.constant {v} : i32" for i, v in enumerate(strides))
     names = ", ".join(f"%s{i}" for i in range(len(strides)))
     data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
@@ -549,15 +621,17 @@ def rewrite(
         if name is None:
             name = wrappers[text] = f"__plex_attention_{len(wrappers)}_{m.config.name}"
             add_functions(body, text.replace(f"@{_NAME}(", f"@{name}(", 1))
-        # O's transpose, when the kernel writes token-major, is what the call replaces.
-        replaced = m.layouts[3].transpose if m.layouts and m.layouts[3].transpose else m.op
+        # O's transpose, when the kernel writes token-major, is what the call replaces; the
+        # ops between it and the attention op go once unused (consumer first).
+        after = m.layouts[3].skipped if m.layouts else ()
+        replaced = after[-1] if after else m.op
         call_in_place_of(replaced, name, operands, location=m.op.location)
-        if replaced is not m.op:
-            replaced.erase()
-        m.op.erase()
-        for layout in m.layouts[:3] if m.layouts else ():  # Q, K, V transposes, if now unused
-            if layout.transpose is not None and not list(layout.transpose.results[0].uses):
-                layout.transpose.erase()
+        for op in (*after[::-1], m.op):
+            op.erase()
+        for layout in m.layouts[:3] if m.layouts else ():  # Q, K, V reshapes, if now unused
+            for op in layout.skipped:
+                if not list(op.results[0].uses):
+                    op.erase()
         for op in m.mask_ops:  # the mask's producers, last user first
             if not any(list(r.uses) for r in op.results):
                 op.erase()
