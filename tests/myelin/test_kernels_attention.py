@@ -89,15 +89,27 @@ def _graph() -> str:
         f"func.func @d96(%q: {t96}, %k: {t96}, %v: {t96}) -> {t96} {{\n"
         "  %scale = arith.constant 0.1 : f32" + _attention("d96", t96, t96, "")
     )
-    return "\n".join([MAPS, causal, notcausal, full, d96, _heads_graph()])
+    return "\n".join([MAPS, causal, notcausal, full, d96, _heads_graph(), _heads_graph(True)])
 
 
-def _heads_graph() -> str:
+def _heads_graph(fused: bool = False) -> str:
     """Attention as transformers writes it at batch 2: each of Q, K, V a linear's output viewed
     as [batch, tokens, heads, d] and transposed to [batch, heads, tokens, d] (collapsed to the
-    op's [batch*heads, tokens, d]), the result transposed back."""
+    op's [batch*heads, tokens, d]), the result transposed back; `fused`: Q, K, V are column
+    slices of one projection's output (GPT-2's `c_attn(x).split(...)`)."""
     x, t4, t3 = "tensor<2x100x3x64xf16>", "tensor<2x3x100x64xf16>", "tensor<6x100x64xf16>"
-    lines = [f"func.func @heads(%xq: {x}, %xk: {x}, %xv: {x}) -> {x} {{"]
+    if fused:
+        xs, ts = "tensor<2x100x576xf16>", "tensor<2x100x192xf16>"
+        lines = [f"func.func @fused(%qkv: {xs}) -> {x} {{"]
+        for i, name in enumerate("qkv"):
+            lines += [
+                f"  %s{name} = tensor.extract_slice %qkv[0, 0, {192 * i}] [2, 100, 192] [1, 1, 1]"
+                f" : {xs} to {ts}",
+                f"  %x{name} = tensor.expand_shape %s{name} [[0], [1], [2, 3]]"
+                f" output_shape [2, 100, 3, 64] : {ts} into {x}",
+            ]
+    else:
+        lines = [f"func.func @heads(%xq: {x}, %xk: {x}, %xv: {x}) -> {x} {{"]
     lines.append("  %scale = arith.constant 0.125 : f32")
     for name in "qkv":
         lines += [
@@ -119,7 +131,7 @@ def _heads_graph() -> str:
     )
 
 
-FUNCTIONS = ["causal", "notcausal", "full", "d96", "heads"]
+FUNCTIONS = ["causal", "notcausal", "full", "d96", "heads", "fused"]
 
 
 def test_the_attention_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
@@ -127,9 +139,9 @@ def test_the_attention_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
     assert kernel.cubin[:4] == b"\x7fELF"
     assert ".target sm_90a" in kernel.ptx and "wgmma.mma_async" in kernel.ptx
     entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
-    # what IREE passes: Q, K, V, O bindings, then the two lengths, the heads per batch and the
-    # twelve strides (no Triton scratch pointers)
-    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 15
+    # what IREE passes: Q, K, V, O bindings, then the two lengths, the heads per batch, Q, K and
+    # V's offsets and the twelve strides (no Triton scratch pointers)
+    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 4 + ["u32"] * 18
     assert kernel.threads == 256 and kernel.shared_bytes <= 227 * 1024
 
 
@@ -143,6 +155,7 @@ out = {}
 for name, causal, bh, sq, sk, d in (
     ("causal", True, 3, 200, 200, 64), ("full", False, 2, 100, 300, 128),
     ("token_major", True, 3, 150, 150, 64), ("batch_token_major", False, 6, 90, 130, 64),
+    ("fused_qkv", True, 6, 120, 120, 64),
 ):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(bh, sq, d, generator=g).half()
@@ -154,18 +167,28 @@ for name, causal, bh, sq, sk, d in (
         qt, kt, vt = (x.transpose(0, 1).contiguous() for x in (q, k, v))
         ot = torch.full((sq, bh, d), float("nan")).half()
         strides = [bh * d, d, bh * d] * 4
-        fn[grid](qt, kt, vt, ot, sq, sk, bh, *strides, **launch_constants(config))
+        fn[grid](qt, kt, vt, ot, sq, sk, bh, 0, 0, 0, *strides, **launch_constants(config))
         o = ot.transpose(0, 1)
     elif name == "batch_token_major":  # [batch, tokens, heads, d], 2 batches of 3 heads
         b, h = 2, 3
         qt, kt, vt = (x.view(b, h, -1, d).transpose(1, 2).contiguous() for x in (q, k, v))
         ot = torch.full((b, sq, h, d), float("nan")).half()
         strides = [sq * h * d, d, h * d] + [sk * h * d, d, h * d] * 2 + [sq * h * d, d, h * d]
-        fn[grid](qt, kt, vt, ot, sq, sk, h, *strides, **launch_constants(config))
+        fn[grid](qt, kt, vt, ot, sq, sk, h, 0, 0, 0, *strides, **launch_constants(config))
+        o = ot.transpose(1, 2).reshape(bh, sq, d)
+    elif name == "fused_qkv":  # Q, K, V as column slices of one [batch, tokens, 3 * heads * d]
+        b, h = 2, 3
+        qkv = torch.cat([x.view(b, h, -1, d).transpose(1, 2).reshape(b, sq, h * d)
+                         for x in (q, k, v)], dim=2).contiguous()
+        ot = torch.full((b, sq, h, d), float("nan")).half()
+        w = 3 * h * d
+        strides = [sq * w, d, w] * 3 + [sq * h * d, d, h * d]
+        fn[grid](qkv, qkv, qkv, ot, sq, sk, h, 0, h * d, 2 * h * d, *strides,
+                 **launch_constants(config))
         o = ot.transpose(1, 2).reshape(bh, sq, d)
     else:
         strides = [bh * sq * d, sq * d, d] + [bh * sk * d, sk * d, d] * 2 + [bh * sq * d, sq * d, d]
-        fn[grid](q, k, v, o, sq, sk, bh, *strides, **launch_constants(config))
+        fn[grid](q, k, v, o, sq, sk, bh, 0, 0, 0, *strides, **launch_constants(config))
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float()[None], k.float()[None], v.float()[None], is_causal=causal)[0]
     out[name] = float((o.float() - ref).norm() / ref.norm())
@@ -182,7 +205,7 @@ def test_the_attention_kernel_matches_torch_in_tritons_interpreter():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(errors) == {"causal", "full", "token_major", "batch_token_major"}, errors
+    assert set(errors) == {"causal", "full", "token_major", "batch_token_major", "fused_qkv"}
     assert all(e < 2e-3 for e in errors.values()), errors
 
 
@@ -206,11 +229,14 @@ def test_the_rewrite_sends_sdpa_attention_to_the_kernel_and_leaves_the_rest(kern
     assert sites["d96"]["kernel"] is None and "head dim 96" in sites["d96"]["reason"]
     _, calls = flow_dispatches(k.module_bytecode, FUNCTIONS)
     externs = sorted(n for exe, n in calls if exe.startswith("extern_dispatch"))
-    assert [n.split("_")[2] for n in externs] == ["causal", "full", "full"]  # heads: full
-    # [batch, tokens, heads, d] read and written in place: no transpose is left to make
-    assert "4 of Q, K, V, O read/written token-major" in sites["heads"]["reason"]
-    assert sites["heads"]["batch"] == 6
-    assert not [n for exe, n in calls if n.startswith("heads_dispatch")], calls
+    # heads, fused: full
+    assert [n.split("_")[2] for n in externs] == ["causal", "full", "full", "full"]
+    # [batch, tokens, heads, d] read and written in place, Q, K, V also as column slices of
+    # one tensor: no transpose and no copy of a slice is left to make
+    for name in ("heads", "fused"):
+        assert "4 of Q, K, V, O read/written token-major" in sites[name]["reason"]
+        assert sites[name]["batch"] == 6
+        assert not [n for exe, n in calls if n.startswith(f"{name}_dispatch")], calls
     codegen = [n for exe, n in calls if not exe.startswith("extern_dispatch")]
     assert any("d96_dispatch" in n and "attention" in n for n in codegen), codegen
     assert any("notcausal_dispatch" in n and "attention" in n for n in codegen), codegen

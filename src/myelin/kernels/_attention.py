@@ -27,6 +27,7 @@ any length works (rows and keys past the end are masked).
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -83,13 +84,14 @@ def _attention_fn():
 
     @triton.jit
     def plex_attention(
-        q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK, H,
+        q_ptr, k_ptr, v_ptr, o_ptr, SQ, SK, H, Q_OFF, K_OFF, V_OFF,
         Q_SB, Q_SH, Q_SR, K_SB, K_SH, K_SR, V_SB, V_SH, V_SR, O_SB, O_SH, O_SR,
         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
         QK_SCALE: tl.constexpr,
     ):  # fmt: skip
         # X_SB / X_SH / X_SR: elements between batches / heads / rows of X (its head dim is
-        # contiguous); batch-head bh is batch bh // H, head bh % H.
+        # contiguous); batch-head bh is batch bh // H, head bh % H; X_OFF: where X starts (Q, K,
+        # V as column slices of one tensor, a fused QKV projection's output).
         pid_m = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         batch = bh // H
@@ -97,9 +99,9 @@ def _attention_fn():
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = tl.arange(0, BN)
         offs_d = tl.arange(0, D)
-        q_ptr += batch * Q_SB + head * Q_SH
-        k_ptr += batch * K_SB + head * K_SH
-        v_ptr += batch * V_SB + head * V_SH
+        q_ptr += Q_OFF + batch * Q_SB + head * Q_SH
+        k_ptr += K_OFF + batch * K_SB + head * K_SH
+        v_ptr += V_OFF + batch * V_SB + head * V_SH
         o_ptr += batch * O_SB + head * O_SH
         rows = offs_m[:, None] < SQ
         q = tl.load(q_ptr + offs_m[:, None] * Q_SR + offs_d[None, :], mask=rows, other=0.0)
@@ -154,13 +156,14 @@ def compile_attention(config: AttentionConfig, arch: str = "sm_90a") -> Compiled
     t = _TYPES[config.dtype]
     signature = {
         "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "o_ptr": f"*{t}",
-        "SQ": "i32", "SK": "i32", "H": "i32",
+        "SQ": "i32", "SK": "i32", "H": "i32", "Q_OFF": "i32", "K_OFF": "i32", "V_OFF": "i32",
         **{f"{x}_S{y}": "i32" for x in "QKVO" for y in "BHR"},
         "D": "constexpr", "BM": "constexpr", "BN": "constexpr", "CAUSAL": "constexpr",
         "QK_SCALE": "constexpr",
     }  # fmt: skip
-    # Pointers 16-byte aligned; strides multiples of 16 elements (head dims 64, 128): wide loads.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, *range(7, 19))}
+    # Pointers 16-byte aligned; offsets and strides multiples of 16 elements (head dims 64,
+    # 128): wide loads.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, *range(7, 22))}
     return compile_triton(
         _attention_fn, signature, launch_constants(config), attrs,
         num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
@@ -288,6 +291,7 @@ class _Layout:
     batch_stride: int | None = None
     heads: int | None = None  # the heads per batch a [b, n, h, d] layout is read with
     skipped: tuple[ir.Operation, ...] = ()  # O: the last one is what the call replaces
+    offset: int = 0  # elements before the first one read (a column slice's start)
 
     def strides(self, heads: int) -> tuple[int, int, int]:
         """(batch, head, row) strides when the batch-heads are `heads` per batch."""
@@ -324,8 +328,36 @@ def _operand_layout(value: ir.Value) -> _Layout:
             dims = _static_dims(x.type)
             if dims is not None:
                 _, s, h, hd = dims
-                return _Layout(x, hd, h * hd, s * h * hd, h, (owner, transpose))
+                sliced = _column_slice(x)
+                if sliced is None:
+                    return _Layout(x, hd, h * hd, s * h * hd, h, (owner, transpose))
+                source, offset, width, ops = sliced
+                skipped = (owner, transpose, *ops)
+                return _Layout(source, hd, width, s * width, h, skipped, offset)
     return _Layout(value, n * d, d)
+
+
+def _column_slice(x: ir.Value) -> tuple[ir.Value, int, int, tuple[ir.Operation, ...]] | None:
+    """When [b, n, h, d] `x` is a view of columns [offset, offset + h*d) of a [b, n, width]
+    tensor (GPT-2's `c_attn(x).split(...)` then `view`), that tensor, the offset, the width and
+    the view's ops (consumer first): the kernel reads the slice in place, no copy is made."""
+    expand = _owner(x)
+    if not _named(expand, "tensor.expand_shape") or (
+        str(expand.attributes["reassociation"]) != "[[0], [1], [2, 3]]"
+    ):
+        return None
+    extract = _owner(expand.operands[0])
+    if not _named(extract, "tensor.extract_slice") or len(extract.operands) != 1:
+        return None
+    source = extract.operands[0]
+    dims, sliced = _static_dims(source.type), _static_dims(extract.results[0].type)
+    offsets = [int(v) for v in re.findall(r"-?\d+", str(extract.attributes["static_offsets"]))]
+    strides = [int(v) for v in re.findall(r"-?\d+", str(extract.attributes["static_strides"]))]
+    if dims is None or sliced is None or len(dims) != 3 or strides[-3:] != [1, 1, 1]:
+        return None
+    if dims[:2] != sliced[:2] or offsets[-3:-1] != [0, 0]:
+        return None
+    return source, offsets[-1], dims[2], (expand, extract)
 
 
 def _one_user(value: ir.Value):
@@ -546,7 +578,8 @@ def wrapper_text(name: str, kernel: CompiledKernel, match: AttentionMatch) -> st
     lq, lk, lv, lo = match.layouts
     t, kt, vt = (str(x.value.type) for x in (lq, lk, lv))  # type: ignore[union-attr]
     ot = str((lo.skipped[-1] if lo.skipped else match.op).results[0].type)
-    strides = [match.heads, *(v for x in match.layouts for v in x.strides(match.heads))]
+    offsets = [x.offset for x in match.layouts[:3]]
+    strides = [match.heads, *offsets, *(v for x in match.layouts for v in x.strides(match.heads))]
     consts = "\n".join(f"  %s{i} = arith.constant {v} : i32" for i, v in enumerate(strides))
     names = ", ".join(f"%s{i}" for i in range(len(strides)))
     data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
