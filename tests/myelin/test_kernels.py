@@ -3,7 +3,10 @@ of a graph's matmuls into their IREE external dispatches, compiled for CUDA."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -16,7 +19,8 @@ from tests.myelin.kernels_helpers import flow_dispatches, import_mlir
 # mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
 # mm_ab: A x B at f16; bf16: A x B^T in bf16; decode: M = 8 (the skinny kernel); odd: K = 100 is no multiple of 64 (stays IREE's);
 # f32: f32 inputs (no kernel takes them); linear: x @ w.t() as torch's F.linear lowers it (a
-# linalg.transpose of the [N, K] weight feeding an A x B matmul: the kernel reads w as B^T).
+# linalg.transpose of the [N, K] weight feeding an A x B matmul: the kernel reads w as B^T);
+# biased: a linear's bias add, which the kernel does before writing C.
 GRAPH = """
 #abt = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>,
         affine_map<(m, n, k) -> (m, n)>]
@@ -89,8 +93,24 @@ func.func @linear(%x: tensor<64x256xf16>, %w: tensor<128x256xf16>) -> tensor<64x
       outs(%f : tensor<64x128xf16>) -> tensor<64x128xf16>
   return %r : tensor<64x128xf16>
 }
+func.func @biased(%x: tensor<64x256xf16>, %w: tensor<128x256xf16>, %bias: tensor<128xf16>)
+    -> tensor<64x128xf16> {
+  %e = tensor.empty() : tensor<64x128xf16>
+  %z = arith.constant 0.0 : f16
+  %f = linalg.fill ins(%z : f16) outs(%e : tensor<64x128xf16>) -> tensor<64x128xf16>
+  %r = linalg.matmul indexing_maps = #abt ins(%x, %w : tensor<64x256xf16>, tensor<128x256xf16>)
+      outs(%f : tensor<64x128xf16>) -> tensor<64x128xf16>
+  %b = linalg.generic {indexing_maps = [#id, affine_map<(i, j) -> (j)>, #id],
+      iterator_types = ["parallel", "parallel"]}
+      ins(%r, %bias : tensor<64x128xf16>, tensor<128xf16>) outs(%e : tensor<64x128xf16>) {
+  ^bb0(%v: f16, %c: f16, %o: f16):
+    %s = arith.addf %v, %c : f16
+    linalg.yield %s : f16
+  } -> tensor<64x128xf16>
+  return %b : tensor<64x128xf16>
+}
 """
-FUNCTIONS = ["mm", "mm_ab", "bf16", "decode", "odd", "f32", "linear"]
+FUNCTIONS = ["mm", "mm_ab", "bf16", "decode", "odd", "f32", "linear", "biased"]
 
 
 def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
@@ -102,6 +122,30 @@ def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
     assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 3 + ["u32"] * 3
     assert kernel.name in entry
     assert kernel.threads == 256 and kernel.shared_bytes == 147456  # 3 stages of 128x64 + 64x256
+
+
+def test_the_bias_kernel_adds_the_bias_before_writing_c_in_tritons_interpreter():
+    """The tl.dot kernel's bias epilogue against torch (f32 sums, bias added, then f16), with
+    M and N past whole tiles; the interpreter runs the kernel's Python on the CPU."""
+    code = """
+import json, torch, triton
+from myelin.kernels._triton import _matmul_fn
+g = torch.Generator().manual_seed(0)
+m, n, k = 70, 48, 128
+a, w = torch.randn(m, k, generator=g).half(), torch.randn(n, k, generator=g).half()
+bias = torch.randn(n, generator=g).half()
+c = torch.full((m, n), float("nan")).half()
+_matmul_fn()[(triton.cdiv(m, 64) * triton.cdiv(n, 32),)](
+    a, w, bias, c, m, n, k, BM=64, BN=32, BK=64, GROUP_M=8, B_T=True, BIAS=True)
+ref = (a.float() @ w.float().T + bias.float()).half().float()
+print(json.dumps(float((c.float() - ref).abs().max() / ref.abs().max())))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 2e-3
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +171,10 @@ def test_the_rewrite_reports_which_matmul_goes_to_which_kernel(kernelized):
         256,
     )
     assert "B^T read from the transpose's input" in linear["reason"]
-    assert len(kernelized.kernels) == 4
+    biased = sites["biased"]
+    assert biased["kernel"] == "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3_bias"
+    assert biased["reason"] == "matched, with its bias"
+    assert len(kernelized.kernels) == 5
 
 
 def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(kernelized):
@@ -140,8 +187,11 @@ def test_matched_ops_become_extern_dispatches_and_the_rest_stays_iree_codegen(ke
             "plex_matmul_abt_bf16_f32_128x256x64_w8s3",
             "plex_matmul_abt_f16_f16_16x32x256_w4s4",
             "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3",  # linear
+            "plex_matmul_tma_abt_f16_f16_128x256x64_w8s3_bias",
         ]
     )
+    # the bias add went into the kernel too: no dispatch of IREE's own
+    assert not [n for exe, n in calls if n.startswith("biased_dispatch_")], calls
     # linear's weight is read in place: no dispatch materializes its transpose
     assert not [n for exe, n in calls if "linear_dispatch" in n and "transpose" in n], calls
     codegen = [name for exe, name in calls if not exe.startswith("extern_dispatch")]

@@ -10,6 +10,7 @@ command buffer. Everything a kernel does not cover stays with IREE's codegen.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,6 +82,9 @@ class _Match:
     # produced it (then the kernel reads the untransposed weight as A x B^T).
     b_value: ir.Value = field(default=None)  # type: ignore[assignment]
     transpose: ir.Operation | None = None
+    # the bias [N] the kernel adds (its add, `root`, then replaced too), if any
+    bias: ir.Value | None = None
+    before_bias: ir.Operation | None = None  # the op the bias add consumed (matmul or truncf)
 
 
 def _element(t: ir.Type) -> str:
@@ -132,6 +136,36 @@ def _truncf_consumer(result: ir.Value) -> tuple[ir.Operation, str] | None:
         return None
     out = _element(user.results[0].type)
     return (user, out) if out in _INPUT_TYPES else None
+
+
+def _bias_consumer(result: ir.Value) -> tuple[ir.Operation, ir.Value] | None:
+    """The elementwise `linalg.generic` that adds a bias [N] broadcast over the rows to this
+    [M, N] result, when it is the result's one use (a torch Linear's bias, `x @ w.t() + b`):
+    the kernel then adds it before writing C, and the add needs no dispatch of its own."""
+    uses = list(result.uses)
+    if len(uses) != 1:
+        return None
+    user = uses[0].owner
+    user = getattr(user, "operation", user)
+    if user.name != "linalg.generic" or len(user.operands) != 3 or len(user.results) != 1:
+        return None
+    if user.operands[0] != result or user.results[0].type != result.type:
+        return None
+    identity, row = "affine_map<(d0, d1) -> (d0, d1)>", "affine_map<(d0, d1) -> (d1)>"
+    if str(user.attributes["indexing_maps"]) != f"[{identity}, {row}, {identity}]":
+        return None
+    block = user.regions[0].blocks[0]
+    ops = list(block.operations)
+    if [o.name for o in ops] != ["arith.addf", "linalg.yield"]:
+        return None
+    if set(ops[0].operands) != {block.arguments[0], block.arguments[1]}:
+        return None
+    if ops[1].operands[0] != ops[0].results[0]:
+        return None
+    bias = user.operands[1]
+    if _element(bias.type) != _element(result.type):
+        return None
+    return user, bias
 
 
 def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
@@ -216,6 +250,12 @@ def find_matmuls(
         elif k % 64 or n % 16:
             reason = f"N = {n}, K = {k}: kernels need K % 64 == 0 and N % 16 == 0"
         config = None if reason else choose(dtype, out, transposed, m, n, k)
+        biased = _bias_consumer(root.results[0]) if config is not None else None
+        bias = before_bias = None
+        if biased is not None and config is not None and config.block_m > 1:
+            (root, bias), before_bias = biased, root
+            config = dataclasses.replace(config, bias=True)
+        narrowing = "truncf and bias" if narrowed and bias else "truncf" if narrowed else "bias"
         site = MatmulSite(
             function=_function_name(op),
             location=str(op.location),
@@ -224,11 +264,14 @@ def find_matmuls(
             out_dtype=out,
             b_transposed=transposed,
             kernel=config.name if config is not None else None,
-            reason=(reason or ("matched, with its truncf" if narrowed else "matched"))
+            reason=(reason or (f"matched, with its {narrowing}" if narrowed or bias else "matched"))
             + (" (B^T read from the transpose's input)" if transpose is not None else ""),
             conv=conv_of(op),
         )
-        match = _Match(site, config, op, root, b_value=b_value, transpose=transpose)
+        match = _Match(
+            site, config, op, root, b_value=b_value, transpose=transpose, bias=bias,
+            before_bias=before_bias,
+        )  # fmt: skip
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
         matches.append(match)
     return matches
@@ -297,7 +340,11 @@ def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _M
     else:
         count = f"affine.apply affine_map<()[s0, s1] -> ({tiles})>"
     binding = "#hal.pipeline.binding<storage_buffer"
-    bindings = [f"{binding}, ReadOnly>", f"{binding}, ReadOnly>", f"{binding}>"]
+    inputs = ["%a", "%b"] + (["%bias"] if m.bias is not None else [])
+    input_types = [f"{a_t}{dims}", b_t] + ([str(m.bias.type)] if m.bias is not None else [])
+    bindings = [f"{binding}, ReadOnly>"] * len(inputs) + [f"{binding}>"]
+    params = ", ".join(f"{v}: {t}" for v, t in zip(inputs, [a_t, *input_types[1:]], strict=True))
+    args = ", ".join(inputs)
     results, types = "%r", f"{r_t}{dims}"
     if kernel.scratch_bytes:
         if not programs:
@@ -306,15 +353,15 @@ def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _M
         bindings.append(f"{binding}>")
         results, types = "%r, %scratch", f"{types}, {scratch_t}"
     return f"""
-util.func private @{name}(%a: {a_t}, %b: {b_t}) -> {r_t} {{
+util.func private @{name}({params}) -> {r_t} {{
   %c0 = arith.constant 0 : index
   {m_value}
   %n = arith.constant {n} : index
   %m_i32 = arith.index_cast %m : index to i32
   %n_i32 = arith.constant {n} : i32
   %k_i32 = arith.constant {k} : i32
-  {results} = hal.dispatch.extern "{kernel.name}"[%m, %n](%m_i32, %n_i32, %k_i32, %a, %b)
-      : (i32, i32, i32, {a_t}{dims}, {b_t}) -> ({types})
+  {results} = hal.dispatch.extern "{kernel.name}"[%m, %n](%m_i32, %n_i32, %k_i32, {args})
+      : (i32, i32, i32, {", ".join(input_types)}) -> ({types})
     count(%device: !hal.device, %wm: index, %wn: index) -> (index, index, index) {{
       %x = {count}()[%wm, %wn]
       %one = arith.constant 1 : index
@@ -351,9 +398,12 @@ def rewrite(
         if name is None:
             name = wrappers[key] = f"__plex_kernel_{len(wrappers)}_{m.config.name}"
             add_functions(body, _wrapper_text(name, kernels[m.config.name], m.config, m))
-        call_in_place_of(m.root, name, [m.matmul.operands[0], m.b_value], result_type=m.result_type)
+        operands = [m.matmul.operands[0], m.b_value] + ([m.bias] if m.bias is not None else [])
+        call_in_place_of(m.root, name, operands, result_type=m.result_type)
         fill = m.matmul.operands[2].owner
-        m.root.erase()
+        m.root.erase()  # then what it consumed, consumer first: the truncf, the matmul
+        if m.before_bias is not None and m.before_bias is not m.matmul:
+            m.before_bias.erase()
         if m.root is not m.matmul:
             m.matmul.erase()
         fill = getattr(fill, "operation", fill)

@@ -47,6 +47,9 @@ class MatmulConfig:
     # loaded and C stored through device-side tensor descriptors (`_persistent_fn`).
     persistent: bool = False
     # block_m = 1 (only where M == 1): the CUDA-core GEMV kernel (`_gemv_fn`), no tl.dot.
+    # The kernel adds a bias [N] (in C's type) to the f32 sums before C is written: a linear's
+    # bias add then needs no dispatch of its own (the tl.dot kernels only; not the GEMV).
+    bias: bool = False
 
     @property
     def name(self) -> str:
@@ -58,7 +61,7 @@ class MatmulConfig:
         return (
             f"plex_matmul_{layout}_{self.dtype}_{self.out_dtype}_"
             f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}s{self.num_stages}"
-            f"{group}"
+            f"{group}{'_bias' if self.bias else ''}"
         )
 
 
@@ -88,9 +91,9 @@ def _matmul_fn():
 
     @triton.jit
     def plex_matmul(
-        a_ptr, b_ptr, c_ptr, M, N, K,
+        a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BM)
@@ -120,6 +123,8 @@ def _matmul_fn():
             acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc)
             a_ptrs += BK
             b_ptrs += b_step
+        if BIAS:  # bias_ptr is None (no parameter) otherwise
+            acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
         c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -133,9 +138,9 @@ def _gemv_fn():
 
     @triton.jit
     def plex_gemv(
-        a_ptr, b_ptr, c_ptr, M, N, K,
+        a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr,
     ):  # fmt: skip
         # One row of A per program (BM == 1) by a BN-column block of B, on the CUDA cores: a
         # 16-row tl.dot would pad the row 16-fold, and a GEMV is bound by the weight's bytes.
@@ -177,9 +182,9 @@ def _persistent_fn():
 
     @triton.jit
     def plex_matmul_tma(
-        a_ptr, b_ptr, c_ptr, M, N, K,
+        a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, PROGRAMS: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, PROGRAMS: tl.constexpr,
     ):  # fmt: skip
         # Persistent: the grid is min(PROGRAMS, tiles) (the wrapper's workgroup count), and each
         # program takes every PROGRAMS-th tile, so the tiles are covered on any grid of that size
@@ -216,6 +221,9 @@ def _persistent_fn():
                 a = a_desc.load([pid_m * BM, k])
                 b = b_desc.load([pid_n * BN, k]).T if B_T else b_desc.load([k, pid_n * BN])
                 acc = tl.dot(a, b, acc)
+            if BIAS:  # bias_ptr is None (no parameter) otherwise
+                offs_n = pid_n * BN + tl.arange(0, BN)
+                acc += tl.load(bias_ptr + offs_n, mask=offs_n < N).to(tl.float32)[None, :]
             c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
 
     return plex_matmul_tma
@@ -224,18 +232,26 @@ def _persistent_fn():
 def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel:
     """Triton -> PTX (sm_90a: wgmma) -> our ptxas pass -> cubin, with no GPU present."""
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
+    if config.bias and config.block_m == 1:
+        raise ValueError(f"{config.name}: the GEMV kernel adds no bias")
+    # The bias is a binding (after B, as IREE orders an external dispatch's operands) only
+    # where the config has one: a None constexpr is no parameter at all.
     signature = {
-        "a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}", "c_ptr": f"*{t_out}",
+        "a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}",
+        "bias_ptr": f"*{t_out}" if config.bias else "constexpr", "c_ptr": f"*{t_out}",
         "M": "i32", "N": "i32", "K": "i32",
         "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "GROUP_M": "constexpr",
-        "B_T": "constexpr",
+        "B_T": "constexpr", "BIAS": "constexpr",
     }  # fmt: skip
     constexprs = {
         "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
-        "GROUP_M": config.group_m, "B_T": config.b_transposed,
+        "GROUP_M": config.group_m, "B_T": config.b_transposed, "BIAS": config.bias,
     }  # fmt: skip
+    if not config.bias:
+        constexprs["bias_ptr"] = None
     # Pointers 16-byte aligned, N and K multiples of 16 (checked where the kernel is matched).
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5)}
+    pointers = (0, 1, 2, 3) if config.bias else (0, 1, 3)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (*pointers, 5, 6)}
     if config.persistent:
         signature["PROGRAMS"] = "constexpr"
         constexprs["PROGRAMS"] = programs = sm_count(arch)
