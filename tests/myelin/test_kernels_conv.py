@@ -1,7 +1,8 @@
-"""2-D convolutions as im2col + matmul (myelin.kernels._conv), checked without a GPU.
+"""Convolutions as im2col + matmul (myelin.kernels._conv), checked without a GPU.
 
 A set of torch convolutions (7x7 stride 2 with padding, 3x3 with bias, 3x3 stride 2, 3x3
-dilation 2, 1x1, 1x1 stride 2, a rectangular 3x1 one), imported by the torch frontend, rewritten
+dilation 2, 1x1, 1x1 stride 2, a rectangular 3x1 one; Whisper's two 1-D ones), imported by the
+torch frontend, rewritten
 as the kernels step rewrites them and compiled for llvm-cpu: the same values as torch eager, in
 f32 to the rounding of another summation order and in f16 to the output's f16 rounding. The same
 graphs built for a Hopper device put every one of those convolutions on the matmul kernels and
@@ -76,6 +77,32 @@ def convs_f16():
 
 def convs_more_f16():
     return _model(torch.float16, extra=True)
+
+
+class Conv1ds(torch.nn.Module):
+    """Whisper's front end: two 1-D convolutions with biases, the second of stride 2, GELU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv1d(16, 32, 3, padding=1)
+        self.conv2 = torch.nn.Conv1d(32, 32, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.conv2(torch.nn.functional.gelu(self.conv1(x))))
+
+
+def _conv1d(dtype):
+    torch.manual_seed(0)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 16, 64), np.float32))
+    return Conv1ds().eval().to(dtype), {"x": x.to(dtype)}
+
+
+def conv1d_f32():
+    return _conv1d(torch.float32)
+
+
+def conv1d_f16():
+    return _conv1d(torch.float16)
 '''
 PACKAGE = """[package]
 name = "convs"
@@ -88,11 +115,18 @@ frontend = "torch"
 [graph.convs_more_f16]
 source = "convs.py:convs_more_f16"
 frontend = "torch"
+[graph.conv1d_f32]
+source = "convs.py:conv1d_f32"
+frontend = "torch"
+[graph.conv1d_f16]
+source = "convs.py:conv1d_f16"
+frontend = "torch"
 """
 APP = '[app]\nname = "convs"\npackages = ["."]\ngraphs = [{graphs}]\n'
 # data tiling off: under it the CPU's own rewrite runs a batch's f32 convolutions one image at a
 # time (myelin.compiler.cpu_convolution), which would double the convolutions counted here
 CPU = '[devices.cpu]\ntarget = "llvm-cpu"\ndata_tiling = false\n'
+VMVX = '[devices.cpu]\ntarget = "vmvx"\n'
 HOPPER = '[devices.hopper]\ntarget = "cuda"\nkernels = "triton"\n'
 PLAIN_CUDA = '[devices.gpu]\ntarget = "cuda"\n'
 CONVS_TAKEN = 7
@@ -129,6 +163,22 @@ def _relative(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float32) - want).max() / np.abs(want).max())
 
 
+def _normalized(app: Path, folder: Path, graphs: list[str], convolutions: int) -> list[Path]:
+    """The graphs' input IR with every convolution rewritten as the kernels step does, as phase
+    files to resume the app's build from."""
+    build(app, folder, compile_to="input")
+    normal = []
+    for graph in graphs:
+        saved = read_phase_file(folder / graph / "default" / "01.input.mlir")
+        text, counts = normalize_contractions(saved.text, what=graph, all_convolutions=True)
+        assert counts["convolutions"] == convolutions, counts
+        assert "linalg.conv" not in text
+        path = folder / f"{graph}.normal.mlir"
+        path.write_text(render_phase_file(text, saved.fields))
+        normal.append(path)
+    return normal
+
+
 def test_the_rewritten_convolutions_compute_what_torch_does_on_the_cpu(package):
     """f32: the gather + matmul form within 1e-5 of torch eager (another summation order);
     f16: within 5e-3 of torch eager in f32 (the f16 weights and input computed in f32)."""
@@ -137,16 +187,7 @@ def test_the_rewritten_convolutions_compute_what_torch_does_on_the_cpu(package):
     root, source = package
     graphs = ["convs_f32", "convs_f16"]
     app = _app(root, "cpu", graphs, CPU)
-    build(app, root / "ir", compile_to="input")
-    normal = []
-    for graph in graphs:
-        saved = read_phase_file(root / "ir" / graph / "default" / "01.input.mlir")
-        text, counts = normalize_contractions(saved.text, what=graph, all_convolutions=True)
-        assert counts["convolutions"] == CONVS_TAKEN, counts
-        assert "linalg.conv" not in text
-        path = root / f"{graph}.normal.mlir"
-        path.write_text(render_phase_file(text, saved.fields))
-        normal.append(path)
+    normal = _normalized(app, root / "ir", graphs, CONVS_TAKEN)
     # (the graphs as imported are not compiled here: IREE 3.13 fails on an f16 convolution with
     # a bias for llvm-cpu under data tiling, "'arith.addf' op requires the same type", an f16 +
     # f32 add its fusion makes; the rewritten form compiles)
@@ -166,12 +207,37 @@ def test_the_rewritten_convolutions_compute_what_torch_does_on_the_cpu(package):
     assert _relative(got_f16, want_f16) < 5e-3, _relative(got_f16, want_f16)
 
 
+def test_1d_convolutions_as_2d_ones_compute_what_torch_does(package):
+    """Whisper's front end as the kernels step rewrites it (each 1-D convolution a 2-D one of
+    height 1, then im2col + matmul), on vmvx: an llvm-cpu variant's import already makes its
+    1-D convolutions products of its own (myelin.compiler.cpu_convolution). Within 1e-5 of
+    torch eager (another summation order)."""
+    import torch
+
+    root, source = package
+    app = _app(root, "vmvx", ["conv1d_f32"], VMVX)
+    normal = _normalized(app, root / "ir1d", ["conv1d_f32"], 2)
+    out, _ = _build(app, root / "conv1d.mln", resume_from=normal)
+    model, inputs = source.conv1d_f32()
+    with torch.no_grad():
+        want = model(inputs["x"]).numpy()
+    with myelin.Instance().load(out) as m, m.session() as s:
+        got = np.asarray(s.call("conv1d_f32.forward", inputs["x"].numpy()))
+    assert got.shape == want.shape == (2, 32, 32)
+    assert _relative(got, want) < 1e-5, _relative(got, want)
+
+
 def test_every_convolution_is_in_the_kernel_report_on_a_kernel_or_with_its_reason(package):
     root, _ = package
-    app = _app(root, "hopper", ["convs_f16", "convs_more_f16"], HOPPER)
+    app = _app(root, "hopper", ["convs_f16", "convs_more_f16", "conv1d_f16"], HOPPER)
     out, warned = _build(app, root / "hopper.mln")
     with MlnReader(out) as r:
         (device,) = r.manifest["variants"][0]["devices"]
+    # the 1-D convolutions go to the kernels as 2-D ones of height 1, listed as 1-D
+    ones = [s for s in device["kernels"] if s["module"] == "conv1d_f16"]
+    assert [s["op"] for s in ones] == ["conv_1d_ncw_fcw"] * 2 and all(s["kernel"] for s in ones)
+    assert ones[0]["conv"].startswith("3 taps stride 1 dilation 1, 16 -> 32 channels, as im2col")
+    assert (ones[1]["m"], ones[1]["n"], ones[1]["k"]) == (2 * 32, 32, 128)  # K 96 padded
     sites = [s for s in device["kernels"] if s["module"] == "convs_more_f16"]
     assert all(s["op"].startswith("conv") for s in sites), sites
     taken = [s for s in sites if s["kernel"]]

@@ -43,6 +43,8 @@ from myelin.kernels._normalize import inline_ops
 from myelin.kernels._rewrite import CONV_MARK, _is_zero_fill
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
+CONV_1D = "linalg.conv_1d_ncw_fcw"
+ONE_D = "plex.conv_1d"  # on a 2-D convolution that was a 1-D one (the report names it so)
 MARK = CONV_MARK  # on a rewritten matmul: JSON of `ConvForm.describe()`
 WHY = "plex.conv_reason"  # on a convolution left as it was
 KERNEL_DTYPES = ("f16", "bf16")
@@ -67,6 +69,7 @@ class ConvForm:
     dilation: tuple[int, int]
     dtype: str
     acc: str
+    one_d: bool = False  # a 1-D convolution, as a 2-D one of height 1
 
     @property
     def k(self) -> int:
@@ -88,10 +91,15 @@ class ConvForm:
     def describe(self) -> dict:
         form = "matmul (1x1, stride 1: no gather)" if self.pointwise else "im2col + matmul"
         padded = f", K {self.k} padded to {self.k_padded}" if self.k_padded != self.k else ""
+        if self.one_d:
+            size = f"{self.kw} taps stride {self.stride[1]} dilation {self.dilation[1]}"
+        else:
+            size = (
+                f"{self.kh}x{self.kw} stride {_pair(self.stride)} dilation {_pair(self.dilation)}"
+            )
         return {
-            "op": CONV_2D.removeprefix("linalg."),
-            "conv": f"{self.kh}x{self.kw} stride {_pair(self.stride)} dilation "
-            f"{_pair(self.dilation)}, {self.c} -> {self.f} channels, as {form}{padded}",
+            "op": (CONV_1D if self.one_d else CONV_2D).removeprefix("linalg."),
+            "conv": f"{size}, {self.c} -> {self.f} channels, as {form}{padded}",
             "flops": 2 * self.m * self.f * self.k,
         }
 
@@ -160,7 +168,8 @@ def conv_form(op: ir.Operation, dtypes: tuple[str, ...] | None) -> ConvForm | st
     if dtypes is not None and f % _N_STEP:
         return f"convolution with {f} output channels: kernels need N % 16 == 0"
     stride, dilation = _pair_attribute(op, "strides"), _pair_attribute(op, "dilations")
-    return ConvForm(n, c, h, width, f, kh, kw, oh, ow, stride, dilation, dtype, acc)
+    one_d = ONE_D in op.attributes
+    return ConvForm(n, c, h, width, f, kh, kw, oh, ow, stride, dilation, dtype, acc, one_d)
 
 
 def _parallel(rank: int) -> str:
@@ -279,10 +288,53 @@ def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
     )
 
 
+def _conv_1d_text(op: ir.Operation) -> str | None:
+    """A static 1-D NCW convolution as a 2-D NCHW one of height 1 (Whisper's front end): the
+    input, filter and initial output get a unit dim (reshapes only), the result loses it."""
+    types = [ir.RankedTensorType(v.type) for v in (*op.operands[:3], op.results[0])]
+    if not all(t.has_static_shape for t in types):
+        return None
+    (x_t, w_t, i_t, y_t), (x, w, i, y) = (str(t) for t in types), (t.shape for t in types)
+    stride = _pair_attribute(op, "strides")[0]
+    dilation = _pair_attribute(op, "dilations")[0]
+    x4 = _tensor([x[0], x[1], 1, x[2]], _element(op.operands[0].type))
+    w4 = _tensor([w[0], w[1], 1, w[2]], _element(op.operands[1].type))
+    y4 = _tensor([y[0], y[1], 1, y[2]], _element(op.results[0].type))
+    expand = "[[0], [1], [2, 3]]"
+    return f"""util.func private @conv(%x: {x_t}, %w: {w_t}, %i: {i_t}) -> {y_t} {{
+  %x4 = tensor.expand_shape %x {expand} output_shape {[x[0], x[1], 1, x[2]]} : {x_t} into {x4}
+  %w4 = tensor.expand_shape %w {expand} output_shape {[w[0], w[1], 1, w[2]]} : {w_t} into {w4}
+  %i4 = tensor.expand_shape %i {expand} output_shape {[i[0], i[1], 1, i[2]]} : {i_t} into {y4}
+  %y4 = linalg.conv_2d_nchw_fchw {{dilations = dense<[1, {dilation}]> : vector<2xi64>,
+      strides = dense<[1, {stride}]> : vector<2xi64>, {ONE_D}}}
+      ins(%x4, %w4 : {x4}, {w4}) outs(%i4 : {y4}) -> {y4}
+  %y = tensor.collapse_shape %y4 {expand} : {y4} into {y_t}
+  util.return %y : {y_t}
+}}"""
+
+
+def _convs_1d_as_2d(module: ir.Operation) -> None:
+    """Every static `linalg.conv_1d_ncw_fcw` as a 2-D convolution of height 1 (marked `ONE_D`),
+    so that the im2col rewrite takes it as any 2-D one."""
+    for op in find_ops(module, lambda o: o.name == CONV_1D):
+        text = _conv_1d_text(op)
+        if text is None:
+            op.attributes[WHY] = ir.StringAttr.get(
+                "convolution with dynamic shapes: im2col needs static ones"
+            )
+            continue
+        with op.location:
+            value, _ = inline_ops(text, op, list(op.operands[:3]))
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+
+
 def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERNEL_DTYPES) -> int:
-    """Rewrite every static `linalg.conv_2d_nchw_fchw` whose inputs are of `dtypes` (None: any)
-    and whose matmul the kernels could take to the gather + matmul form (see the module doc);
-    the others get the reason (`plex.conv_reason`). Returns how many were rewritten."""
+    """Rewrite every static `linalg.conv_2d_nchw_fchw` (and `linalg.conv_1d_ncw_fcw`, as one of
+    height 1) whose inputs are of `dtypes` (None: any) and whose matmul the kernels could take
+    to the gather + matmul form (see the module doc); the others get the reason
+    (`plex.conv_reason`). Returns how many were rewritten."""
+    _convs_1d_as_2d(module)
     rewritten = 0
     for op in find_ops(module, lambda o: o.name == CONV_2D):
         form = conv_form(op, dtypes)
