@@ -42,12 +42,14 @@ CUDA_SM_COUNT: dict[str, int] = {"sm_90a": 132}
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # data_tiling "host": the build chooses for the CPU it targets (compiler.targets)
     # compute: "f32" (the model's own precision) or "bf16" (compiler.cpu_compute)
+    # matmul_tiles "host": "rows" or "iree", chosen for the CPU (compiler.cpu_matmul_tiles)
     "llvm-cpu": {
         "cpu": "host",
         "cpu_features": "",
         "data_tiling": "host",
         "result_storage": False,
         "compute": "f32",
+        "matmul_tiles": "host",
     },
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
@@ -61,6 +63,8 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
 assert set(TARGET_OPTIONS) == set(TARGETS)
 # llvm-cpu `compute`: the precision of matmul inputs (docs/manifest.md)
 CPU_COMPUTE: tuple[str, ...] = ("f32", "bf16")
+# llvm-cpu `matmul_tiles`: workgroup tiles of the data-tiled matmuls (docs/platforms.md)
+CPU_MATMUL_TILES: tuple[str, ...] = ("rows", "iree")
 
 
 def default_driver(target: str) -> str:

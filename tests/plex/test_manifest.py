@@ -252,8 +252,8 @@ def test_unknown_key_names_file_line_key_and_a_close_match(tmp_path):
     assert message.startswith(f"{app_toml}:{line_of(app_toml, 'targt')}: [devices.cpu] targt: ")
     assert "unknown key; did you mean 'target'?" in message
     assert (
-        "(accepted: arch, backend, compute, cpu, cpu_features, data_tiling, driver, kernels, result_storage, target)"
-        in message
+        "(accepted: arch, backend, compute, cpu, cpu_features, data_tiling, driver, kernels, "
+        "matmul_tiles, result_storage, target)" in message
     )
 
 
@@ -391,7 +391,8 @@ def test_target_options_must_fit_the_target(tmp_path):
     message = error_of(load_app, app_toml)
     assert f":{line_of(app_toml, 'arch')}: [devices.cpu] arch: does not apply to target" in message
     assert (
-        "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute)" in message
+        "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute, "
+        "matmul_tiles)" in message
     )
 
     app_toml.write_text(APP_TOML + '\n[devices.amd]\ntarget = "rocm"\n')

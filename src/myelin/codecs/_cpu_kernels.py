@@ -55,7 +55,7 @@ GROUP = 32  # the activation's quantization group (and q4's: other q4 groups kee
 MAX_K = 8192  # the kernels' stacks hold the quantized activation
 MAX_WORKGROUPS = 32
 # Each workgroup of a kernel that quantizes the activation does so itself (K elements, ~2 us at
-# K = 2048): measured on Zen 4, a 2048x2048 q4 matvec took 64 us as 1 call and 93 us as 16.
+# K = 2048): measured on Zen 5, a 2048x2048 q4 matvec took 64 us as 1 call and 93 us as 16.
 # So such kernels get one workgroup per this many weight bytes (at least one).
 BYTES_PER_QUANTIZING_WORKGROUP = 1 << 20
 HEADER = Path(__file__).with_name("cpu_matvec.h")

@@ -20,6 +20,7 @@ from myelin.compiler.cpu_attention import applies as cpu_attention_applies
 from myelin.compiler.cpu_attention import decompose_cpu_attentions
 from myelin.compiler.cpu_compute import demote_contractions
 from myelin.compiler.cpu_convolution import rewrite_cpu_convolutions
+from myelin.compiler.cpu_matmul_tiles import retile_cpu_matmuls
 from myelin.compiler.cpu_max_reduction import rewrite_cpu_max_reductions
 from myelin.compiler.cuda_convolution import half_convolutions
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
@@ -49,6 +50,8 @@ from myelin.tuning.gate import process_wide_spec
 # The phase at which imported IR is saved. Resuming from any other phase silently miscompiles
 # in IREE 3.13, so the phase travels with the saved IR (ImportedGraph.phase) and is checked.
 IMPORT_PHASE = "input"
+# where IREE has chosen each dispatch's tiles (myelin.compiler.cpu_matmul_tiles edits them)
+CONFIGURATION_PHASE = "executable-configurations"
 
 # Flags for the import step: it stops before any target-specific pass, but the session still
 # needs a target device to be configured.
@@ -397,7 +400,17 @@ def compile_module(
                 raise CompileError(
                     f"{what}: renaming and export lists apply only to IR at phase '{IMPORT_PHASE}'"
                 )
-        stops = _stops(phase, stop_at, every_phase=on_phase is not None, place=len(devices) > 1)
+        # llvm-cpu "rows" matmul tiles: set on IREE's configs of the packed matmuls
+        retile = any(
+            d.target == "llvm-cpu" and d.data_tiling and d.matmul_tiles == "rows" for d in devices
+        )
+        stops = _stops(
+            phase,
+            stop_at,
+            every_phase=on_phase is not None,
+            place=len(devices) > 1,
+            configure=retile,
+        )
         footprints: dict[str, CallFootprint] = {}
         current = phase
         for step in stops:
@@ -409,6 +422,8 @@ def compile_module(
                     resolve_dispatch_affinities(module, what=what)
                 if step == STREAM_PHASE:
                     footprints = call_footprints(module, functions)
+                if step == CONFIGURATION_PHASE and retile:
+                    retile_cpu_matmuls(module)
                 if on_phase is not None:
                     on_phase(step, _text_with_phase(module, step, session.context))
         if stop_at is not None:
@@ -435,15 +450,20 @@ def compile_module(
     )
 
 
-def _stops(phase: str, stop_at: str | None, *, every_phase: bool, place: bool) -> list[str]:
+def _stops(
+    phase: str, stop_at: str | None, *, every_phase: bool, place: bool, configure: bool = False
+) -> list[str]:
     """The phases, from `phase` on, where the compile pauses for PLeX: the placement pass, the
-    footprint read at `stream`, every phase with `every_phase`, and the last one with
-    `stop_at`. The compile resumes from the last stop to the end."""
+    footprint read at `stream`, the CPU matmul tiles at `executable-configurations` with
+    `configure`, every phase with `every_phase`, and the last one with `stop_at`. The compile
+    resumes from the last stop to the end."""
     later = RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :]
     end = stop_at or RESUMABLE_PHASES[-1]
     wanted = set(later) if every_phase else {phase, STREAM_PHASE}
     if place:
         wanted.add(PLACEMENT_PHASE)
+    if configure:
+        wanted.add(CONFIGURATION_PHASE)
     if stop_at is not None:
         wanted.add(stop_at)
     stops = [p for p in later if p in wanted]

@@ -24,7 +24,12 @@ from myelin.codecs import kernels_key as codecs_kernels_key
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
-from myelin.compiler.targets import HostChoice, TargetDevice, data_tiling_choice
+from myelin.compiler.targets import (
+    HostChoice,
+    TargetDevice,
+    data_tiling_choice,
+    matmul_tiles_choice,
+)
 from myelin.platforms import KERNELS_CUDA_ARCH
 from myelin.tuning.spec import spec_is_process_wide
 from plex.builder import records
@@ -108,12 +113,33 @@ CAUSAL_LM_TILING = (
 )
 
 
+def matmul_tiles_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice | None]:
+    """A device's workgroup tiles of its data-tiled matmuls: the app's value where it pins
+    one, else the host's choice (myelin.compiler.targets.matmul_tiles_choice)."""
+    if device.target != "llvm-cpu":
+        return "iree", None
+    if device.matmul_tiles is not None:
+        return device.matmul_tiles, None
+    choice = matmul_tiles_choice(data_tiling_of(app, device)[0], device.cpu, device.cpu_features)
+    return str(choice.value), choice
+
+
 def host_chosen(app: AppSpec, device: DeviceSpec) -> dict[str, dict]:
     """The artifact's record of the options the build chose for the CPU (empty: none)."""
-    _, choice = data_tiling_of(app, device)
-    if choice is None:
-        return {}
-    return {"data_tiling": {"value": choice.value, "reason": choice.reason}}
+    chosen = {}
+    for option, (_, choice) in (
+        ("data_tiling", data_tiling_of(app, device)),
+        ("matmul_tiles", matmul_tiles_of(app, device)),
+    ):
+        if choice is not None:
+            chosen[option] = {"value": choice.value, "reason": choice.reason}
+    return chosen
+
+
+def _rows(app: AppSpec, device: DeviceSpec) -> str | None:
+    """ "rows" where a device's packed matmuls take PLeX's tiles (None: IREE's own)."""
+    tiles = matmul_tiles_of(app, device)[0]
+    return tiles if tiles == "rows" and data_tiling_of(app, device)[0] else None
 
 
 def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
@@ -126,6 +152,7 @@ def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
         data_tiling=data_tiling_of(app, device)[0],
         result_storage=device.result_storage,
         compute=device.compute,
+        matmul_tiles=matmul_tiles_of(app, device)[0],
     )
 
 
@@ -663,6 +690,8 @@ def _link_job(app: AppSpec) -> LinkJob:
                             ("data_tiling", data_tiling_of(app, d)[0]),
                             # recorded only when it is not the model's own precision
                             ("compute", d.compute if d.compute != "f32" else None),
+                            # recorded only where it changes IREE's tiles
+                            ("matmul_tiles", _rows(app, d)),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )

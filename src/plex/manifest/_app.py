@@ -348,6 +348,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "data_tiling": d.data_tiling,
             "result_storage": d.result_storage,
             "compute": d.compute,
+            "matmul_tiles": d.matmul_tiles,
             "arch": d.arch,
             "kernels": d.kernels,
         }
@@ -382,6 +383,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             data_tiling=d.data_tiling,  # unset: chosen for the CPU at plan time
             result_storage=bool(value["result_storage"]),
             compute=value["compute"] or "f32",
+            matmul_tiles=d.matmul_tiles,  # unset: chosen for the CPU at plan time
             arch=value["arch"],
             kernels=value["kernels"] or None,
         )

@@ -50,6 +50,9 @@ class DeviceSpec:
     result_storage: bool = False
     # llvm-cpu only: "f32", or "bf16": contraction inputs rounded to bf16 (myelin.compiler.targets)
     compute: str = "f32"
+    # llvm-cpu only: "rows" or "iree" (myelin.compiler.cpu_matmul_tiles); None: the build
+    # chooses for the CPU it targets (plex.builder.plan.matmul_tiles_of)
+    matmul_tiles: str | None = None
 
 
 @dataclass(frozen=True)

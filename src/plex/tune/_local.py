@@ -456,7 +456,8 @@ def _data_tiling_hint(tiled: bool, choice: HostChoice | None, device: str) -> st
     why = f"this host's choice: {choice.reason}" if choice is not None else "pinned in the app"
     return (
         f": data tiling is on ({why}), and IREE 3.13's packed matmuls (its mmt4d microkernels) "
-        "take no tile config, so IREE's defaults stay. `data_tiling = false` in "
+        "take no tile config from a tuning spec (their workgroup tiles are the device's "
+        "`matmul_tiles`, docs/platforms.md). `data_tiling = false` in "
         f"[devices.{device}] makes the device tunable, but its untuned build runs slower than "
         "this one (docs/tuning.md, 'Measured'): time a tuned build against this one before "
         "selecting it"
