@@ -42,6 +42,7 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const uint8_t* c = codes + row * stride + c0 / 2;
+      prefetch_rows(c, stride, width / 2);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK / 2) {
         const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
         const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
