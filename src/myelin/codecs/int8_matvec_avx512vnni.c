@@ -37,6 +37,7 @@ static void chunk(const int8_t* codes, const float* scale, const float* init, fl
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const int8_t* c = codes + row * n + c0;
+      prefetch_rows(c, n, width);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK) {
         const __m512i r0 = _mm512_xor_si512(_mm512_loadu_si512(c), flip);
         const __m512i r1 = _mm512_xor_si512(_mm512_loadu_si512(c + n), flip);
