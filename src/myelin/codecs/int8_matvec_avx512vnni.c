@@ -19,7 +19,8 @@ CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 /* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
  * at a time, each across the whole chunk (512 contiguous bytes), so a cold weight streams from
  * memory: measured on Zen 4 with the weights out of cache, a 2048x2048 matvec read 18.8 GB/s
- * this way against 11.2 GB/s block by block down all rows. */
+ * this way against 11.2 GB/s block by block down all rows. The rows 16 on are prefetched
+ * (cpu_matvec.h prefetch_rows). */
 static void chunk(const int8_t* codes, const float* scale, const float* init, float* out,
                   size_t k, size_t n, size_t c0, size_t width, const int8_t* xq,
                   const float* d, const int32_t* xi) {

@@ -22,7 +22,7 @@ CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 /* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
  * at a time, each across the whole chunk (256 contiguous bytes), so a cold weight streams from
  * memory (docs/codecs.md, "CPU matvec kernels": block by block down all rows reads it at about
- * half the rate). */
+ * half the rate); the rows 16 on are prefetched (cpu_matvec.h prefetch_rows). */
 static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
                   const float* row_scale, const float* row_offset, const float* init,
                   float* out, size_t k, size_t n, size_t c0, size_t width, const int8_t* xq,
