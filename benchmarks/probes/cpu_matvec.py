@@ -14,11 +14,17 @@ widths' is IREE's code. Timing: min of `--calls` calls per round, median and ran
 `--rounds` rounds, the forms interleaved per round; GB/s = the encoded weight's stored bytes /
 time. IREE's task topology is process-wide: `--threads` workers for the whole run (the decode
 benchmark's 1 by default).
+
+The same weight called again and again is read from the cache when it fits (L3: 32 MiB on the
+Zen 5 VM). `--cold MB` times a decode step's case instead, every weight read from memory: each
+form gets copies of the weight (its own parameter buffers, one context each) totalling at least
+MB, and one call is the mean over a pass through all of them (`--calls` passes a round, min).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -106,9 +112,10 @@ def encoded(k: int, n: int, codec: str, w: np.ndarray):
     return graph, stored, decoded
 
 
-def compiled(graph, stored: dict, kernels: dict):
+def compiled(graph, stored: dict, kernels: dict, copies: int = 1):
     """The matvec's call, compiled for the host CPU with these kernels (form -> Kernel; none:
-    IREE's code)."""
+    IREE's code); with `copies` > 1, a call that cycles through that many copies of the
+    weight (each its own buffers and context)."""
     from myelin.codecs import _finalize
     from myelin.compiler.pipeline import compile_imported
     from myelin.compiler.targets import TargetDevice
@@ -120,7 +127,18 @@ def compiled(graph, stored: dict, kernels: dict):
         vmfb = compile_imported(
             graph.module_bytecode, phase="input", devices=[TargetDevice("cpu")]
         ).vmfb
-    return _invoker(vmfb, {key: data.tobytes() for key, data in stored.items()})
+    calls = [
+        _invoker(vmfb, {key: data.tobytes() for key, data in stored.items()}) for _ in range(copies)
+    ]
+    if copies == 1:
+        return calls[0]
+    at = [0]
+
+    def call(x):
+        at[0] = (at[0] + 1) % copies
+        return calls[at[0]](x)
+
+    return call
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -135,6 +153,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--cold", type=float, default=0, help="MB of weight copies to cycle")
     args = parser.parse_args()
     import iree.runtime as rt
 
@@ -148,6 +167,7 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.threads} "
         f"IREE worker(s); min of {args.calls} calls, median (range) of {args.rounds} rounds; "
         f"load {os.getloadavg()[0]:.2f}"
+        + (f"; cold: copies of each weight cycled, >= {args.cold:g} MB" if args.cold else "")
     )
     print(
         "| codec | out x in | MB | kernel | IREE GB/s | q4 AVX2 kernel GB/s | kernel GB/s "
@@ -161,10 +181,11 @@ def main() -> None:
             w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
             graph, stored, decoded = encoded(k, n, codec, w)
             nbytes = sum(d.nbytes for d in stored.values())
-            calls = {"iree": compiled(graph, stored, {})}
+            copies = max(1, math.ceil(args.cold * 1e6 / nbytes))
+            calls = {"iree": compiled(graph, stored, {}, copies)}
             if codec == "q4":  # before the AVX-512 kernel, q4 ran the AVX2 one
-                calls["avx2"] = compiled(graph, stored, {"q4": (avx2,)})
-            calls["kernel"] = compiled(graph, stored, {codec: kernels[codec][:1]})
+                calls["avx2"] = compiled(graph, stored, {"q4": (avx2,)}, copies)
+            calls["kernel"] = compiled(graph, stored, {codec: kernels[codec][:1]}, copies)
             x = rng.standard_normal((1, k)).astype(np.float32)
             want = x @ decoded.T  # decoded: the logical [out, in] weight
             for form, call in calls.items():
@@ -179,8 +200,9 @@ def main() -> None:
                     best = float("inf")
                     for _ in range(args.calls):
                         start = time.perf_counter()
-                        call(x)
-                        best = min(best, time.perf_counter() - start)
+                        for _ in range(copies):
+                            call(x)
+                        best = min(best, (time.perf_counter() - start) / copies)
                     times[form].append(best)
             cells = {}
             for form in calls:

@@ -4,7 +4,11 @@
  * Linear's consumer reads it): w [K][N] f16. out[n] = init[n] + sum_k x[k] * w[k][n], in f32:
  * each row's 128 outputs converted (vcvtph2ps) and accumulated (FMA) in 8 registers, the weight
  * streamed once, the activation read as it is (no quantization: exact to the float decode up
- * to summation order). */
+ * to summation order).
+ *
+ * One block walks down all K rows: each of its loads steps by a row every iteration, a stride
+ * the hardware prefetcher follows; the block's row AHEAD rows on (cpu_matvec.h) is prefetched
+ * as well (measured in the decode step, docs/codecs.md "CPU matvec kernels"). */
 #include "cpu_matvec.h"
 
 #define BLOCK 128 /* outputs per inner block: 256 bytes (4 lines) per row */
@@ -17,6 +21,8 @@ static void block128(const uint16_t* w, const float* x, const float* init, float
   const uint16_t* row = w + n0;
 #pragma GCC unroll 2
   for (size_t kk = 0; kk < k; ++kk, row += n) {
+    const char* ahead = (const char*)(row + AHEAD * n); /* past the end: prefetches don't fault */
+    for (int l = 0; l < 4; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
     const __m512 xv = _mm512_set1_ps(x[kk]);
     for (int j = 0; j < 8; ++j) {
       const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16 * j)));

@@ -22,7 +22,7 @@ CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 /* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
  * at a time, each across the whole chunk (256 contiguous bytes), so a cold weight streams from
  * memory (docs/codecs.md, "CPU matvec kernels": block by block down all rows reads it at about
- * half the rate). */
+ * half the rate); the rows 16 on are prefetched (cpu_matvec.h prefetch_rows). */
 static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
                   const float* row_scale, const float* row_offset, const float* init,
                   float* out, size_t k, size_t n, size_t c0, size_t width, const int8_t* xq,
@@ -42,6 +42,7 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const uint8_t* c = codes + row * stride + c0 / 2;
+      prefetch_rows(c, stride, width / 2);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK / 2) {
         const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
         const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
