@@ -138,11 +138,11 @@ def write_gguf(model: Path, folder: Path, llama_cpp_src: Path | None, kind: str)
 
 def build_plex(model: Path, folder: Path, codec: str, max_seq: int) -> Path:
     """`plex build` of the model with every weight in `codec`; the build's step log and its
-    peak RSS go to build.log and build.json beside the .mln."""
+    peak RSS go to build.log and build.json beside the .mln. Built on every run: the build
+    cache makes an unchanged one quick, and a .mln kept from an earlier run would time the
+    code it was built with (build.json then holds this run's, cached, seconds)."""
     root = folder / codec
     mln = root / "lm.mln"
-    if mln.exists():
-        return mln
     package = root / "lm"
     (package / "model").mkdir(parents=True, exist_ok=True)
     for f in model.iterdir():  # hard links: a package reads only files inside its folder
