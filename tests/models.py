@@ -23,6 +23,16 @@ INLINE_W = np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32)
 INLINE_B = np.random.default_rng(2).standard_normal(16).astype(np.float32)
 
 
+def write_torch_package(folder: Path, name: str, source: str) -> Path:
+    """A package of one torch graph `name`, whose `model.py` (`source`) defines `build()`."""
+    (folder / "model.py").write_text(source)
+    (folder / "plex.toml").write_text(
+        f'[package]\nname = "{name}"\n[graph.{name}]\nsource = "model.py:build"\n'
+        'frontend = "torch"\n'
+    )
+    return folder
+
+
 def write_stablehlo_package(folder: Path) -> Path:
     """A StableHLO graph with inline constant weights (2 KiB + 64 B) and a scalar argument."""
     folder.mkdir(parents=True, exist_ok=True)

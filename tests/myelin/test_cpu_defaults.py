@@ -21,6 +21,7 @@ from myelin import hostinfo
 from myelin.compiler.targets import DATA_TILING_FLAGS, data_tiling_choice
 from plex.builder import build
 from plex.cli import app as plex_app
+from tests.models import write_torch_package
 
 MODEL = """
 import torch
@@ -43,12 +44,7 @@ APP = '[app]\nname = "attn"\npackages = ["{package}"]\n\n[devices.cpu]\ntarget =
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("attn_pkg")
-    (folder / "model.py").write_text(MODEL)
-    (folder / "plex.toml").write_text(
-        '[package]\nname = "attn"\n[graph.attn]\nsource = "model.py:build"\nfrontend = "torch"\n'
-    )
-    return folder
+    return write_torch_package(tmp_path_factory.mktemp("attn_pkg"), "attn", MODEL)
 
 
 def _build(package: Path, folder: Path, pinned: str = "") -> Path:

@@ -18,6 +18,7 @@ from myelin.compiler.cpu_matmul_tiles import ROWS_BUDGET, rows_distribution
 from myelin.compiler.targets import data_tiling_choice, matmul_tiles_choice
 from plex.builder import build
 from plex.cli import app as plex_app
+from tests.models import write_torch_package
 
 MODEL = """
 import torch
@@ -70,12 +71,7 @@ def test_rows_take_the_whole_m_where_it_fits_and_leave_iree_tiles_elsewhere():
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("mlp_pkg")
-    (folder / "model.py").write_text(MODEL)
-    (folder / "plex.toml").write_text(
-        '[package]\nname = "mlp"\n[graph.mlp]\nsource = "model.py:build"\nfrontend = "torch"\n'
-    )
-    return folder
+    return write_torch_package(tmp_path_factory.mktemp("mlp_pkg"), "mlp", MODEL)
 
 
 def _build(package: Path, folder: Path, pinned: str = "") -> tuple[Path, list[str]]:

@@ -112,17 +112,24 @@ def _is_zero_fill(value: ir.Value) -> bool:
         return False
 
 
-def _truncf_consumer(result: ir.Value) -> tuple[ir.Operation, str] | None:
-    """The elementwise `linalg.generic` that only narrows this f32 result (f16/bf16), when it is
-    the result's one use: the kernel then writes the narrow type itself."""
+def _sole_generic_user(result: ir.Value, operands: int) -> ir.Operation | None:
+    """The `linalg.generic` of `operands` operands, the first `result`, and one result, that is
+    `result`'s one use (what the kernel can take into itself), or None."""
     uses = list(result.uses)
     if len(uses) != 1:
         return None
     user = uses[0].owner
     user = getattr(user, "operation", user)
-    if user.name != "linalg.generic" or len(user.operands) != 2 or len(user.results) != 1:
+    if user.name != "linalg.generic" or len(user.operands) != operands or len(user.results) != 1:
         return None
-    if user.operands[0] != result:
+    return user if user.operands[0] == result else None
+
+
+def _truncf_consumer(result: ir.Value) -> tuple[ir.Operation, str] | None:
+    """The elementwise `linalg.generic` that only narrows this f32 result (f16/bf16), when it is
+    the result's one use: the kernel then writes the narrow type itself."""
+    user = _sole_generic_user(result, 2)
+    if user is None:
         return None
     maps = str(user.attributes["indexing_maps"])
     identity = "affine_map<(d0, d1) -> (d0, d1)>"
@@ -142,14 +149,8 @@ def _bias_consumer(result: ir.Value) -> tuple[ir.Operation, ir.Value] | None:
     """The elementwise `linalg.generic` that adds a bias [N] broadcast over the rows to this
     [M, N] result, when it is the result's one use (a torch Linear's bias, `x @ w.t() + b`):
     the kernel then adds it before writing C, and the add needs no dispatch of its own."""
-    uses = list(result.uses)
-    if len(uses) != 1:
-        return None
-    user = uses[0].owner
-    user = getattr(user, "operation", user)
-    if user.name != "linalg.generic" or len(user.operands) != 3 or len(user.results) != 1:
-        return None
-    if user.operands[0] != result or user.results[0].type != result.type:
+    user = _sole_generic_user(result, 3)
+    if user is None or user.results[0].type != result.type:
         return None
     identity, row = "affine_map<(d0, d1) -> (d0, d1)>", "affine_map<(d0, d1) -> (d1)>"
     if str(user.attributes["indexing_maps"]) != f"[{identity}, {row}, {identity}]":
