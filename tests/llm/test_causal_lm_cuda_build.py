@@ -56,7 +56,8 @@ def test_a_static_prefill_length_puts_prefills_attention_on_the_flash_kernel(tmp
     for s in sites:
         if s["op"].startswith("attention"):
             attention.setdefault(s["function"], []).append(s)
-    assert [s["reason"] for s in attention["prefill_32"]] == ["matched", "matched"]
+    # matched (the output written token-major where its transpose back follows: no transpose)
+    assert [s["reason"][:7] for s in attention["prefill_32"]] == ["matched", "matched"]
     assert all(
         s["kernel"].startswith("plex_attention_causal_f16_d64") for s in attention["prefill_32"]
     )

@@ -280,6 +280,12 @@ def sm_count(arch: str) -> int:
 
 
 _PRIVATE_CACHE_LOCK = threading.Lock()
+# One Triton compile at a time per process. Triton parses the kernel's Python source (`ast.parse`)
+# at each compile, and CPython 3.11.7's parser is not safe to run in several threads at once:
+# kernel nodes compiling concurrently failed with "SystemError: AST constructor recursion depth
+# mismatch" (a fresh-clone CI run, 2026-12-06). Compiles take seconds; the build's other nodes
+# still run beside them.
+_COMPILE_LOCK = threading.Lock()
 _private_cache: tempfile.TemporaryDirectory | None = None
 
 
@@ -337,7 +343,8 @@ def compile_triton(
     }
     _use_private_cache(triton)
     target = GPUTarget("cuda", capability, 32)
-    kernel = triton.compile(source, target=target, options=options)
+    with _COMPILE_LOCK:
+        kernel = triton.compile(source, target=target, options=options)
     meta = kernel.metadata
     global_scratch = int(getattr(meta, "global_scratch_size", 0) or 0)
     profile_scratch = int(getattr(meta, "profile_scratch_size", 0) or 0)
