@@ -32,7 +32,6 @@ from iree.compiler import ir
 MMT4D = "linalg.mmt4d"
 ROWS_BUDGET = 2 << 20  # bytes of f32 activation rows one workgroup keeps (M x K x 4)
 WEIGHT_TILES = 2  # 16-column weight tiles per workgroup
-TILE_MODES = ("rows", "iree")
 
 _DIST = re.compile(r"distribution = \[[^\]]*\]")
 _TENSOR = re.compile(r"tensor<((?:\d+x)+)f32>")
