@@ -13,6 +13,7 @@ computes (it gave ResNet-50 a wrong answer on an H100).
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -188,6 +189,11 @@ def test_the_rewritten_convolutions_compute_what_torch_does_on_the_cpu(package):
     graphs = ["convs_f32", "convs_f16"]
     app = _app(root, "cpu", graphs, CPU)
     normal = _normalized(app, root / "ir", graphs, CONVS_TAKEN)
+    # the padded convolutions gather from their input channels-last: torch's NCHW zero pads
+    # (low[0, 0, h, w]) became NHWC ones after the input's transpose (low[0, h, w, 0])
+    pads = re.findall(r"tensor\.pad %\S+ low\[([\d, ]+)\]", normal[0].read_text())
+    four_d = [p for p in pads if p.count(",") == 3]
+    assert four_d and all(p.startswith("0, ") and p.endswith(", 0") for p in four_d), pads
     # (the graphs as imported are not compiled here: IREE 3.13 fails on an f16 convolution with
     # a bias for llvm-cpu under data tiling, "'arith.addf' op requires the same type", an f16 +
     # f32 add its fusion makes; the rewritten form compiles)

@@ -29,7 +29,10 @@ def _config(**knobs) -> MatmulConfig:
 
 
 def test_the_library_defaults_pass_their_own_constraints():
-    for m, n, k in ((8192, 8192, 8192), (None, 4096, 4096), (8, 11008, 4096), (1, 28672, 8192)):
+    shapes = ((8192, 8192, 8192), (None, 4096, 4096), (8, 11008, 4096), (1, 28672, 8192))
+    # and the small grids' tiles (ViT-B/16 and ResNet-50 at batch 8)
+    shapes += ((1576, 768, 768), (25088, 64, 576), (392, 512, 4608), (6272, 128, 1152))
+    for m, n, k in shapes:
         config = choose_matmul_config("f16", "f16", True, m, n, k)
         assert violations(config, m, n, k) == [], (m, n, k)
     # Triton 3.9 reported 147 456 B for the default tile: the estimate is that number.

@@ -1,4 +1,5 @@
-"""Where a zoo model's forward spends its GPU time: PLeX's kernels beside torch eager's.
+"""Where a zoo model's forward spends its GPU time: PLeX's kernels beside torch eager's
+(and torch.compile's with --compile).
 
     python -m benchmarks prepare gpu              (here: builds benchmarks/gpu/suite)
     bash benchmarks/probes/gpu/zoo_kernels.sh [CASE ...]              (on the GPU machine)
@@ -47,7 +48,7 @@ def _kernels(prof, calls: int) -> dict:
     }
 
 
-def profile_case(case: runner.Case, mln: Path, calls: int) -> dict:
+def profile_case(case: runner.Case, mln: Path, calls: int, compiled: bool) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     module, inputs = zoo.source(case.model, case.batch, case.seq, case.dtype, case.params)
@@ -57,6 +58,8 @@ def profile_case(case: runner.Case, mln: Path, calls: int) -> dict:
         "PLeX": runner.plex_runner(mln, keep, "cuda", 0),
         "torch eager": anchors.torch_eager(module, inputs, "cuda", 0),
     }
+    if compiled:
+        runners["torch.compile"] = anchors.torch_compile(module, inputs, "cuda", 0)
     out: dict = {"case": case.id}
     for name, fn in runners.items():
         for _ in range(3):
@@ -81,6 +84,7 @@ def main() -> None:
     parser.add_argument("cases", nargs="*", default=list(DEFAULT_CASES))
     parser.add_argument("--suite", type=Path, default=REPO / "benchmarks/gpu/suite")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--compile", action="store_true", help="torch.compile's kernels beside")
     args = parser.parse_args()
     prepared = {c["id"]: c for c in json.loads((args.suite / "cases.json").read_text())}
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,7 +98,7 @@ def main() -> None:
                 lambda c=case: zoo.weights(c.model, c.batch, c.seq, c.dtype, c.params),
             )
             try:
-                result = profile_case(case, mln, args.calls)
+                result = profile_case(case, mln, args.calls, args.compile)
             except Exception as e:  # one case's failure is a result; the others run
                 result = {"case": case.id, "error": f"{type(e).__name__}: {e}"[:2000]}
             print(json.dumps(result, indent=1), flush=True)

@@ -81,6 +81,45 @@ _MEASURED_GEMV: dict[tuple[str, int, int], dict[str, int]] = {
 }
 
 
+# Tiles for a static M whose output grid is small beside the GPU (block_m, block_n, num_warps,
+# num_stages, work per unit time relative to 128x256): a smaller tile that puts more SMs to
+# work beats the default's one partial wave. The relative rates are a model (wgmma's
+# efficiency falls with the tile, per the Triton Hopper tutorials' configs), and the choice is
+# the tile with the least estimated time: waves x tile work / rate.
+_GRID_TILES = (
+    (128, 256, 8, 3, 1.0),
+    (128, 128, 4, 4, 0.85),
+    (128, 64, 4, 4, 0.7),
+    (64, 64, 4, 4, 0.5),
+)
+# The SMs an sm_90 build plans its waves for: an H100 SXM's and an H200's 132.
+_SM_COUNT = 132
+# M x N x K below which a matmul keeps the default tile: a few microseconds on any tile, and
+# one config for all of them keeps a build's Triton compiles few.
+_GRID_MIN_WORK = 1 << 28
+
+
+def _tile_for_grid(m: int, n: int, k: int) -> dict[str, int]:
+    """The knobs of the `_GRID_TILES` tile with the least estimated time for an M x N output:
+    ceil(tiles / SMs) waves, each as long as one tile's work over its rate. The default tile
+    (no knobs) where it is best, as at the Llama-7B and BERT-base prefill shapes; a narrower
+    or shorter one where the default would leave most SMs idle (ResNet-50's late stages: M 392,
+    N 512 is 8 tiles of 128x256) or compute columns past N (N = 64)."""
+    if m * n * k < _GRID_MIN_WORK:
+        return {}
+    best: tuple[float, dict[str, int]] | None = None
+    for block_m, block_n, warps, stages, rate in _GRID_TILES:
+        if block_n > max(64, 1 << (n - 1).bit_length()):
+            continue  # wider than N: the columns past it are computed and thrown away
+        tiles = -(-m // block_m) * -(-n // block_n)
+        estimate = -(-tiles // _SM_COUNT) * block_m * block_n / rate
+        if best is None or estimate < best[0]:
+            knobs = {"block_m": block_m, "block_n": block_n}
+            knobs |= {"num_warps": warps, "num_stages": stages}
+            best = (estimate, {} if (block_m, block_n) == (128, 256) else knobs)
+    return best[1] if best else {}
+
+
 def choose_matmul_config(
     dtype: str, out_dtype: str, b_transposed: bool, m: int | None, n: int, k: int
 ) -> MatmulConfig:
@@ -115,6 +154,8 @@ def choose_matmul_config(
         )
     persistent = out_dtype in ("f16", "bf16")
     knobs = _MEASURED_LARGE.get((b_transposed, n, k), {}) if persistent else {}
+    if not knobs and m is not None:
+        knobs = _tile_for_grid(m, n, k)
     return MatmulConfig(
         dtype=dtype,
         out_dtype=out_dtype,

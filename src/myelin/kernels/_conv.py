@@ -8,22 +8,25 @@ only; `--iree-global-opt-use-im2col-for-convs` makes an `iree_linalg_ext.im2col`
 phase, where no kernel can be matched), so the kernels step rewrites each static NCHW
 convolution itself, at the input phase, to
 
-    cols[(n, oh, ow), (c, i, j)] = x[n, c, oh * sh + i * dh, ow * sw + j * dw]   (a gather)
-    y[(n, oh, ow), f] = sum over (c, i, j) of cols * filter[f, (c, i, j)]    (A x B^T matmul)
+    xt = x transposed to NHWC (and padded there, when torch padded it: below)
+    cols[(n, oh, ow), (i, j, c)] = xt[n, oh * sh + i * dh, ow * sw + j * dw, c]   (a gather)
+    y[(n, oh, ow), f] = sum over (i, j, c) of cols * filter'[f, (i, j, c)]    (A x B^T matmul)
 
-then `y` back to [n, f, oh, ow] (an elementwise transpose, which IREE may fuse with the
-elementwise ops that follow: batch norm, ReLU). Taking the columns in (c, i, j) order makes the
-filter `[f, c, kh, kw]` the B^T operand by a reshape alone: no weight is copied. A 1x1
-convolution of stride 1 needs no gather: its columns are the input read channels-last. K
+then `y` back to [n, f, oh, ow] (an elementwise transpose). Channels-last throughout: the
+gather moves runs of C contiguous channels, and IREE's transpose propagation cancels each
+convolution's transpose back against the next one's transpose to NHWC through the batch norm and
+ReLU between, so a ResNet's activations stay NHWC from one matmul to the next. A zero
+`tensor.pad` of the NCHW input (torch's `padding=`) is replaced by the same pad after the
+transpose: between the two transposes it would stop their cancelling. The filter is reordered to
+[f, kh, kw, c] (`filter'`), a transpose of a weight, which IREE hoists and computes once at load.
+A 1x1 convolution of stride 1 needs no gather: its columns are the input read channels-last. K
 (C x KH x KW) is padded with zeros to a multiple of 64, the kernels' K step (ResNet's stem:
 3 x 7 x 7 = 147 -> 192); zeros add nothing.
 
 The torch frontend writes f16 convolutions as f16 x f16 accumulated in f32, then a `truncf`;
 the truncf moves to the 2-D matmul, where the kernel folds it. A bias is the accumulator's
 initial value (torch broadcasts it): `y` is accumulated into it, in the accumulator's type, by
-the op that transposes `y` back, and the matmul starts from zero, as the kernels need. The
-padding torch asks for is a `tensor.pad` before the convolution; the gather reads the padded
-tensor.
+the op that transposes `y` back, and the matmul starts from zero, as the kernels need.
 
 Each rewritten matmul carries `plex.conv` (what the convolution was) until the kernels step has
 reported it; a convolution left as it was carries `plex.conv_reason` (why), which the coverage
@@ -104,6 +107,37 @@ class ConvForm:
         }
 
 
+@dataclass(frozen=True)
+class ZeroPad:
+    """The zeros a `tensor.pad` adds around an NCHW input's height and width."""
+
+    top: int
+    bottom: int
+    left: int
+    right: int
+
+
+def _zero_pad(x: ir.Value) -> tuple[ir.Operation, ZeroPad] | None:
+    """The `tensor.pad` that made `x` (the convolution's one use of it), when it pads only
+    height and width, with zeros: torch's `padding=`. The rewrite then pads channels-last
+    itself, so the transpose to NHWC meets the input before the pad, where IREE cancels it
+    against the previous convolution's transpose back (a pad between them stops that)."""
+    pad = _owner(x)
+    if pad is None or pad.name != "tensor.pad" or len(list(x.uses)) != 1:
+        return None
+    low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
+    high = list(ir.DenseI64ArrayAttr(pad.attributes["static_high"]))
+    if len(low) != 4 or low[:2] != [0, 0] or high[:2] != [0, 0] or min(low + high) < 0:
+        return None
+    body = list(pad.regions[0].blocks[0].operations)
+    value = _owner(body[-1].operands[0]) if body[-1].operands else None
+    if value is None or value.name != "arith.constant":
+        return None
+    if str(value.attributes["value"]).split(":")[0].strip() not in ("0.000000e+00", "0.0"):
+        return None
+    return pad, ZeroPad(low[2], high[2], low[3], high[3])
+
+
 def _pair(values: tuple[int, int]) -> str:
     return str(values[0]) if values[0] == values[1] else f"{values[0]}x{values[1]}"
 
@@ -180,15 +214,19 @@ def _tensor(dims: list[int], element: str) -> str:
     return "tensor<" + "x".join(str(d) for d in dims) + f"x{element}>"
 
 
-def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
+def _function_text(form: ConvForm, bias: bool, out: str | None, pad: ZeroPad | None) -> str:
     """(x, filter, init) -> the convolution's result (or its narrowing's, `out`), as a gather,
-    a 2-D A x B^T matmul and a transpose back to NCHW."""
+    a 2-D A x B^T matmul and a transpose back to NCHW. With `pad`, x is the unpadded input and
+    the zeros are added channels-last, after its transpose."""
     s = form
     el, acc = s.dtype, s.acc
     x_t = _tensor([s.n, s.c, s.h, s.w], el)
+    if pad is not None:
+        x_t = _tensor([s.n, s.c, s.h - pad.top - pad.bottom, s.w - pad.left - pad.right], el)
     w_t = _tensor([s.f, s.c, s.kh, s.kw], el)
     y_t = _tensor([s.n, s.f, s.oh, s.ow], acc)
     cols_t, wk_t = _tensor([s.m, s.k], el), _tensor([s.f, s.k], el)
+    fhwc = _tensor([s.f, s.kh, s.kw, s.c], el)
     lines = []
     if s.pointwise:
         nhwc = _tensor([s.n, s.h, s.w, s.c], el)
@@ -198,23 +236,48 @@ def _function_text(form: ConvForm, bias: bool, out: str | None) -> str:
             f"%cols = tensor.collapse_shape %t [[0, 1, 2], [3]] : {nhwc} into {cols_t}",
         ]
     else:
+        # Channels-last columns, in (i, j, c) order: the gather reads and writes runs of C
+        # contiguous channels, and the transpose to NHWC cancels against the one that made the
+        # input NCHW (the previous convolution's way back), which IREE folds through the
+        # elementwise ops between. The filter is reordered to match ([f, kh, kw, c]: a weight's
+        # transpose, which IREE computes once, at load).
         (sh, sw), (dh, dw) = s.stride, s.dilation
-        col6 = _tensor([s.n, s.oh, s.ow, s.c, s.kh, s.kw], el)
+        nhwc = _tensor([s.n, s.h, s.w, s.c], el)
+        col6 = _tensor([s.n, s.oh, s.ow, s.kh, s.kw, s.c], el)
         gather = (
-            f"affine_map<(n, h, w, c, i, j) -> (n, c, h * {sh} + i * {dh}, w * {sw} + j * {dw})>"
+            f"affine_map<(n, h, w, i, j, c) -> (n, h * {sh} + i * {dh}, w * {sw} + j * {dw}, c)>"
         )
+        x_dims = ir.RankedTensorType.parse(x_t).shape
+        source = _tensor([x_dims[0], x_dims[2], x_dims[3], x_dims[1]], el)
+        lines += [
+            f"%xe = tensor.empty() : {source}",
+            f"%xt = linalg.transpose ins(%x : {x_t}) outs(%xe : {source}) "
+            "permutation = [0, 2, 3, 1]",
+        ]
+        if pad is not None:
+            lines += [
+                f"%xz = arith.constant 0.000000e+00 : {el}",
+                f"%xp = tensor.pad %xt low[0, {pad.top}, {pad.left}, 0] "
+                f"high[0, {pad.bottom}, {pad.right}, 0] {{",
+                "^bb0(%p0: index, %p1: index, %p2: index, %p3: index):",
+                f"  tensor.yield %xz : {el}",
+                f"}} : {source} to {nhwc}",
+            ]
         lines += [
             f"%e = tensor.empty() : {col6}",
             f"%g = linalg.generic {{indexing_maps = [{gather}, "
-            "affine_map<(n, h, w, c, i, j) -> (n, h, w, c, i, j)>], "
+            "affine_map<(n, h, w, i, j, c) -> (n, h, w, i, j, c)>], "
             f"iterator_types = [{_parallel(6)}]}} "
-            f"ins(%x : {x_t}) outs(%e : {col6}) {{",
+            f"ins({'%xp' if pad is not None else '%xt'} : {nhwc}) outs(%e : {col6}) {{",
             f"^bb0(%v: {el}, %o: {el}):",
             f"  linalg.yield %v : {el}",
             f"}} -> {col6}",
             f"%cols = tensor.collapse_shape %g [[0, 1, 2], [3, 4, 5]] : {col6} into {cols_t}",
+            f"%we = tensor.empty() : {fhwc}",
+            f"%wt = linalg.transpose ins(%w : {w_t}) outs(%we : {fhwc}) permutation = [0, 2, 3, 1]",
         ]
-    lines.append(f"%wk = tensor.collapse_shape %w [[0], [1, 2, 3]] : {w_t} into {wk_t}")
+    weight, weight_t = ("%w", w_t) if s.pointwise else ("%wt", fhwc)
+    lines.append(f"%wk = tensor.collapse_shape {weight} [[0], [1, 2, 3]] : {weight_t} into {wk_t}")
     a, b = "%cols", "%wk"
     if s.k_padded != s.k:
         extra = s.k_padded - s.k
@@ -346,10 +409,11 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
         truncf = _narrowing(op.results[0]) if form.acc == "f32" and not bias else None
         out = _element(truncf.results[0].type) if truncf is not None else None
         replaced = truncf or op
+        padded = None if form.pointwise else _zero_pad(op.operands[0])
+        x = padded[0].operands[0] if padded else op.operands[0]
+        text = _function_text(form, bias, out, padded[1] if padded else None)
         with op.location:
-            value, moved = inline_ops(
-                _function_text(form, bias, out), replaced, [op.operands[0], op.operands[1], init]
-            )
+            value, moved = inline_ops(text, replaced, [x, op.operands[1], init])
         described = {**form.describe(), "location": str(op.location)}
         for m in moved:
             if m.name == "linalg.matmul":
@@ -361,6 +425,8 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
         fill = _owner(init)
         if fill is not None and fill.name == "linalg.fill" and not list(fill.results[0].uses):
             fill.erase()
+        if padded:
+            padded[0].erase()
         rewritten += 1
     return rewritten
 
