@@ -253,6 +253,11 @@ def test_every_convolution_is_in_the_kernel_report_on_a_kernel_or_with_its_reaso
     assert stem["conv"].startswith("7x7 stride 2 dilation 1, 3 -> 32 channels, as im2col")
     assert stem["flops"] == 2 * 512 * 32 * 147  # the convolution's, not the padded K's
     assert "1x1, stride 1: no gather" in taken[4]["conv"]
+    # the gathers whose C fills whole K steps (64) are read in place by the convolution kernel:
+    # the dilated 3x3, the strided 1x1 and the rectangular one
+    in_place = [i for i, s in enumerate(taken) if s["kernel"].startswith("plex_conv_")]
+    assert in_place == [3, 5, 6], [s["kernel"] for s in taken]
+    assert all("im2col read in place" in taken[i]["reason"] for i in in_place)
     left = {s["op"]: s["reason"] for s in sites if not s["kernel"]}
     assert len([s for s in sites if not s["kernel"]]) == 2, left
     assert any(r.startswith("grouped convolution") for r in left.values()), left
@@ -268,3 +273,47 @@ def test_a_cuda_variant_without_kernels_warns_about_its_f16_convolutions(package
     _, warned = _build(app, root / "plaincuda.mln")
     (risk,) = [w for w in warned if "IREE 3.13's CUDA codegen" in w]
     assert f"{CONVS_TAKEN} f16/bf16 convolution(s)" in risk and "wrong" in risk
+
+
+def test_the_convolution_kernel_reads_the_columns_in_place_in_tritons_interpreter():
+    """The implicit-im2col kernel (`_triton._conv_fn`) against torch's conv2d: x NHWC and padded,
+    the filter as [F, (i, j, c)], M and N past whole tiles; 3x3, strided, dilated, 1x1 strided
+    and rectangular. Within 2e-3 of the largest output (f16 output rounding). The interpreter
+    runs the kernel's Python on the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, torch, triton
+from myelin.kernels._triton import _conv_fn
+g = torch.Generator().manual_seed(0)
+worst = 0.0
+for b, c, h, w, f, (kh, kw), s, p, d in [
+    (2, 64, 9, 7, 48, (3, 3), 1, (1, 1), 1),
+    (1, 64, 10, 10, 32, (3, 3), 2, (1, 1), 1),
+    (2, 128, 8, 8, 16, (1, 1), 2, (0, 0), 1),
+    (1, 64, 9, 9, 32, (3, 3), 1, (2, 2), 2),
+    (1, 64, 6, 5, 16, (3, 1), 1, (1, 0), 1),
+]:
+    x = torch.randn(b, c, h, w, generator=g).half()
+    wt = torch.randn(f, c, kh, kw, generator=g).half()
+    ref = torch.nn.functional.conv2d(x.float(), wt.float(), stride=s, padding=p, dilation=d)
+    xp = torch.nn.functional.pad(x, (p[1], p[1], p[0], p[0])).permute(0, 2, 3, 1).contiguous()
+    wk = wt.permute(0, 2, 3, 1).reshape(f, kh * kw * c).contiguous()
+    oh, ow = ref.shape[2], ref.shape[3]
+    m, k = b * oh * ow, kh * kw * c
+    out = torch.full((m, f), float("nan")).half()
+    _conv_fn()[(triton.cdiv(m, 32) * triton.cdiv(f, 16),)](
+        xp, wk, out, m, f, k, oh, ow, xp.shape[1], xp.shape[2], c, kw, s, s, d, d,
+        BM=32, BN=16, BK=64, GROUP_M=8)
+    got = out.float().reshape(b, oh, ow, f).permute(0, 3, 1, 2)
+    worst = max(worst, float((got - ref).abs().max() / ref.abs().max()))
+print(json.dumps(worst))
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 2e-3

@@ -43,7 +43,7 @@ from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
 from myelin.kernels._normalize import inline_ops
-from myelin.kernels._rewrite import CONV_MARK, _is_zero_fill
+from myelin.kernels._rewrite import CONV_MARK, IM2COL_MARK, _is_zero_fill
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
 CONV_1D = "linalg.conv_1d_ncw_fcw"
@@ -85,6 +85,20 @@ class ConvForm:
     @property
     def m(self) -> int:
         return self.n * self.oh * self.ow
+
+    @property
+    def im2col_in_place(self) -> bool:
+        """Whether the convolution kernel can read the columns from the NHWC input: a gather
+        whose C fills whole K steps (each step then lies in one tap)."""
+        return not self.pointwise and self.c % _K_STEP == 0
+
+    def geometry(self) -> dict[str, int]:
+        """What the convolution kernel needs besides M, N, K (myelin.kernels._triton)."""
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        return {
+            "oh": self.oh, "ow": self.ow, "hp": self.h, "wp": self.w, "c": self.c,
+            "kw": self.kw, "sh": sh, "sw": sw, "dh": dh, "dw": dw,
+        }  # fmt: skip
 
     @property
     def pointwise(self) -> bool:
@@ -418,6 +432,9 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
         for m in moved:
             if m.name == "linalg.matmul":
                 m.attributes[MARK] = ir.StringAttr.get(json.dumps(described))
+            gather = m.name == "linalg.generic" and ir.RankedTensorType(m.results[0].type).rank == 6
+            if gather and form.im2col_in_place:
+                m.attributes[IM2COL_MARK] = ir.StringAttr.get(json.dumps(form.geometry()))
         replaced.results[0].replace_all_uses_with(value)
         replaced.erase()
         if replaced is not op:
@@ -433,7 +450,8 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
 
 def forget_marks(module: ir.Operation) -> None:
     """Drop the report's marks once it is written: they mean nothing to IREE."""
-    for op in find_ops(module, lambda o: MARK in o.attributes or WHY in o.attributes):
-        for name in (MARK, WHY):
+    marks = (MARK, WHY, IM2COL_MARK)
+    for op in find_ops(module, lambda o: any(name in o.attributes for name in marks)):
+        for name in marks:
             if name in op.attributes:
                 del op.attributes[name]

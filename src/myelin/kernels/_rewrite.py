@@ -32,6 +32,9 @@ _MAPS_ABT = (
 _INPUT_TYPES = ("f16", "bf16")
 # On a matmul that computes a convolution (myelin.kernels._conv): JSON of what it was
 CONV_MARK = "plex.conv"
+# On a convolution's gather (im2col) that the convolution kernel can read in place instead:
+# JSON of the geometry the kernel takes (myelin.kernels._triton.CONV_GEOMETRY, lower case)
+IM2COL_MARK = "plex.im2col"
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class _Match:
     # the bias [N] the kernel adds (its add, `root`, then replaced too), if any
     bias: ir.Value | None = None
     before_bias: ir.Operation | None = None  # the op the bias add consumed (matmul or truncf)
+    # A as the convolution kernel reads it: the gather's NHWC input and the geometry, if any
+    im2col: tuple[ir.Value, dict[str, int]] | None = None
 
 
 def _element(t: ir.Type) -> str:
@@ -182,6 +187,20 @@ def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
     return owner.operands[0], owner
 
 
+def _im2col_source(a: ir.Value) -> tuple[ir.Value, dict[str, int]] | None:
+    """The NHWC input and geometry of the marked gather whose collapse is `a` (the matmul's A),
+    when the matmul is its one use: the convolution kernel then reads the input in place."""
+    collapse = a.owner
+    collapse = getattr(collapse, "operation", collapse)
+    if getattr(collapse, "name", None) != "tensor.collapse_shape" or len(list(a.uses)) != 1:
+        return None
+    gather = collapse.operands[0].owner
+    gather = getattr(gather, "operation", gather)
+    if getattr(gather, "name", None) != "linalg.generic" or IM2COL_MARK not in gather.attributes:
+        return None
+    return gather.operands[0], json.loads(ir.StringAttr(gather.attributes[IM2COL_MARK]).value)
+
+
 def conv_of(matmul: ir.Operation) -> dict | None:
     """What convolution a matmul computes (`_conv.ConvForm.describe()` and the convolution's
     location), if the im2col rewrite made it."""
@@ -256,6 +275,11 @@ def find_matmuls(
         if biased is not None and config is not None and config.block_m > 1:
             (root, bias), before_bias = biased, root
             config = dataclasses.replace(config, bias=True)
+        im2col = None
+        if config is not None and bias is None and config.block_m > 1 and transposed:
+            im2col = _im2col_source(a)
+        if im2col is not None and config is not None:
+            config = dataclasses.replace(config, im2col=True, persistent=False)
         narrowing = "truncf and bias" if narrowed and bias else "truncf" if narrowed else "bias"
         site = MatmulSite(
             function=_function_name(op),
@@ -266,12 +290,13 @@ def find_matmuls(
             b_transposed=transposed,
             kernel=config.name if config is not None else None,
             reason=(reason or (f"matched, with its {narrowing}" if narrowed or bias else "matched"))
-            + (" (B^T read from the transpose's input)" if transpose is not None else ""),
+            + (" (B^T read from the transpose's input)" if transpose is not None else "")
+            + (" (im2col read in place: no gather)" if im2col is not None else ""),
             conv=conv_of(op),
         )
         match = _Match(
             site, config, op, root, b_value=b_value, transpose=transpose, bias=bias,
-            before_bias=before_bias,
+            before_bias=before_bias, im2col=im2col,
         )  # fmt: skip
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
         matches.append(match)
@@ -382,6 +407,49 @@ util.func private @{name}({params}) -> {r_t} {{
 """
 
 
+def _conv_wrapper_text(
+    name: str, kernel: CompiledKernel, config: MatmulConfig, m: _Match, x_type: ir.Type
+) -> str:
+    """The convolution kernel's wrapper: (x, filter [N, K]) -> [M, N], with M, N, K and the
+    geometry as i32 push constants (the order of `CONV_GEOMETRY`), workgroups from (M, N)."""
+    from myelin.kernels._triton import CONV_GEOMETRY
+
+    assert m.im2col is not None
+    geometry = m.im2col[1]
+    x_t, b_t, r_t = str(x_type), str(m.b_type), str(m.result_type)
+    size, n, k = m.site.shape
+    values = {"M": size, "N": n, "K": k} | {g: geometry[g.lower()] for g in CONV_GEOMETRY}
+    constants = "\n  ".join(f"%{g}_i32 = arith.constant {v} : i32" for g, v in values.items())
+    names = ", ".join(f"%{g}_i32" for g in values)
+    data = f'dense<"{_hex(kernel.cubin)}"> : vector<{len(kernel.cubin)}xi8>'
+    tiles = f"(s0 ceildiv {config.block_m}) * (s1 ceildiv {config.block_n})"
+    binding = "#hal.pipeline.binding<storage_buffer"
+    return f"""
+util.func private @{name}(%x: {x_t}, %b: {b_t}) -> {r_t} {{
+  %m = arith.constant {size} : index
+  %n = arith.constant {n} : index
+  {constants}
+  %r = hal.dispatch.extern "{kernel.name}"[%m, %n]({names}, %x, %b)
+      : ({", ".join(["i32"] * len(values))}, {x_t}, {b_t}) -> ({r_t})
+    count(%device: !hal.device, %wm: index, %wn: index) -> (index, index, index) {{
+      %g = affine.apply affine_map<()[s0, s1] -> ({tiles})>()[%wm, %wn]
+      %one = arith.constant 1 : index
+      hal.return %g, %one, %one : index, index, index
+    }}
+    layout(#hal.pipeline.layout<constants = {len(values)}, bindings = [
+      {binding}, ReadOnly>, {binding}, ReadOnly>, {binding}>]>)
+    objects({{
+      #hal.executable.target<"cuda", "cuda-nvptx-fb"> ordinal(0) = [
+        #hal.executable.object<{{path = "{kernel.name}.cubin", data = {data}}}>
+      ]
+    }})
+    <{{workgroup_size = [{kernel.threads} : index, 1 : index, 1 : index],
+       workgroup_local_memory = {kernel.shared_bytes} : index}}>
+  util.return %r : {r_t}
+}}
+"""
+
+
 def rewrite(
     module: ir.Operation,
     matches: list[_Match],
@@ -394,12 +462,21 @@ def rewrite(
     wrappers: dict[tuple[str, str, str, str], str] = {}
     for m in (x for x in matches if x.config is not None):
         assert m.config is not None
-        key = (m.config.name, str(m.a_type), str(m.b_type), str(m.result_type))
+        a_value = m.matmul.operands[0]
+        x_value = m.im2col[0] if m.im2col is not None else a_value
+        geometry = json.dumps(m.im2col[1], sort_keys=True) if m.im2col is not None else ""
+        key = (m.config.name, str(x_value.type), str(m.b_type), str(m.result_type), geometry)
         name = wrappers.get(key)
         if name is None:
             name = wrappers[key] = f"__plex_kernel_{len(wrappers)}_{m.config.name}"
-            add_functions(body, _wrapper_text(name, kernels[m.config.name], m.config, m))
-        operands = [m.matmul.operands[0], m.b_value] + ([m.bias] if m.bias is not None else [])
+            kernel = kernels[m.config.name]
+            text = (
+                _conv_wrapper_text(name, kernel, m.config, m, x_value.type)
+                if m.im2col is not None
+                else _wrapper_text(name, kernel, m.config, m)
+            )
+            add_functions(body, text)
+        operands = [x_value, m.b_value] + ([m.bias] if m.bias is not None else [])
         call_in_place_of(m.root, name, operands, result_type=m.result_type)
         fill = m.matmul.operands[2].owner
         m.root.erase()  # then what it consumed, consumer first: the truncf, the matmul
@@ -412,3 +489,19 @@ def rewrite(
             fill.erase()
         if m.transpose is not None and not list(m.transpose.results[0].uses):
             m.transpose.erase()
+        if m.im2col is not None:  # the columns nothing reads now: the collapse, the gather
+            _erase_unused(a_value)
+
+
+def _erase_unused(value: ir.Value) -> None:
+    """Erase the op that made `value` once nothing uses it, then its producers that way."""
+    while not list(value.uses):
+        owner = value.owner
+        owner = getattr(owner, "operation", owner)
+        if not isinstance(owner, ir.Operation) or len(owner.results) != 1:
+            return
+        source = owner.operands[0] if len(owner.operands) else None
+        owner.erase()
+        if source is None:
+            return
+        value = source

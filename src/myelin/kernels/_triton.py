@@ -46,6 +46,9 @@ class MatmulConfig:
     # Persistent TMA kernel: min(SM count, tiles) programs loop over the output tiles, A and B
     # loaded and C stored through device-side tensor descriptors (`_persistent_fn`).
     persistent: bool = False
+    # A convolution's matmul whose A (the im2col columns) the kernel reads from the NHWC input
+    # itself (`_conv_fn`): the gather is never made. B^T only, not persistent, no bias.
+    im2col: bool = False
     # block_m = 1 (only where M == 1): the CUDA-core GEMV kernel (`_gemv_fn`), no tl.dot.
     # The kernel adds a bias [N] (in C's type) to the f32 sums before C is written: a linear's
     # bias add then needs no dispatch of its own (the tl.dot kernels only; not the GEMV).
@@ -54,12 +57,13 @@ class MatmulConfig:
     @property
     def name(self) -> str:
         layout = ("tma_" if self.persistent else "") + ("abt" if self.b_transposed else "ab")
+        kind = "conv" if self.im2col else "matmul"
         # The group size is named only when it is neither the default 8 nor 1 (the skinny
         # config's), so the library's own kernels keep their names; the tuning space never
         # pairs group 1 with tall tiles (myelin.kernels._space).
         group = "" if self.group_m in (1, 8) else f"g{self.group_m}"
         return (
-            f"plex_matmul_{layout}_{self.dtype}_{self.out_dtype}_"
+            f"plex_{kind}_{layout}_{self.dtype}_{self.out_dtype}_"
             f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}s{self.num_stages}"
             f"{group}{'_bias' if self.bias else ''}"
         )
@@ -130,6 +134,54 @@ def _matmul_fn():
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
     return plex_matmul
+
+
+def _conv_fn():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def plex_conv(
+        x_ptr, w_ptr, c_ptr, M, N, K, OH, OW, HP, WP, C, KW, SH, SW, DH, DW,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    ):  # fmt: skip
+        # The matmul kernel with A = im2col(x) read in place: x is [batch, HP, WP, C] (NHWC,
+        # padded), A's row m is output pixel (b, oh, ow), its column k is tap (i, j) and channel
+        # c, k = (i * KW + j) * C + c. C % BK == 0, so each K step lies in one tap: one offset
+        # per step, added to each row's base.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BM)
+        num_pid_n = tl.cdiv(N, BN)
+        in_group = GROUP_M * num_pid_n
+        first_m = (pid // in_group) * GROUP_M
+        group_rows = min(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + ((pid % in_group) % group_rows)
+        pid_n = (pid % in_group) // group_rows
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        rows = offs_m % M
+        cols = tl.max_contiguous(tl.multiple_of(offs_n % N, 16), 16)
+        pixel = rows % (OH * OW)
+        image = (rows // (OH * OW)).to(tl.int64)
+        base = ((image * HP + (pixel // OW) * SH) * WP + (pixel % OW) * SW) * C
+        offs_k = tl.arange(0, BK)
+        b_ptrs = w_ptr + cols[None, :] * K + offs_k[:, None]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            tap = k0 // C
+            step = ((tap // KW) * DH * WP + (tap % KW) * DW) * C + (k0 - tap * C)
+            a = tl.load(x_ptr + base[:, None] + step + offs_k[None, :])
+            acc = tl.dot(a, tl.load(b_ptrs), acc)
+            b_ptrs += BK
+        c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+    return plex_conv
+
+
+# The geometry a `plex_conv` kernel takes after M, N, K, as i32 push constants, in order.
+CONV_GEOMETRY = ("OH", "OW", "HP", "WP", "C", "KW", "SH", "SW", "DH", "DW")
 
 
 def _gemv_fn():
@@ -234,6 +286,8 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
     if config.bias and config.block_m == 1:
         raise ValueError(f"{config.name}: the GEMV kernel adds no bias")
+    if config.im2col:
+        return _compile_conv(config, arch)
     # The bias is a binding (after B, as IREE orders an external dispatch's operands) only
     # where the config has one: a None constexpr is no parameter at all.
     signature = {
@@ -264,6 +318,26 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
     return compile_triton(
         _gemv_fn if config.block_m == 1 else _matmul_fn, signature, constexprs, attrs,
         num_warps=config.num_warps, num_stages=config.num_stages, name=config.name, arch=arch,
+    )  # fmt: skip
+
+
+def _compile_conv(config: MatmulConfig, arch: str) -> CompiledKernel:
+    """The implicit-im2col kernel: bindings x, w, c, then M, N, K and `CONV_GEOMETRY`."""
+    if config.bias or config.persistent or not config.b_transposed:
+        raise ValueError(f"{config.name}: the convolution kernel is A x B^T, plain, no bias")
+    t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
+    signature = {"x_ptr": f"*{t_in}", "w_ptr": f"*{t_in}", "c_ptr": f"*{t_out}"}
+    signature |= {name: "i32" for name in ("M", "N", "K", *CONV_GEOMETRY)}
+    constexprs = {
+        "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
+        "GROUP_M": config.group_m,
+    }  # fmt: skip
+    signature |= dict.fromkeys(constexprs, "constexpr")
+    # Pointers 16-byte aligned; N, K and C multiples of 16 (C of BK: checked where matched).
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 10)}
+    return compile_triton(
+        _conv_fn, signature, constexprs, attrs, num_warps=config.num_warps,
+        num_stages=config.num_stages, name=config.name, arch=arch,
     )  # fmt: skip
 
 
