@@ -253,11 +253,13 @@ def test_every_convolution_is_in_the_kernel_report_on_a_kernel_or_with_its_reaso
     assert stem["conv"].startswith("7x7 stride 2 dilation 1, 3 -> 32 channels, as im2col")
     assert stem["flops"] == 2 * 512 * 32 * 147  # the convolution's, not the padded K's
     assert "1x1, stride 1: no gather" in taken[4]["conv"]
-    # the gathers whose C fills whole K steps (64) are read in place by the convolution kernel:
-    # the dilated 3x3, the strided 1x1 and the rectangular one
-    in_place = [i for i, s in enumerate(taken) if s["kernel"].startswith("plex_conv_")]
-    assert in_place == [3, 5, 6], [s["kernel"] for s in taken]
-    assert all("im2col read in place" in taken[i]["reason"] for i in in_place)
+    # every gather is read in place by the convolution kernel (all but the 1x1 of stride 1),
+    # per column where C does not fill whole K steps of 64 (the stem, the 32-channel ones)
+    kinds = [s["kernel"].split("_abt_")[0] for s in taken]
+    assert (
+        kinds == ["plex_conv_masked"] * 3 + ["plex_conv", "plex_matmul_tma"] + ["plex_conv"] * 2
+    ), kinds
+    assert all("im2col read in place" in s["reason"] for s in taken if "conv" in s["kernel"])
     left = {s["op"]: s["reason"] for s in sites if not s["kernel"]}
     assert len([s for s in sites if not s["kernel"]]) == 2, left
     assert any(r.startswith("grouped convolution") for r in left.values()), left
@@ -277,8 +279,9 @@ def test_a_cuda_variant_without_kernels_warns_about_its_f16_convolutions(package
 
 def test_the_convolution_kernel_reads_the_columns_in_place_in_tritons_interpreter():
     """The implicit-im2col kernel (`_triton._conv_fn`) against torch's conv2d: x NHWC and padded,
-    the filter as [F, (i, j, c)], M and N past whole tiles; 3x3, strided, dilated, 1x1 strided
-    and rectangular. Within 2e-3 of the largest output (f16 output rounding). The interpreter
+    the filter as [F, (i, j, c)] (K padded to 64 with zeros), M and N past whole tiles; 3x3,
+    strided, dilated, 1x1 strided and rectangular, and masked per column where C is no multiple
+    of 64 (a 7x7 stem on 3 channels, a 1-D one on 80). Within 2e-3 of the largest output (f16 output rounding). The interpreter
     runs the kernel's Python on the CPU."""
     import os
     import subprocess
@@ -295,18 +298,23 @@ for b, c, h, w, f, (kh, kw), s, p, d in [
     (2, 128, 8, 8, 16, (1, 1), 2, (0, 0), 1),
     (1, 64, 9, 9, 32, (3, 3), 1, (2, 2), 2),
     (1, 64, 6, 5, 16, (3, 1), 1, (1, 0), 1),
+    (2, 3, 15, 13, 32, (7, 7), 2, (3, 3), 1),  # masked: the stem's C = 3, K 147 -> 192
+    (1, 80, 1, 30, 16, (1, 3), 1, (0, 1), 1),  # masked: Whisper's 80 mel bins, K 240 -> 256
 ]:
     x = torch.randn(b, c, h, w, generator=g).half()
     wt = torch.randn(f, c, kh, kw, generator=g).half()
     ref = torch.nn.functional.conv2d(x.float(), wt.float(), stride=s, padding=p, dilation=d)
     xp = torch.nn.functional.pad(x, (p[1], p[1], p[0], p[0])).permute(0, 2, 3, 1).contiguous()
-    wk = wt.permute(0, 2, 3, 1).reshape(f, kh * kw * c).contiguous()
+    kr = kh * kw * c
+    k = -(-kr // 64) * 64
+    wk = torch.zeros(f, k).half()
+    wk[:, :kr] = wt.permute(0, 2, 3, 1).reshape(f, kr)
     oh, ow = ref.shape[2], ref.shape[3]
-    m, k = b * oh * ow, kh * kw * c
+    m = b * oh * ow
     out = torch.full((m, f), float("nan")).half()
     _conv_fn()[(triton.cdiv(m, 32) * triton.cdiv(f, 16),)](
-        xp, wk, out, m, f, k, oh, ow, xp.shape[1], xp.shape[2], c, kw, s, s, d, d,
-        BM=32, BN=16, BK=64, GROUP_M=8)
+        xp, wk, out, m, f, k, oh, ow, xp.shape[1], xp.shape[2], c, kw, s, s, d, d, kr,
+        BM=32, BN=16, BK=64, GROUP_M=8, MASKED=c % 64 != 0)
     got = out.float().reshape(b, oh, ow, f).permute(0, 3, 1, 2)
     worst = max(worst, float((got - ref).abs().max() / ref.abs().max()))
 print(json.dumps(worst))

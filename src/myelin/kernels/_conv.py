@@ -88,16 +88,16 @@ class ConvForm:
 
     @property
     def im2col_in_place(self) -> bool:
-        """Whether the convolution kernel can read the columns from the NHWC input: a gather
-        whose C fills whole K steps (each step then lies in one tap)."""
-        return not self.pointwise and self.c % _K_STEP == 0
+        """Whether the convolution kernel reads the columns from the NHWC input: every
+        convolution with a gather (masked per column where C does not fill whole K steps)."""
+        return not self.pointwise
 
     def geometry(self) -> dict[str, int]:
         """What the convolution kernel needs besides M, N, K (myelin.kernels._triton)."""
         (sh, sw), (dh, dw) = self.stride, self.dilation
         return {
             "oh": self.oh, "ow": self.ow, "hp": self.h, "wp": self.w, "c": self.c,
-            "kw": self.kw, "sh": sh, "sw": sw, "dh": dh, "dw": dw,
+            "kw": self.kw, "sh": sh, "sw": sw, "dh": dh, "dw": dw, "kr": self.k,
         }  # fmt: skip
 
     @property

@@ -192,7 +192,15 @@ def _im2col_source(a: ir.Value) -> tuple[ir.Value, dict[str, int]] | None:
     when the matmul is its one use: the convolution kernel then reads the input in place."""
     collapse = a.owner
     collapse = getattr(collapse, "operation", collapse)
-    if getattr(collapse, "name", None) != "tensor.collapse_shape" or len(list(a.uses)) != 1:
+    if len(list(a.uses)) != 1:
+        return None
+    if getattr(collapse, "name", None) == "tensor.pad":  # K padded to the kernels' step
+        a = collapse.operands[0]
+        collapse = a.owner
+        collapse = getattr(collapse, "operation", collapse)
+        if len(list(a.uses)) != 1:
+            return None
+    if getattr(collapse, "name", None) != "tensor.collapse_shape":
         return None
     gather = collapse.operands[0].owner
     gather = getattr(gather, "operation", gather)
@@ -279,7 +287,10 @@ def find_matmuls(
         if config is not None and bias is None and config.block_m > 1 and transposed:
             im2col = _im2col_source(a)
         if im2col is not None and config is not None:
-            config = dataclasses.replace(config, im2col=True, persistent=False)
+            masked = im2col[1]["c"] % config.block_k != 0
+            config = dataclasses.replace(
+                config, im2col=True, im2col_masked=masked, persistent=False
+            )
         narrowing = "truncf and bias" if narrowed and bias else "truncf" if narrowed else "bias"
         site = MatmulSite(
             function=_function_name(op),

@@ -49,6 +49,9 @@ class MatmulConfig:
     # A convolution's matmul whose A (the im2col columns) the kernel reads from the NHWC input
     # itself (`_conv_fn`): the gather is never made. B^T only, not persistent, no bias.
     im2col: bool = False
+    # ... and C is no multiple of block_k (ResNet's stem: C = 3): A's K index is split into
+    # tap and channel per column, and the columns past the real K are masked to zero.
+    im2col_masked: bool = False
     # block_m = 1 (only where M == 1): the CUDA-core GEMV kernel (`_gemv_fn`), no tl.dot.
     # The kernel adds a bias [N] (in C's type) to the f32 sums before C is written: a linear's
     # bias add then needs no dispatch of its own (the tl.dot kernels only; not the GEMV).
@@ -57,7 +60,7 @@ class MatmulConfig:
     @property
     def name(self) -> str:
         layout = ("tma_" if self.persistent else "") + ("abt" if self.b_transposed else "ab")
-        kind = "conv" if self.im2col else "matmul"
+        kind = ("conv_masked" if self.im2col_masked else "conv") if self.im2col else "matmul"
         # The group size is named only when it is neither the default 8 nor 1 (the skinny
         # config's), so the library's own kernels keep their names; the tuning space never
         # pairs group 1 with tall tiles (myelin.kernels._space).
@@ -142,13 +145,15 @@ def _conv_fn():
 
     @triton.jit
     def plex_conv(
-        x_ptr, w_ptr, c_ptr, M, N, K, OH, OW, HP, WP, C, KW, SH, SW, DH, DW,
+        x_ptr, w_ptr, c_ptr, M, N, K, OH, OW, HP, WP, C, KW, SH, SW, DH, DW, KR,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+        MASKED: tl.constexpr,
     ):  # fmt: skip
         # The matmul kernel with A = im2col(x) read in place: x is [batch, HP, WP, C] (NHWC,
         # padded), A's row m is output pixel (b, oh, ow), its column k is tap (i, j) and channel
-        # c, k = (i * KW + j) * C + c. C % BK == 0, so each K step lies in one tap: one offset
-        # per step, added to each row's base.
+        # c, k = (i * KW + j) * C + c. Where C % BK == 0 each K step lies in one tap: one offset
+        # per step, added to each row's base. Otherwise (MASKED) each column gets its own
+        # offset, and the columns from the real K (KR) to the filter's padded K read zeros.
         pid = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BM)
         num_pid_n = tl.cdiv(N, BN)
@@ -168,9 +173,16 @@ def _conv_fn():
         b_ptrs = w_ptr + cols[None, :] * K + offs_k[:, None]
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
-            tap = k0 // C
-            step = ((tap // KW) * DH * WP + (tap % KW) * DW) * C + (k0 - tap * C)
-            a = tl.load(x_ptr + base[:, None] + step + offs_k[None, :])
+            if MASKED:
+                kk = k0 + offs_k
+                tap = kk // C
+                step = ((tap // KW) * DH * WP + (tap % KW) * DW) * C + (kk - tap * C)
+                a_ptrs = x_ptr + base[:, None] + step[None, :]
+                a = tl.load(a_ptrs, mask=(kk < KR)[None, :], other=0.0)
+            else:
+                tap = k0 // C
+                step = ((tap // KW) * DH * WP + (tap % KW) * DW) * C + (k0 - tap * C)
+                a = tl.load(x_ptr + base[:, None] + step + offs_k[None, :])
             acc = tl.dot(a, tl.load(b_ptrs), acc)
             b_ptrs += BK
         c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
@@ -181,7 +193,8 @@ def _conv_fn():
 
 
 # The geometry a `plex_conv` kernel takes after M, N, K, as i32 push constants, in order.
-CONV_GEOMETRY = ("OH", "OW", "HP", "WP", "C", "KW", "SH", "SW", "DH", "DW")
+# KR: the real K (C x KH x KW), which the filter's K pads to a multiple of 64.
+CONV_GEOMETRY = ("OH", "OW", "HP", "WP", "C", "KW", "SH", "SW", "DH", "DW", "KR")
 
 
 def _gemv_fn():
@@ -330,11 +343,13 @@ def _compile_conv(config: MatmulConfig, arch: str) -> CompiledKernel:
     signature |= {name: "i32" for name in ("M", "N", "K", *CONV_GEOMETRY)}
     constexprs = {
         "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
-        "GROUP_M": config.group_m,
+        "GROUP_M": config.group_m, "MASKED": config.im2col_masked,
     }  # fmt: skip
     signature |= dict.fromkeys(constexprs, "constexpr")
-    # Pointers 16-byte aligned; N, K and C multiples of 16 (C of BK: checked where matched).
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 10)}
+    # Pointers 16-byte aligned; N and K multiples of 16, and C of BK unless masked (checked
+    # where matched).
+    aligned = (0, 1, 2, 4, 5) + (() if config.im2col_masked else (10,))
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     return compile_triton(
         _conv_fn, signature, constexprs, attrs, num_warps=config.num_warps,
         num_stages=config.num_stages, name=config.name, arch=arch,
