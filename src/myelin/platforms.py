@@ -44,6 +44,7 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # compute: "f32" (the model's own precision) or "bf16" (compiler.cpu_compute)
     # matmul_tiles "host": "rows" or "iree", chosen for the CPU (compiler.cpu_matmul_tiles)
     # reductions "host": "vector" or "iree", chosen for the CPU (compiler.cpu_reductions)
+    # relayout_tiles "host": "whole" or "iree", chosen for the CPU (compiler.cpu_relayout_tiles)
     "llvm-cpu": {
         "cpu": "host",
         "cpu_features": "",
@@ -52,6 +53,7 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
         "compute": "f32",
         "matmul_tiles": "host",
         "reductions": "host",
+        "relayout_tiles": "host",
     },
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
@@ -69,6 +71,8 @@ CPU_COMPUTE: tuple[str, ...] = ("f32", "bf16")
 CPU_MATMUL_TILES: tuple[str, ...] = ("rows", "iree")
 # llvm-cpu `reductions`: vector tiles and f32 order of the row reductions (docs/platforms.md)
 CPU_REDUCTIONS: tuple[str, ...] = ("vector", "iree")
+# llvm-cpu `relayout_tiles`: vector tiles of the relayouts between packed matmuls (platforms.md)
+CPU_RELAYOUT_TILES: tuple[str, ...] = ("whole", "iree")
 
 
 def default_driver(target: str) -> str:

@@ -47,6 +47,10 @@ class TargetDevice:
     # (reassociated, 2 x 64 vector tiles: myelin.compiler.cpu_reductions); apps leave it to the
     # host by default (reductions_choice)
     reductions: str = "iree"
+    # llvm-cpu under data tiling: the vector tiles of the unpack -> elementwise -> pack
+    # dispatches between packed matmuls, "iree" (IREE's own) or "whole" (whole 16 x 16 tiles:
+    # myelin.compiler.cpu_relayout_tiles); apps leave it to the host (relayout_tiles_choice)
+    relayout_tiles: str = "iree"
 
 
 # llvm-cpu data tiling. The hoisting limit is raised so that an encoded weight's decode (4x
@@ -115,6 +119,24 @@ def matmul_tiles_choice(data_tiling: bool, cpu: str | None, cpu_features: str | 
         "rows",
         "AVX-512 packed matmuls: a workgroup takes all activation rows, each weight tile is "
         "read once per call",
+    )
+
+
+def relayout_tiles_choice(
+    data_tiling: bool, cpu: str | None, cpu_features: str | None
+) -> HostChoice:
+    """ "whole" where data tiling packs the matmuls on an x86-64 AVX-512 CPU (as
+    data_tiling_choice reads it), where it was measured: BERT-base's per-head relayouts took a
+    quarter of their time on a Zen 5 core (myelin.compiler.cpu_relayout_tiles). Without data
+    tiling there are no relayouts between packed matmuls; elsewhere it is unmeasured."""
+    if not data_tiling:
+        return HostChoice("iree", "no data tiling: no packed relayouts")
+    if not data_tiling_choice(cpu, cpu_features).value:
+        return HostChoice("iree", "not an AVX-512 host: unmeasured there")
+    return HostChoice(
+        "whole",
+        "AVX-512 relayouts between packed matmuls: whole 16 x 16 vector tiles, "
+        "transposed in registers",
     )
 
 

@@ -30,6 +30,7 @@ from myelin.compiler.targets import (
     data_tiling_choice,
     matmul_tiles_choice,
     reductions_choice,
+    relayout_tiles_choice,
 )
 from myelin.platforms import KERNELS_CUDA_ARCH
 from myelin.tuning.spec import spec_is_process_wide
@@ -125,6 +126,18 @@ def matmul_tiles_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice |
     return str(choice.value), choice
 
 
+def relayout_tiles_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice | None]:
+    """A device's vector tiles of the relayouts between its packed matmuls: the app's value
+    where it pins one, else the host's choice (myelin.compiler.targets.relayout_tiles_choice)."""
+    if device.target != "llvm-cpu":
+        return "iree", None
+    if device.relayout_tiles is not None:
+        return device.relayout_tiles, None
+    tiled = data_tiling_of(app, device)[0]
+    choice = relayout_tiles_choice(tiled, device.cpu, device.cpu_features)
+    return str(choice.value), choice
+
+
 def reductions_of(device: DeviceSpec) -> tuple[str, HostChoice | None]:
     """A device's row reductions: the app's value where it pins one, else the host's choice
     (myelin.compiler.targets.reductions_choice)."""
@@ -143,6 +156,7 @@ def host_chosen(app: AppSpec, device: DeviceSpec) -> dict[str, dict]:
         ("data_tiling", data_tiling_of(app, device)),
         ("matmul_tiles", matmul_tiles_of(app, device)),
         ("reductions", reductions_of(device)),
+        ("relayout_tiles", relayout_tiles_of(app, device)),
     ):
         if choice is not None:
             chosen[option] = {"value": choice.value, "reason": choice.reason}
@@ -161,6 +175,12 @@ def _vector(device: DeviceSpec) -> str | None:
     return value if value == "vector" else None
 
 
+def _whole(app: AppSpec, device: DeviceSpec) -> str | None:
+    """ "whole" where a device's relayouts take PLeX's tiles (None: IREE's own)."""
+    value = relayout_tiles_of(app, device)[0]
+    return value if value == "whole" and data_tiling_of(app, device)[0] else None
+
+
 def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
     return TargetDevice(
         name=device.name,
@@ -173,6 +193,7 @@ def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
         compute=device.compute,
         matmul_tiles=matmul_tiles_of(app, device)[0],
         reductions=reductions_of(device)[0],
+        relayout_tiles=relayout_tiles_of(app, device)[0],
     )
 
 
@@ -714,6 +735,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                             ("matmul_tiles", _rows(app, d)),
                             # recorded only where it changes IREE's reductions
                             ("reductions", _vector(d)),
+                            ("relayout_tiles", _whole(app, d)),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )

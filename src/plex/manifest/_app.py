@@ -350,6 +350,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "compute": d.compute,
             "matmul_tiles": d.matmul_tiles,
             "reductions": d.reductions,
+            "relayout_tiles": d.relayout_tiles,
             "arch": d.arch,
             "kernels": d.kernels,
         }
@@ -386,6 +387,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             compute=value["compute"] or "f32",
             matmul_tiles=d.matmul_tiles,  # unset: chosen for the CPU at plan time
             reductions=d.reductions,  # unset: chosen for the CPU at plan time
+            relayout_tiles=d.relayout_tiles,  # unset: chosen for the CPU at plan time
             arch=value["arch"],
             kernels=value["kernels"] or None,
         )

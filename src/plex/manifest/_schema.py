@@ -18,6 +18,7 @@ from myelin.platforms import (
     CPU_COMPUTE,
     CPU_MATMUL_TILES,
     CPU_REDUCTIONS,
+    CPU_RELAYOUT_TILES,
     DRIVERS,
     KERNEL_LIBRARIES,
     TARGETS,
@@ -174,6 +175,7 @@ class DeviceTable(_Table):
     compute: Literal[CPU_COMPUTE] | None = None  # type: ignore[valid-type]
     matmul_tiles: Literal[CPU_MATMUL_TILES] | None = None  # type: ignore[valid-type]
     reductions: Literal[CPU_REDUCTIONS] | None = None  # type: ignore[valid-type]
+    relayout_tiles: Literal[CPU_RELAYOUT_TILES] | None = None  # type: ignore[valid-type]
     arch: str | None = None
     backend: str | None = None  # "package:name" or "name" of an external backend: its device
     # a library, or "none" (IREE's codegen only: what a Hopper device, arch = "sm_90a", needs
