@@ -43,6 +43,8 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # data_tiling "host": the build chooses for the CPU it targets (compiler.targets)
     # compute: "f32" (the model's own precision) or "bf16" (compiler.cpu_compute)
     # matmul_tiles "host": "rows" or "iree", chosen for the CPU (compiler.cpu_matmul_tiles)
+    # reductions "host": "vector" or "iree", chosen for the CPU (compiler.cpu_reductions)
+    # relayout_tiles "host": "whole" or "iree", chosen for the CPU (compiler.cpu_relayout_tiles)
     "llvm-cpu": {
         "cpu": "host",
         "cpu_features": "",
@@ -50,6 +52,8 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
         "result_storage": False,
         "compute": "f32",
         "matmul_tiles": "host",
+        "reductions": "host",
+        "relayout_tiles": "host",
     },
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
@@ -65,6 +69,10 @@ assert set(TARGET_OPTIONS) == set(TARGETS)
 CPU_COMPUTE: tuple[str, ...] = ("f32", "bf16")
 # llvm-cpu `matmul_tiles`: workgroup tiles of the data-tiled matmuls (docs/platforms.md)
 CPU_MATMUL_TILES: tuple[str, ...] = ("rows", "iree")
+# llvm-cpu `reductions`: vector tiles and f32 order of the row reductions (docs/platforms.md)
+CPU_REDUCTIONS: tuple[str, ...] = ("vector", "iree")
+# llvm-cpu `relayout_tiles`: vector tiles of the relayouts between packed matmuls (platforms.md)
+CPU_RELAYOUT_TILES: tuple[str, ...] = ("whole", "iree")
 
 
 def default_driver(target: str) -> str:

@@ -253,7 +253,7 @@ def test_unknown_key_names_file_line_key_and_a_close_match(tmp_path):
     assert "unknown key; did you mean 'target'?" in message
     assert (
         "(accepted: arch, backend, compute, cpu, cpu_features, data_tiling, driver, kernels, "
-        "matmul_tiles, result_storage, target)" in message
+        "matmul_tiles, reductions, relayout_tiles, result_storage, target)" in message
     )
 
 
@@ -392,7 +392,7 @@ def test_target_options_must_fit_the_target(tmp_path):
     assert f":{line_of(app_toml, 'arch')}: [devices.cpu] arch: does not apply to target" in message
     assert (
         "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute, "
-        "matmul_tiles)" in message
+        "matmul_tiles, reductions, relayout_tiles)" in message
     )
 
     app_toml.write_text(APP_TOML + '\n[devices.amd]\ntarget = "rocm"\n')

@@ -22,6 +22,8 @@ from myelin.compiler.cpu_compute import demote_contractions
 from myelin.compiler.cpu_convolution import rewrite_cpu_convolutions
 from myelin.compiler.cpu_matmul_tiles import retile_cpu_matmuls
 from myelin.compiler.cpu_max_reduction import rewrite_cpu_max_reductions
+from myelin.compiler.cpu_reductions import retile_cpu_reductions
+from myelin.compiler.cpu_relayout_tiles import retile_cpu_relayouts
 from myelin.compiler.cuda_convolution import half_convolutions
 from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.parameters import (
@@ -400,16 +402,23 @@ def compile_module(
                 raise CompileError(
                     f"{what}: renaming and export lists apply only to IR at phase '{IMPORT_PHASE}'"
                 )
-        # llvm-cpu "rows" matmul tiles: set on IREE's configs of the packed matmuls
+        # llvm-cpu "rows" matmul tiles: set on IREE's configs of the packed matmuls; "vector"
+        # reductions: 2 x 64 vector tiles on IREE's configs of the row reductions; "whole"
+        # relayout tiles: on those of the unpack -> elementwise -> pack dispatches
         retile = any(
             d.target == "llvm-cpu" and d.data_tiling and d.matmul_tiles == "rows" for d in devices
+        )
+        reduce = any(d.target == "llvm-cpu" and d.reductions == "vector" for d in devices)
+        relayout = any(
+            d.target == "llvm-cpu" and d.data_tiling and d.relayout_tiles == "whole"
+            for d in devices
         )
         stops = _stops(
             phase,
             stop_at,
             every_phase=on_phase is not None,
             place=len(devices) > 1,
-            configure=retile,
+            configure=retile or reduce or relayout,
         )
         footprints: dict[str, CallFootprint] = {}
         current = phase
@@ -424,6 +433,10 @@ def compile_module(
                     footprints = call_footprints(module, functions)
                 if step == CONFIGURATION_PHASE and retile:
                     retile_cpu_matmuls(module)
+                if step == CONFIGURATION_PHASE and reduce:
+                    retile_cpu_reductions(module)
+                if step == CONFIGURATION_PHASE and relayout:
+                    retile_cpu_relayouts(module)
                 if on_phase is not None:
                     on_phase(step, _text_with_phase(module, step, session.context))
         if stop_at is not None:
@@ -454,9 +467,9 @@ def _stops(
     phase: str, stop_at: str | None, *, every_phase: bool, place: bool, configure: bool = False
 ) -> list[str]:
     """The phases, from `phase` on, where the compile pauses for PLeX: the placement pass, the
-    footprint read at `stream`, the CPU matmul tiles at `executable-configurations` with
-    `configure`, every phase with `every_phase`, and the last one with `stop_at`. The compile
-    resumes from the last stop to the end."""
+    footprint read at `stream`, the CPU matmul, reduction and relayout tiles at
+    `executable-configurations` with `configure`, every phase with `every_phase`, and the last
+    one with `stop_at`. The compile resumes from the last stop to the end."""
     later = RESUMABLE_PHASES[RESUMABLE_PHASES.index(phase) :]
     end = stop_at or RESUMABLE_PHASES[-1]
     wanted = set(later) if every_phase else {phase, STREAM_PHASE}

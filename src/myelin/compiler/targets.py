@@ -43,6 +43,14 @@ class TargetDevice:
     # own) or "rows" (all activation rows, two weight tiles: myelin.compiler.cpu_matmul_tiles);
     # apps leave it to the host by default (matmul_tiles_choice)
     matmul_tiles: str = "iree"
+    # llvm-cpu: row reductions, "iree" (IREE's vector tiles, f32 sums in order) or "vector"
+    # (reassociated, 2 x 64 vector tiles: myelin.compiler.cpu_reductions); apps leave it to the
+    # host by default (reductions_choice)
+    reductions: str = "iree"
+    # llvm-cpu under data tiling: the vector tiles of the unpack -> elementwise -> pack
+    # dispatches between packed matmuls, "iree" (IREE's own) or "whole" (whole 16 x 16 tiles:
+    # myelin.compiler.cpu_relayout_tiles); apps leave it to the host (relayout_tiles_choice)
+    relayout_tiles: str = "iree"
 
 
 # llvm-cpu data tiling. The hoisting limit is raised so that an encoded weight's decode (4x
@@ -56,6 +64,11 @@ DATA_TILING_FLAGS = (
     f"--iree-opt-const-expr-max-size-increase-threshold={1 << 40}",
     "--iree-global-opt-use-im2col-for-convs",
 )
+
+
+# llvm-cpu `reductions = "vector"`: f32 reductions may be reassociated, lane-wise partial sums
+# (myelin.compiler.cpu_reductions edits their vector tiles)
+REASSOCIATE_FLAG = "--iree-llvmcpu-reassociate-fp-reductions=true"
 
 
 # vulkan-spirv without arch: IREE's baseline target (SPIR-V 1.3, no subgroups, 32-bit storage,
@@ -109,6 +122,37 @@ def matmul_tiles_choice(data_tiling: bool, cpu: str | None, cpu_features: str | 
     )
 
 
+def relayout_tiles_choice(
+    data_tiling: bool, cpu: str | None, cpu_features: str | None
+) -> HostChoice:
+    """ "whole" where data tiling packs the matmuls on an x86-64 AVX-512 CPU (as
+    data_tiling_choice reads it), where it was measured: BERT-base's per-head relayouts took a
+    quarter of their time on a Zen 5 core (myelin.compiler.cpu_relayout_tiles). Without data
+    tiling there are no relayouts between packed matmuls; elsewhere it is unmeasured."""
+    if not data_tiling:
+        return HostChoice("iree", "no data tiling: no packed relayouts")
+    if not data_tiling_choice(cpu, cpu_features).value:
+        return HostChoice("iree", "not an AVX-512 host: unmeasured there")
+    return HostChoice(
+        "whole",
+        "AVX-512 relayouts between packed matmuls: whole 16 x 16 vector tiles, "
+        "transposed in registers",
+    )
+
+
+def reductions_choice(cpu: str | None, cpu_features: str | None) -> HostChoice:
+    """ "vector" on an x86-64 AVX-512 CPU (as data_tiling_choice reads it), where it was
+    measured: BERT-base's softmax and layer norms took ~15% less time on a Zen 5 core
+    (myelin.compiler.cpu_reductions). Its 2 x 64 tile fills 8 of AVX-512's 32 vector
+    registers; elsewhere it is unmeasured."""
+    if not data_tiling_choice(cpu, cpu_features).value:
+        return HostChoice("iree", "not an AVX-512 host: unmeasured there")
+    return HostChoice(
+        "vector",
+        "AVX-512 row reductions: reassociated f32 sums, 2 x 64-element vector tiles",
+    )
+
+
 def _device_flags(device: TargetDevice) -> list[str]:
     if device.target not in TARGETS:
         raise CompileError(
@@ -124,6 +168,8 @@ def _device_flags(device: TargetDevice) -> list[str]:
                 flags.append(f"--iree-llvmcpu-target-cpu-features={device.cpu_features}")
             if device.data_tiling:
                 flags += DATA_TILING_FLAGS
+            if device.reductions == "vector":
+                flags.append(REASSOCIATE_FLAG)
     elif device.target == "cuda":
         arch = device.arch or DEFAULT_CUDA_ARCH
         if arch in UNSUPPORTED_CUDA_ARCHS:

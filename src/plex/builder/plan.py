@@ -29,6 +29,8 @@ from myelin.compiler.targets import (
     TargetDevice,
     data_tiling_choice,
     matmul_tiles_choice,
+    reductions_choice,
+    relayout_tiles_choice,
 )
 from myelin.platforms import KERNELS_CUDA_ARCH
 from myelin.tuning.spec import spec_is_process_wide
@@ -124,12 +126,37 @@ def matmul_tiles_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice |
     return str(choice.value), choice
 
 
+def relayout_tiles_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice | None]:
+    """A device's vector tiles of the relayouts between its packed matmuls: the app's value
+    where it pins one, else the host's choice (myelin.compiler.targets.relayout_tiles_choice)."""
+    if device.target != "llvm-cpu":
+        return "iree", None
+    if device.relayout_tiles is not None:
+        return device.relayout_tiles, None
+    tiled = data_tiling_of(app, device)[0]
+    choice = relayout_tiles_choice(tiled, device.cpu, device.cpu_features)
+    return str(choice.value), choice
+
+
+def reductions_of(device: DeviceSpec) -> tuple[str, HostChoice | None]:
+    """A device's row reductions: the app's value where it pins one, else the host's choice
+    (myelin.compiler.targets.reductions_choice)."""
+    if device.target != "llvm-cpu":
+        return "iree", None
+    if device.reductions is not None:
+        return device.reductions, None
+    choice = reductions_choice(device.cpu, device.cpu_features)
+    return str(choice.value), choice
+
+
 def host_chosen(app: AppSpec, device: DeviceSpec) -> dict[str, dict]:
     """The artifact's record of the options the build chose for the CPU (empty: none)."""
     chosen = {}
     for option, (_, choice) in (
         ("data_tiling", data_tiling_of(app, device)),
         ("matmul_tiles", matmul_tiles_of(app, device)),
+        ("reductions", reductions_of(device)),
+        ("relayout_tiles", relayout_tiles_of(app, device)),
     ):
         if choice is not None:
             chosen[option] = {"value": choice.value, "reason": choice.reason}
@@ -140,6 +167,18 @@ def _rows(app: AppSpec, device: DeviceSpec) -> str | None:
     """ "rows" where a device's packed matmuls take PLeX's tiles (None: IREE's own)."""
     tiles = matmul_tiles_of(app, device)[0]
     return tiles if tiles == "rows" and data_tiling_of(app, device)[0] else None
+
+
+def _vector(device: DeviceSpec) -> str | None:
+    """ "vector" where a device's row reductions take PLeX's tiles (None: IREE's own)."""
+    value = reductions_of(device)[0]
+    return value if value == "vector" else None
+
+
+def _whole(app: AppSpec, device: DeviceSpec) -> str | None:
+    """ "whole" where a device's relayouts take PLeX's tiles (None: IREE's own)."""
+    value = relayout_tiles_of(app, device)[0]
+    return value if value == "whole" and data_tiling_of(app, device)[0] else None
 
 
 def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
@@ -153,6 +192,8 @@ def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
         result_storage=device.result_storage,
         compute=device.compute,
         matmul_tiles=matmul_tiles_of(app, device)[0],
+        reductions=reductions_of(device)[0],
+        relayout_tiles=relayout_tiles_of(app, device)[0],
     )
 
 
@@ -692,6 +733,9 @@ def _link_job(app: AppSpec) -> LinkJob:
                             ("compute", d.compute if d.compute != "f32" else None),
                             # recorded only where it changes IREE's tiles
                             ("matmul_tiles", _rows(app, d)),
+                            # recorded only where it changes IREE's reductions
+                            ("reductions", _vector(d)),
+                            ("relayout_tiles", _whole(app, d)),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )

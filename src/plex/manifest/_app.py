@@ -349,6 +349,8 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "result_storage": d.result_storage,
             "compute": d.compute,
             "matmul_tiles": d.matmul_tiles,
+            "reductions": d.reductions,
+            "relayout_tiles": d.relayout_tiles,
             "arch": d.arch,
             "kernels": d.kernels,
         }
@@ -384,6 +386,8 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             result_storage=bool(value["result_storage"]),
             compute=value["compute"] or "f32",
             matmul_tiles=d.matmul_tiles,  # unset: chosen for the CPU at plan time
+            reductions=d.reductions,  # unset: chosen for the CPU at plan time
+            relayout_tiles=d.relayout_tiles,  # unset: chosen for the CPU at plan time
             arch=value["arch"],
             kernels=value["kernels"] or None,
         )

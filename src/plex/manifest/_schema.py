@@ -14,7 +14,15 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from myelin.codecs import check_codec_name
 from myelin.compiler.scheduling import FAVORS
-from myelin.platforms import CPU_COMPUTE, CPU_MATMUL_TILES, DRIVERS, KERNEL_LIBRARIES, TARGETS
+from myelin.platforms import (
+    CPU_COMPUTE,
+    CPU_MATMUL_TILES,
+    CPU_REDUCTIONS,
+    CPU_RELAYOUT_TILES,
+    DRIVERS,
+    KERNEL_LIBRARIES,
+    TARGETS,
+)
 from myelin.sizes import parse_size
 from myelin.tuning.layout import check_layout
 from myelin.untrusted import relative_path_problem
@@ -166,6 +174,8 @@ class DeviceTable(_Table):
     result_storage: bool | None = None
     compute: Literal[CPU_COMPUTE] | None = None  # type: ignore[valid-type]
     matmul_tiles: Literal[CPU_MATMUL_TILES] | None = None  # type: ignore[valid-type]
+    reductions: Literal[CPU_REDUCTIONS] | None = None  # type: ignore[valid-type]
+    relayout_tiles: Literal[CPU_RELAYOUT_TILES] | None = None  # type: ignore[valid-type]
     arch: str | None = None
     backend: str | None = None  # "package:name" or "name" of an external backend: its device
     # a library, or "none" (IREE's codegen only: what a Hopper device, arch = "sm_90a", needs

@@ -53,6 +53,12 @@ class DeviceSpec:
     # llvm-cpu only: "rows" or "iree" (myelin.compiler.cpu_matmul_tiles); None: the build
     # chooses for the CPU it targets (plex.builder.plan.matmul_tiles_of)
     matmul_tiles: str | None = None
+    # llvm-cpu only: "vector" or "iree" (myelin.compiler.cpu_reductions); None: the build
+    # chooses for the CPU it targets (plex.builder.plan.reductions_of)
+    reductions: str | None = None
+    # llvm-cpu only: "whole" or "iree" (myelin.compiler.cpu_relayout_tiles); None: the build
+    # chooses for the CPU it targets (plex.builder.plan.relayout_tiles_of)
+    relayout_tiles: str | None = None
 
 
 @dataclass(frozen=True)
