@@ -22,7 +22,9 @@ for `--new` tokens and never stop at EOS. PLeX: the Generator's timings (prefill
 tokens over the prefill call; decode = decode calls over their time). llama.cpp: one `eval` of
 the prompt (n_batch = prompt), then one `eval` per token, argmax of the last logits; timed the
 same way. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
-process of its own (llama.cpp gets n_threads = n_threads_batch = the same count). Within it,
+process of its own (llama.cpp gets n_threads = n_threads_batch = the same count; PLeX's is
+`set_host_threads`, on 1 thread the model then runs on local-sync: `plex_drivers` in the
+result). Within it,
 each pair's two models are loaded together (at most two models in memory), warmed up, and
 timed in alternation for `--rounds` rounds. Prints a table of medians with the spread of the
 per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the CPU and the load, and
@@ -219,10 +221,12 @@ def llama_run(llm, prompt: list[int], new: int) -> tuple[float, float, list[int]
 
 def worker(args: argparse.Namespace) -> None:
     """One thread count: every pair, rounds interleaved; one JSON line per pair on stdout."""
-    import iree.runtime as rt
     import numpy as np
 
-    rt.flags.parse_flags(f"--task_topology_group_count={args.threads[0]}")
+    from myelin.runtime.devices import set_host_threads
+
+    # IREE's worker count, and the host's driver choice for a causal LM (local-sync on 1)
+    set_host_threads(args.threads[0])
     import llama_cpp
 
     import myelin
@@ -250,6 +254,7 @@ def worker(args: argparse.Namespace) -> None:
                 rows["plex"].append(plex_run(generator, prompt, args.new))
                 rows["llama.cpp"].append(llama_run(llm, prompt, args.new))
         llm.close()
+        drivers = model.drivers
         model.close()
         same = leading_agreement(rows["plex"][0][2], rows["llama.cpp"][0][2])
         print(
@@ -259,6 +264,7 @@ def worker(args: argparse.Namespace) -> None:
                     "threads": threads,
                     "load": os.getloadavg()[0],
                     "same_leading_tokens": same,
+                    "plex_drivers": drivers,
                     **{name: [list(v[:2]) for v in values] for name, values in rows.items()},
                 }
             ),
