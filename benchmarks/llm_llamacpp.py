@@ -23,12 +23,11 @@ tokens over the prefill call; decode = decode calls over their time). llama.cpp:
 the prompt (n_batch = prompt), then one `eval` per token, argmax of the last logits; timed the
 same way. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
 process of its own (llama.cpp gets n_threads = n_threads_batch = the same count; PLeX's is
-`set_host_threads`, on 1 thread the model then runs on local-sync: `plex_drivers` in the
-result). Within it,
-each pair's two models are loaded together (at most two models in memory), warmed up, and
-timed in alternation for `--rounds` rounds. Prints a table of medians with the spread of the
-per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the CPU and the load, and
-writes benchmarks/results/llm/<date>_<machine>.json.
+`set_host_threads`, on 1 thread the model then runs on local-sync: each case's
+`plex_drivers`). Within it, each pair's two models are loaded together (at most two models in
+memory), warmed up, and timed in alternation for `--rounds` rounds. Prints a table of medians
+with the spread of the per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the
+CPU and the load, and writes benchmarks/results/llm/<date>_<machine>.json.
 
 Why convert_hf_to_gguf runs with its BPE pre-tokenizer check answered "gpt-2": the seeded
 model's tokenizer is a small byte-level BPE trained here, whose hash llama.cpp does not know;
@@ -348,7 +347,10 @@ def main() -> None:
                     "title": f"{metric} tok/s, {r['pair']}, {r['threads']} threads",
                     "unit": "tok/s",
                     "baseline": "PLeX",
-                    "options": {"same_leading_tokens": r["same_leading_tokens"]},
+                    "options": {
+                        "same_leading_tokens": r["same_leading_tokens"],
+                        "plex_drivers": r.get("plex_drivers"),
+                    },
                     "rows": [
                         {"runner": "PLeX", "samples": [v[i] for v in r["plex"]]},
                         {"runner": "llama.cpp", "samples": [v[i] for v in r["llama.cpp"]]},
