@@ -138,11 +138,14 @@ def set_host_threads(threads: int) -> None:
     (`--task_topology_group_count`, process-wide), and what a causal LM's driver choice reads
     (`host_drivers`). Call it before the first model with a CPU device loads: IREE reads the
     count once, when the local-task driver starts, so a later change is refused."""
+    from myelin.runtime.backends import drivers_created
+
     global _HOST_THREADS
     if threads < 1:
         raise ValueError(f"set_host_threads: threads must be 1 or more, got {threads}")
     with _PROCESS_LOCK:
-        started = any(driver == "local-task" for driver, _, _ in _PROCESS_DEVICES)
+        # the driver's task executor, and its worker count, start with the driver
+        started = "local-task" in drivers_created()
         if started and threads != _HOST_THREADS:
             raise RuntimeError(
                 f"set_host_threads({threads}): this process's local-task driver already runs "
