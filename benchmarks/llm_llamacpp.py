@@ -22,11 +22,12 @@ for `--new` tokens and never stop at EOS. PLeX: the Generator's timings (prefill
 tokens over the prefill call; decode = decode calls over their time). llama.cpp: one `eval` of
 the prompt (n_batch = prompt), then one `eval` per token, argmax of the last logits; timed the
 same way. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
-process of its own (llama.cpp gets n_threads = n_threads_batch = the same count). Within it,
-each pair's two models are loaded together (at most two models in memory), warmed up, and
-timed in alternation for `--rounds` rounds. Prints a table of medians with the spread of the
-per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the CPU and the load, and
-writes benchmarks/results/llm/<date>_<machine>.json.
+process of its own (llama.cpp gets n_threads = n_threads_batch = the same count; PLeX's is
+`set_host_threads`, on 1 thread the model then runs on local-sync: each case's
+`plex_drivers`). Within it, each pair's two models are loaded together (at most two models in
+memory), warmed up, and timed in alternation for `--rounds` rounds. Prints a table of medians
+with the spread of the per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the
+CPU and the load, and writes benchmarks/results/llm/<date>_<machine>.json.
 
 Why convert_hf_to_gguf runs with its BPE pre-tokenizer check answered "gpt-2": the seeded
 model's tokenizer is a small byte-level BPE trained here, whose hash llama.cpp does not know;
@@ -219,10 +220,12 @@ def llama_run(llm, prompt: list[int], new: int) -> tuple[float, float, list[int]
 
 def worker(args: argparse.Namespace) -> None:
     """One thread count: every pair, rounds interleaved; one JSON line per pair on stdout."""
-    import iree.runtime as rt
     import numpy as np
 
-    rt.flags.parse_flags(f"--task_topology_group_count={args.threads[0]}")
+    from myelin.runtime.devices import set_host_threads
+
+    # IREE's worker count, and the host's driver choice for a causal LM (local-sync on 1)
+    set_host_threads(args.threads[0])
     import llama_cpp
 
     import myelin
@@ -250,6 +253,7 @@ def worker(args: argparse.Namespace) -> None:
                 rows["plex"].append(plex_run(generator, prompt, args.new))
                 rows["llama.cpp"].append(llama_run(llm, prompt, args.new))
         llm.close()
+        drivers = model.drivers
         model.close()
         same = leading_agreement(rows["plex"][0][2], rows["llama.cpp"][0][2])
         print(
@@ -259,6 +263,7 @@ def worker(args: argparse.Namespace) -> None:
                     "threads": threads,
                     "load": os.getloadavg()[0],
                     "same_leading_tokens": same,
+                    "plex_drivers": drivers,
                     **{name: [list(v[:2]) for v in values] for name, values in rows.items()},
                 }
             ),
@@ -342,7 +347,10 @@ def main() -> None:
                     "title": f"{metric} tok/s, {r['pair']}, {r['threads']} threads",
                     "unit": "tok/s",
                     "baseline": "PLeX",
-                    "options": {"same_leading_tokens": r["same_leading_tokens"]},
+                    "options": {
+                        "same_leading_tokens": r["same_leading_tokens"],
+                        "plex_drivers": r.get("plex_drivers"),
+                    },
                     "rows": [
                         {"runner": "PLeX", "samples": [v[i] for v in r["plex"]]},
                         {"runner": "llama.cpp", "samples": [v[i] for v in r["llama.cpp"]]},

@@ -112,10 +112,11 @@ def profile(paths: list[Path], prompt: int, repeat: int, rounds: int, top: int) 
 
 
 def time_builds(paths: list[Path], prompt: int, new: int, rounds: int) -> None:
-    import iree.runtime as rt
     import numpy as np
 
-    rt.flags.parse_flags("--task_topology_group_count=1")
+    from myelin.runtime.devices import set_host_threads
+
+    set_host_threads(1)  # the causal LMs then run on local-sync (host_drivers)
     import myelin
     from myelin.runtime.generation import Generator
 

@@ -19,6 +19,9 @@ from myelin.compiler.targets import TargetDevice, target_flags
 N, K = 128, 160  # one AVX-512 q4/fp16 block of 128 outputs (two int8 blocks), five groups of 32
 M = 256  # the matmul's outputs: a second kernel executable in the same module
 NARROW = 192  # outputs no AVX-512 q4 block (128) divides: the AVX2 q4 kernel's (64) does
+# fp16 rows over the kernel's wide_row (4096 bytes), 17 blocks of 128: its workgroups walk
+# pairs of blocks (prefetching) and an odd share's last block alone
+WIDE = 17 * 128
 AVX2 = TargetDevice("cpu", cpu="haswell", cpu_features="+avx2,+fma")  # no AVX-512: q4 on AVX2
 HOST = cpu_kernels.select([TargetDevice("cpu")])
 
@@ -54,6 +57,15 @@ MODEL = f"""module @kernel {{
     %y = linalg.matmul ins(%x, %w : tensor<1x{K}xf32>, tensor<{K}x{N}xf32>) outs(%bias : tensor<1x{N}xf32>) -> tensor<1x{N}xf32>
     return %y : tensor<1x{N}xf32>
   }}
+  util.global private @w_wide = #flow.parameter.named<"g"::"wide"> : tensor<{K}x{WIDE}xf32>
+  func.func @wide(%x: tensor<1x{K}xf32>) -> tensor<1x{WIDE}xf32> {{
+    %w = util.global.load @w_wide : tensor<{K}x{WIDE}xf32>
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty() : tensor<1x{WIDE}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<1x{WIDE}xf32>) -> tensor<1x{WIDE}xf32>
+    %y = linalg.matmul ins(%x, %w : tensor<1x{K}xf32>, tensor<{K}x{WIDE}xf32>) outs(%acc : tensor<1x{WIDE}xf32>) -> tensor<1x{WIDE}xf32>
+    return %y : tensor<1x{WIDE}xf32>
+  }}
   func.func @narrow(%x: tensor<1x{K}xf32>) -> tensor<1x{NARROW}xf32> {{
     %w = util.global.load @w_narrow : tensor<{K}x{NARROW}xf32>
     %z = arith.constant 0.0 : f32
@@ -68,12 +80,18 @@ MODEL = f"""module @kernel {{
 
 @pytest.fixture(scope="module")
 def encoded() -> Encoded:
-    return Encoded(MODEL, [("lin", "q4"), ("mm", "q4"), ("g16", "q4:g16"), ("narrow", "q4")])
+    return Encoded(
+        MODEL,
+        [("lin", "q4"), ("mm", "q4"), ("g16", "q4:g16"), ("narrow", "q4"), ("wide", "fp16")],
+    )
 
 
 @pytest.fixture(scope="module")
 def encoded_int8() -> Encoded:
-    return Encoded(MODEL, [("lin", "int8"), ("mm", "int8"), ("g16", "fp16"), ("narrow", "int8")])
+    return Encoded(
+        MODEL,
+        [("lin", "int8"), ("mm", "int8"), ("g16", "fp16"), ("narrow", "int8"), ("wide", "fp16")],
+    )
 
 
 def _q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -176,6 +194,7 @@ def test_int8_and_fp16_kernels_match_numpy_on_the_stored_bytes(encoded_int8):
     # fp16: no quantization, the float decode up to summation order
     bias = bias[:, :N]
     _close(call("g16", x2, bias), bias + x2 @ encoded_int8.decoded("g16"))
+    _close(call("wide", x2), x2 @ encoded_int8.decoded("wide"))
 
 
 def _kernel_calls(encoded: Encoded, calls: dict[str, str]) -> str:

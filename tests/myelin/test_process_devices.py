@@ -119,3 +119,26 @@ def test_a_local_sync_device_reuses_freed_memory_instead_of_faulting_it_in_again
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     assert faults[0] > 8000  # the first touch of 64 MiB: the measurement sees faults
     assert max(faults[1:]) < 1000, faults
+
+
+def test_a_one_thread_causal_lm_alone_on_local_task_is_chosen_local_sync(monkeypatch):
+    from myelin.mln import DeviceRecord
+    from myelin.runtime import devices
+
+    cpu = DeviceRecord(name="cpu", target="llvm-cpu", driver="local-task")
+    chosen = {"cpu": {"driver": {"value": "local-sync", "reason": devices.ONE_THREAD_CAUSAL_LM}}}
+    monkeypatch.setattr(devices, "_HOST_THREADS", 1)
+    assert devices.host_drivers([cpu], causal_lm=True) == (["local-sync"], chosen)
+    # what the artifact says, and no choice recorded: another graph (its submits may overlap
+    # the caller's work), a driver the app pinned, another target, two devices
+    assert devices.host_drivers([cpu], causal_lm=False) == (["local-task"], {})
+    pinned = DeviceRecord(name="cpu", target="llvm-cpu", driver="local-sync")
+    assert devices.host_drivers([pinned], causal_lm=True) == (["local-sync"], {})
+    vmvx = DeviceRecord(name="cpu", target="vmvx", driver="local-task")
+    assert devices.host_drivers([vmvx], causal_lm=True) == (["local-task"], {})
+    other = DeviceRecord(name="cpu2", target="llvm-cpu", driver="local-task")
+    assert devices.host_drivers([cpu, other], causal_lm=True) == (["local-task"] * 2, {})
+    # more threads, or none set (IREE's default topology: a worker per core)
+    for threads in (2, None):
+        monkeypatch.setattr(devices, "_HOST_THREADS", threads)
+        assert devices.host_drivers([cpu], causal_lm=True) == (["local-task"], {})

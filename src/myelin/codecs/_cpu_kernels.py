@@ -82,6 +82,9 @@ class Kernel:
     features: tuple[str, ...]  # the CPU features it needs, as LLVM names them (gcc: -m<name>)
     block: int  # outputs per kernel block: N must be a multiple
     quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
+    # Weight row bytes above which the kernel walks 2 blocks at a time (0: never): workgroups
+    # then take whole pairs of blocks where the output count allows.
+    wide_row: int = 0
 
     @property
     def source(self) -> Path:
@@ -94,7 +97,12 @@ class Kernel:
     @property
     def cflags(self) -> tuple[str, ...]:
         # the C side checks these against its own #defines (cpu_matvec.h)
-        numbers = (f"-DPLEX_BLOCK={self.block}", f"-DPLEX_GROUP={GROUP}", f"-DPLEX_MAX_K={MAX_K}")
+        numbers = (
+            f"-DPLEX_BLOCK={self.block}",
+            f"-DPLEX_GROUP={GROUP}",
+            f"-DPLEX_MAX_K={MAX_K}",
+            f"-DPLEX_WIDE_ROW={self.wide_row}",
+        )
         return (*CFLAGS, *(f"-m{f}" for f in self.features), *numbers)
 
 
@@ -104,7 +112,14 @@ KERNELS = (
     Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True),
     Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True),
     Kernel("int8", "int8_matvec_avx512vnni", _AVX512_VNNI, 64, quantizes=True),
-    Kernel("fp16", "fp16_matvec_avx512", ("avx512f", "f16c", "fma"), 128, quantizes=False),
+    Kernel(
+        "fp16",
+        "fp16_matvec_avx512",
+        ("avx512f", "f16c", "fma"),
+        128,
+        quantizes=False,
+        wide_row=4096,
+    ),
 )
 
 
@@ -336,7 +351,9 @@ _BYTES = {"f32": 4, "f16": 2, "i8": 1}
 def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
     """How many workgroups split the output blocks: up to MAX_WORKGROUPS, and for a kernel
     that quantizes the activation one per BYTES_PER_QUANTIZING_WORKGROUP of weight read."""
-    count = min(matvec.n // kernel.block, MAX_WORKGROUPS)
+    blocks = matvec.n // kernel.block
+    row = matvec.n * _BYTES[matvec.operands[1][2]] if kernel.wide_row else 0
+    count = min(blocks // 2 if row > kernel.wide_row and blocks >= 2 else blocks, MAX_WORKGROUPS)
     if kernel.quantizes:
         weight = sum(
             size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "init")

@@ -2,34 +2,61 @@
  *
  * The weight is the codec's storage, read in place from the parameters (K-major, as a torch
  * Linear's consumer reads it): w [K][N] f16. out[n] = init[n] + sum_k x[k] * w[k][n], in f32:
- * each row's 128 outputs converted (vcvtph2ps) and accumulated (FMA) in 8 registers, the weight
+ * each row's outputs converted (vcvtph2ps) and accumulated (FMA) in registers, the weight
  * streamed once, the activation read as it is (no quantization: exact to the float decode up
  * to summation order).
  *
- * One block walks down all K rows: each of its loads steps by a row every iteration, a stride
- * the hardware prefetcher follows; the block's row AHEAD rows on (cpu_matvec.h) is prefetched
- * as well (measured in the decode step, docs/codecs.md "CPU matvec kernels"). */
+ * A block of outputs walks down all K rows: each of its loads steps by a row every iteration,
+ * a stride the hardware prefetcher follows. How wide the block is and whether it also
+ * prefetches in software depends on the row's length (measured per TinyLlama shape on weights
+ * read from memory, docs/codecs.md "CPU matvec kernels"):
+ * - rows over 4 KiB (N > 2048): 256 outputs (16 accumulators, 8 lines a row), the block's row
+ *   AHEAD rows on (cpu_matvec.h) prefetched: every row is a new page, and the wider block
+ *   reads twice the bytes of each page per visit;
+ * - rows of 4 KiB or less: 128 outputs (8 accumulators), no software prefetch: the hardware
+ *   prefetcher alone followed the walk faster than with it. */
 #include "cpu_matvec.h"
 
-#define BLOCK 128 /* outputs per inner block: 256 bytes (4 lines) per row */
-CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
+#define BLOCK 128     /* outputs per block: the granule a workgroup's share is counted in */
+#define WIDE_ROW 4096 /* row bytes above which blocks are 2 x BLOCK wide and prefetch */
+CHECK_BLOCK(BLOCK);   /* the Python table's block (Kernel.block) */
+#if defined(PLEX_WIDE_ROW) && PLEX_WIDE_ROW != WIDE_ROW
+#error "WIDE_ROW differs from the Python table's (Kernel.wide_row)"
+#endif
+
+/* One walk down the rows for ACC x 16 outputs from n0, prefetching AHEAD rows on if `ahead`. */
+#define WALK(ACC, ahead)                                                                     \
+  do {                                                                                       \
+    __m512 acc[ACC];                                                                         \
+    for (int j = 0; j < ACC; ++j) acc[j] = _mm512_loadu_ps(init + n0 + 16 * j);             \
+    const uint16_t* row = w + n0;                                                            \
+    _Pragma("GCC unroll 2") for (size_t kk = 0; kk < k; ++kk, row += n) {                    \
+      if (ahead) {                                                                           \
+        const char* p = (const char*)(row + AHEAD * n); /* past the end: no fault */         \
+        for (int l = 0; l < ACC / 2; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);            \
+      }                                                                                      \
+      const __m512 xv = _mm512_set1_ps(x[kk]);                                               \
+      for (int j = 0; j < ACC; ++j) {                                                        \
+        const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16 * j))); \
+        acc[j] = _mm512_fmadd_ps(v, xv, acc[j]);                                             \
+      }                                                                                      \
+    }                                                                                        \
+    for (int j = 0; j < ACC; ++j) _mm512_storeu_ps(out + n0 + 16 * j, acc[j]);               \
+  } while (0)
+
+static void block256(const uint16_t* w, const float* x, const float* init, float* out,
+                     size_t k, size_t n, size_t n0) {
+  WALK(16, 1);
+}
 
 static void block128(const uint16_t* w, const float* x, const float* init, float* out,
                      size_t k, size_t n, size_t n0) {
-  __m512 acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = _mm512_loadu_ps(init + n0 + 16 * j);
-  const uint16_t* row = w + n0;
-#pragma GCC unroll 2
-  for (size_t kk = 0; kk < k; ++kk, row += n) {
-    const char* ahead = (const char*)(row + AHEAD * n); /* past the end: prefetches don't fault */
-    for (int l = 0; l < 4; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
-    const __m512 xv = _mm512_set1_ps(x[kk]);
-    for (int j = 0; j < 8; ++j) {
-      const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16 * j)));
-      acc[j] = _mm512_fmadd_ps(v, xv, acc[j]);
-    }
-  }
-  for (int j = 0; j < 8; ++j) _mm512_storeu_ps(out + n0 + 16 * j, acc[j]);
+  WALK(8, 0);
+}
+
+static void block128_ahead(const uint16_t* w, const float* x, const float* init, float* out,
+                           size_t k, size_t n, size_t n0) {
+  WALK(8, 1);
 }
 
 /* One workgroup's share: outputs [n_begin, n_begin + n_count), n_count a multiple of 128.
@@ -37,7 +64,15 @@ static void block128(const uint16_t* w, const float* x, const float* init, float
 void plex_fp16_matvec_avx512(const float* x, size_t x_off, const uint16_t* w, size_t w_off,
                              const float* init, size_t init_off, float* out, size_t out_off,
                              size_t k, size_t n, size_t n_begin, size_t n_count) {
-  for (size_t n0 = n_begin; n0 < n_begin + n_count; n0 += BLOCK) {
-    block128(w + w_off, x + x_off, init + init_off, out + out_off, k, n, n0);
+  const uint16_t* wb = w + w_off;
+  const float *xb = x + x_off, *ib = init + init_off;
+  float* ob = out + out_off;
+  size_t n0 = n_begin;
+  const size_t end = n_begin + n_count;
+  if (n * sizeof(uint16_t) > WIDE_ROW) {
+    for (; n0 + 2 * BLOCK <= end; n0 += 2 * BLOCK) block256(wb, xb, ib, ob, k, n, n0);
+    for (; n0 < end; n0 += BLOCK) block128_ahead(wb, xb, ib, ob, k, n, n0);
+  } else {
+    for (; n0 < end; n0 += BLOCK) block128(wb, xb, ib, ob, k, n, n0);
   }
 }

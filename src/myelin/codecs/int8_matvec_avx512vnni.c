@@ -15,12 +15,16 @@
 #define BLOCK 64  /* outputs per vpdpbusd step: one 64-byte line per row */
 CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
 #define CHUNK 512 /* outputs per pass over the rows: their sums live in L1 (32 + 32 vectors) */
+/* Rows of at most this many bytes (q / o, k / v and down at TinyLlama's sizes) are left to the
+ * hardware prefetchers: measured in the decode step, the software prefetch paid on the longer
+ * rows only (for q4's half-as-long rows it pays on all: docs/codecs.md "CPU matvec kernels"). */
+#define SHORT_ROW 4096
 
 /* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
  * at a time, each across the whole chunk (512 contiguous bytes), so a cold weight streams from
  * memory: measured on Zen 5 with the weights out of cache, a 2048x2048 matvec read 18.8 GB/s
  * this way against 11.2 GB/s block by block down all rows. The rows 16 on are prefetched
- * (cpu_matvec.h prefetch_rows). */
+ * (cpu_matvec.h prefetch_rows) where rows are longer than SHORT_ROW. */
 static void chunk(const int8_t* codes, const float* scale, const float* init, float* out,
                   size_t k, size_t n, size_t c0, size_t width, const int8_t* xq,
                   const float* d, const int32_t* xi) {
@@ -38,7 +42,7 @@ static void chunk(const int8_t* codes, const float* scale, const float* init, fl
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const int8_t* c = codes + row * n + c0;
-      prefetch_rows(c, n, width);
+      if (n > SHORT_ROW) prefetch_rows(c, n, width);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK) {
         const __m512i r0 = _mm512_xor_si512(_mm512_loadu_si512(c), flip);
         const __m512i r1 = _mm512_xor_si512(_mm512_loadu_si512(c + n), flip);

@@ -53,6 +53,12 @@ def note_driver_created(driver: str) -> None:
         _DRIVERS_CREATED.add(driver)
 
 
+def drivers_created() -> frozenset[str]:
+    """The HAL drivers this process has created (what note_driver_created was told)."""
+    with _LOCK:
+        return frozenset(_DRIVERS_CREATED)
+
+
 def loaded_backends() -> list[LoadedBackend]:
     with _LOCK:
         return list(_LOADED.values())

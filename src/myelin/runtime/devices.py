@@ -117,6 +117,73 @@ PEER_DRIVERS = frozenset({"cuda"})
 SOLO_DRIVERS = frozenset({"vulkan"})
 
 
+# The local-task worker count this process asked for with set_host_threads (None: IREE's
+# default topology, a worker per core). IREE reads it once, when the local-task driver starts.
+_HOST_THREADS: int | None = None
+
+# Why a one-thread causal LM runs on local-sync (host_drivers). A decode step is ~500 small
+# dispatches (the 1.1B model: 22 layers of matvecs, norms, RoPE, cache copies, attention); on
+# local-task the calling thread records and submits them and the one worker sleeps and wakes
+# between submissions, each waiting for a core, where local-sync runs each inline on the
+# calling thread (docs/llm.md, "Against llama.cpp on this CPU", has the measurements).
+ONE_THREAD_CAUSAL_LM = (
+    "a causal LM on one host thread (set_host_threads(1)) runs its dispatches inline on the "
+    "calling thread (local-sync) instead of handing each to one local-task worker: faster "
+    "decode steps, the same results; more threads keep local-task"
+)
+
+
+def set_host_threads(threads: int) -> None:
+    """Run this process's CPU work on `threads` threads: IREE's local-task worker count
+    (`--task_topology_group_count`, process-wide), and what a causal LM's driver choice reads
+    (`host_drivers`). Call it before the first model with a CPU device loads: IREE reads the
+    count once, when the local-task driver starts, so a later change is refused."""
+    from myelin.runtime.backends import drivers_created
+
+    global _HOST_THREADS
+    if threads < 1:
+        raise ValueError(f"set_host_threads: threads must be 1 or more, got {threads}")
+    with _PROCESS_LOCK:
+        # the driver's task executor, and its worker count, start with the driver
+        started = "local-task" in drivers_created()
+        if started and threads != _HOST_THREADS:
+            raise RuntimeError(
+                f"set_host_threads({threads}): this process's local-task driver already runs "
+                f"{_HOST_THREADS or 'the default number of'} worker(s); set the thread count "
+                "before loading the first model"
+            )
+        rt.flags.parse_flags(f"--task_topology_group_count={threads}")
+        _HOST_THREADS = threads
+
+
+def host_threads() -> int | None:
+    """The thread count set_host_threads set (None: IREE's default, a worker per core)."""
+    return _HOST_THREADS
+
+
+def host_drivers(
+    devices: Sequence[DeviceRecord], causal_lm: bool
+) -> tuple[list[str], dict[str, dict]]:
+    """The driver each variant device runs on here, and the choices the runtime made for this
+    host ({device: {"driver": {"value", "reason"}}}, empty: every device as the artifact says).
+    The one choice: a causal LM's single llvm-cpu device on local-task, without a backend, runs
+    on local-sync when the process has one host thread (ONE_THREAD_CAUSAL_LM). A pinned
+    `driver = "local-sync"` needs no choice; other graphs keep local-task, whose calls can
+    overlap the caller's own work (`submit`)."""
+    drivers = [d.driver for d in devices]
+    if (
+        causal_lm
+        and _HOST_THREADS == 1
+        and len(devices) == 1
+        and devices[0].target == "llvm-cpu"
+        and devices[0].driver == "local-task"
+        and devices[0].backend is None
+    ):
+        choice = {"value": "local-sync", "reason": ONE_THREAD_CAUSAL_LM}
+        return ["local-sync"], {devices[0].name: {"driver": choice}}
+    return drivers, {}
+
+
 def driver_ordinals(drivers: Sequence[str]) -> list[int]:
     """Ordinal of each device among the devices of its driver: [local-task, cuda, local-task]
     -> [0, 0, 1]."""

@@ -26,7 +26,7 @@ from myelin.mln import (
     VariantRecord,
 )
 from myelin.runtime.admission import AdmissionBudget, CallNeed, FootprintFormula
-from myelin.runtime.devices import DeviceRegistry
+from myelin.runtime.devices import DeviceRegistry, host_drivers
 from myelin.runtime.parameter_memory import collect as collect_parameter_memory
 from myelin.runtime.parameter_memory import wrap_mapping
 from myelin.runtime.residency import ParameterResidency
@@ -211,10 +211,16 @@ class Model:
             ]
             self.policies: dict[str, Any] = dict(self.manifest.get("policies") or {})
             self.registry = registry
-            self.devices = registry.devices_for([d.driver for d in self.variant_record.devices])
+            self._modules = self._load_modules()  # bytecode only: no device needed yet
+            # The drivers this host runs the devices on, and the choices it made for them
+            # (myelin.runtime.devices.host_drivers): {device: {option: {"value", "reason"}}}.
+            drivers, self.host_chosen = host_drivers(
+                self.variant_record.devices, self._is_causal_lm()
+            )
+            self.drivers: list[str] = drivers
+            self.devices = registry.devices_for(drivers)
             registry.open_peer_paths(self.devices)
             self.device_names = [d.name for d in self.variant_record.devices]
-            self._modules = self._load_modules()
             self._providers = self._parameter_providers()
             self.entrypoints = self._entrypoints()
             self.residency = self._residency(residency, lock_weights)
@@ -281,6 +287,16 @@ class Model:
                 )
             modules.append(module)
         return modules
+
+    def _is_causal_lm(self) -> bool:
+        """Whether the variant is a causal-lm frontend's graph: its `prefill` function carries
+        the frontend's record (what myelin.runtime.generation reads)."""
+        from myelin.runtime.generation import PREFILL, RECORD_KEY
+
+        entry = self.variant_record.callable_entrypoints().get(PREFILL)
+        module = next((m for m in self._modules if entry and m.name == entry.module), None)
+        function = module.lookup_function(entry.function) if module and entry else None
+        return function is not None and RECORD_KEY in function.reflection
 
     def _parameter_ranges(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(scope, key) -> (file offset, length) of every parameter this variant reads."""
