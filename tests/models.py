@@ -77,3 +77,24 @@ def write_stablehlo_package(folder: Path) -> Path:
 
 def shlo_reference(x: np.ndarray) -> np.ndarray:
     return np.tanh(x @ INLINE_W + INLINE_B)
+
+
+def runs_like_torch(mln: Path, source: str, atol: float) -> tuple[np.ndarray, dict]:
+    """Call the `.mln`'s `forward` on the input `source`'s `build()` returns (the text
+    `write_torch_package` packaged) and check it against the torch module's own output (rtol
+    1e-5, `atol`); returns PLeX's output and the artifact's manifest."""
+    import torch
+
+    import myelin
+
+    namespace: dict = {}
+    exec(source, namespace)
+    module, (x,) = namespace["build"]()
+    model = myelin.Instance().load(mln)
+    with model.session() as session:
+        got = np.asarray(session.call("forward", x.numpy()))
+    manifest = model.manifest
+    model.close()
+    with torch.no_grad():
+        np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-5, atol=atol)
+    return got, manifest

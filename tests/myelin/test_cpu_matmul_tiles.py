@@ -8,17 +8,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
-import myelin
 from myelin.compiler.cpu_matmul_tiles import ROWS_BUDGET, rows_distribution
 from myelin.compiler.targets import data_tiling_choice, matmul_tiles_choice
 from plex.builder import build
 from plex.cli import app as plex_app
-from tests.models import write_torch_package
+from tests.models import runs_like_torch, write_torch_package
 
 MODEL = """
 import torch
@@ -90,26 +87,12 @@ def _build(package: Path, folder: Path, pinned: str = "") -> tuple[Path, list[st
     return mln, [configs[name] for name in used]
 
 
-def _computes_like_torch(mln: Path) -> dict:
-    namespace: dict = {}
-    exec(MODEL, namespace)
-    module, (x,) = namespace["build"]()
-    model = myelin.Instance().load(mln)
-    with model.session() as session:
-        got = np.asarray(session.call("forward", x.numpy()))
-    manifest = model.manifest
-    model.close()
-    with torch.no_grad():
-        np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-5, atol=1e-5)
-    return manifest
-
-
 @needs_avx512
 def test_an_unpinned_app_gets_rows_records_them_and_computes_like_torch(package, tmp_path):
     mln, tiles = _build(package, tmp_path)
     # 64 rows = 4 tiles of 16; 512 and 128 columns = 32 and 8 weight tiles, taken 2 at a time
     assert tiles == [ROWS, ROWS]
-    device = _computes_like_torch(mln)["variants"][0]["devices"][0]
+    device = runs_like_torch(mln, MODEL, 1e-5)[1]["variants"][0]["devices"][0]
     choice = matmul_tiles_choice(True, "host", "")
     assert device["host_chosen"]["matmul_tiles"] == {"value": "rows", "reason": choice.reason}
     shown = " ".join(CliRunner().invoke(plex_app, ["inspect", str(mln)]).output.split())
@@ -119,7 +102,7 @@ def test_an_unpinned_app_gets_rows_records_them_and_computes_like_torch(package,
 def test_pinned_iree_tiles_are_honoured_and_not_host_chosen(package, tmp_path):
     mln, tiles = _build(package, tmp_path, 'matmul_tiles = "iree"\n')
     assert tiles and ROWS not in tiles  # IREE's own choice
-    device = _computes_like_torch(mln)["variants"][0]["devices"][0]
+    device = runs_like_torch(mln, MODEL, 1e-5)[1]["variants"][0]["devices"][0]
     assert "matmul_tiles" not in device.get("host_chosen", {})
 
 
@@ -127,5 +110,5 @@ def test_pinned_rows_are_honoured_on_any_host(package, tmp_path):
     mln, tiles = _build(package, tmp_path, 'matmul_tiles = "rows"\n')
     if tiles:  # a host without IREE's packed f32 kernels may pack no matmul
         assert set(tiles) == {ROWS}
-    device = _computes_like_torch(mln)["variants"][0]["devices"][0]
+    device = runs_like_torch(mln, MODEL, 1e-5)[1]["variants"][0]["devices"][0]
     assert "matmul_tiles" not in device.get("host_chosen", {})

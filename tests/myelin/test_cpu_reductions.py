@@ -8,9 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import myelin
@@ -18,7 +16,7 @@ from myelin.compiler.cpu_reductions import ROWS, WIDTH
 from myelin.compiler.targets import REASSOCIATE_FLAG, reductions_choice
 from plex.builder import build
 from plex.cli import app as plex_app
-from tests.models import write_torch_package
+from tests.models import runs_like_torch, write_torch_package
 
 MODEL = """
 import torch
@@ -83,20 +81,6 @@ def _build(package: Path, folder: Path, pinned: str = "") -> tuple[Path, list[st
     return mln, REDUCTION_TILES.findall(text), flags
 
 
-def _computes_like_torch(mln: Path) -> dict:
-    namespace: dict = {}
-    exec(MODEL, namespace)
-    module, (x,) = namespace["build"]()
-    model = myelin.Instance().load(mln)
-    with model.session() as session:
-        got = np.asarray(session.call("forward", x.numpy()))
-    manifest = model.manifest
-    model.close()
-    with torch.no_grad():
-        np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-5, atol=1e-6)
-    return manifest
-
-
 @needs_avx512
 def test_an_unpinned_app_gets_vector_reductions_records_them_and_computes_like_torch(
     package, tmp_path
@@ -104,7 +88,7 @@ def test_an_unpinned_app_gets_vector_reductions_records_them_and_computes_like_t
     mln, tiles, flags = _build(package, tmp_path)
     assert tiles and set(tiles) == {VECTOR}  # the layer norm's and the softmax's reductions
     assert REASSOCIATE_FLAG in flags
-    device = _computes_like_torch(mln)["variants"][0]["devices"][0]
+    device = runs_like_torch(mln, MODEL, 1e-6)[1]["variants"][0]["devices"][0]
     choice = reductions_choice("host", "")
     assert device["host_chosen"]["reductions"] == {"value": "vector", "reason": choice.reason}
     assert device["options"]["reductions"] == "vector"
@@ -116,7 +100,7 @@ def test_pinned_iree_reductions_are_honoured_and_not_host_chosen(package, tmp_pa
     mln, tiles, flags = _build(package, tmp_path, 'reductions = "iree"\n')
     assert tiles and VECTOR not in tiles  # IREE's own tiles
     assert REASSOCIATE_FLAG not in flags
-    device = _computes_like_torch(mln)["variants"][0]["devices"][0]
+    device = runs_like_torch(mln, MODEL, 1e-6)[1]["variants"][0]["devices"][0]
     assert "reductions" not in device.get("host_chosen", {})
     assert "reductions" not in device.get("options", {})
 
@@ -125,5 +109,5 @@ def test_pinned_vector_reductions_are_honoured_on_any_host(package, tmp_path):
     mln, tiles, flags = _build(package, tmp_path, 'reductions = "vector"\n')
     assert tiles and set(tiles) == {VECTOR}
     assert REASSOCIATE_FLAG in flags
-    device = _computes_like_torch(mln)["variants"][0]["devices"][0]
+    device = runs_like_torch(mln, MODEL, 1e-6)[1]["variants"][0]["devices"][0]
     assert "reductions" not in device.get("host_chosen", {})

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
-import myelin
 from myelin.compiler.cpu_relayout_tiles import whole_tiles
 from myelin.compiler.targets import data_tiling_choice, relayout_tiles_choice
 from plex.builder import build
 from plex.cli import app as plex_app
-from tests.models import write_torch_package
+from tests.models import runs_like_torch, write_torch_package
 
 MODEL = """
 import torch
@@ -98,27 +96,13 @@ def _build(package: Path, folder: Path, pinned: str = "") -> tuple[Path, str]:
     return mln, text
 
 
-def _run(mln: Path) -> tuple[np.ndarray, dict]:
-    namespace: dict = {}
-    exec(MODEL, namespace)
-    module, (x,) = namespace["build"]()
-    model = myelin.Instance().load(mln)
-    with model.session() as session:
-        got = np.asarray(session.call("forward", x.numpy()))
-    manifest = model.manifest
-    model.close()
-    with torch.no_grad():
-        np.testing.assert_allclose(got, module(x).numpy(), rtol=1e-5, atol=1e-5)
-    return got, manifest
-
-
 @needs_avx512
 def test_an_unpinned_app_gets_whole_tiles_records_them_and_computes_like_iree_tiles(
     package, tmp_path
 ):
     mln, text = _build(package, tmp_path / "whole")
     assert WHOLE.search(text)
-    got, manifest = _run(mln)
+    got, manifest = runs_like_torch(mln, MODEL, 1e-5)
     device = manifest["variants"][0]["devices"][0]
     choice = relayout_tiles_choice(True, "host", "")
     assert device["host_chosen"]["relayout_tiles"] == {"value": "whole", "reason": choice.reason}
@@ -128,7 +112,7 @@ def test_an_unpinned_app_gets_whole_tiles_records_them_and_computes_like_iree_ti
 
     iree_mln, iree_text = _build(package, tmp_path / "iree", 'relayout_tiles = "iree"\n')
     assert not WHOLE.search(iree_text)  # IREE's own tiles
-    iree_got, iree_manifest = _run(iree_mln)
+    iree_got, iree_manifest = runs_like_torch(iree_mln, MODEL, 1e-5)
     np.testing.assert_array_equal(got, iree_got)  # the same arithmetic, element by element
     iree_device = iree_manifest["variants"][0]["devices"][0]
     assert "relayout_tiles" not in iree_device.get("host_chosen", {})
@@ -139,5 +123,5 @@ def test_pinned_whole_tiles_are_honoured_on_any_host(package, tmp_path):
     mln, text = _build(package, tmp_path, 'relayout_tiles = "whole"\n')
     if "linalg.unpack" in text:  # a host without IREE's packed f32 kernels may pack nothing
         assert WHOLE.search(text)
-    _, manifest = _run(mln)
+    _, manifest = runs_like_torch(mln, MODEL, 1e-5)
     assert "relayout_tiles" not in manifest["variants"][0]["devices"][0].get("host_chosen", {})

@@ -106,15 +106,27 @@ def data_tiling_choice(cpu: str | None, cpu_features: str | None) -> HostChoice:
     return HostChoice(False, "no AVX-512 on this host: packing measured no faster without it")
 
 
+def _not_packed_avx512(
+    data_tiling: bool, cpu: str | None, cpu_features: str | None, what: str
+) -> HostChoice | None:
+    """IREE's own choice, with why, where the packed `what` of an AVX-512 host (data tiling on
+    an x86-64 AVX-512 CPU, as data_tiling_choice reads it) are not there: the host-chosen CPU
+    tiles were measured there only."""
+    if not data_tiling:
+        return HostChoice("iree", f"no data tiling: no packed {what}")
+    if not data_tiling_choice(cpu, cpu_features).value:
+        return HostChoice("iree", "not an AVX-512 host: unmeasured there")
+    return None
+
+
 def matmul_tiles_choice(data_tiling: bool, cpu: str | None, cpu_features: str | None) -> HostChoice:
     """ "rows" where the packed matmuls run IREE's AVX-512 kernels (data tiling on an x86-64
     AVX-512 CPU, as data_tiling_choice reads it): BERT-base at 128 tokens, 1 thread, ran in
     0.86-0.92x the time of IREE's own tiles on a Zen 5 core (myelin.compiler.cpu_matmul_tiles).
     Without data tiling there are no packed matmuls to tile; elsewhere it is unmeasured."""
-    if not data_tiling:
-        return HostChoice("iree", "no data tiling: no packed matmuls")
-    if not data_tiling_choice(cpu, cpu_features).value:
-        return HostChoice("iree", "not an AVX-512 host: unmeasured there")
+    not_packed = _not_packed_avx512(data_tiling, cpu, cpu_features, "matmuls")
+    if not_packed is not None:
+        return not_packed
     return HostChoice(
         "rows",
         "AVX-512 packed matmuls: a workgroup takes all activation rows, each weight tile is "
@@ -129,10 +141,9 @@ def relayout_tiles_choice(
     data_tiling_choice reads it), where it was measured: BERT-base's per-head relayouts took a
     quarter of their time on a Zen 5 core (myelin.compiler.cpu_relayout_tiles). Without data
     tiling there are no relayouts between packed matmuls; elsewhere it is unmeasured."""
-    if not data_tiling:
-        return HostChoice("iree", "no data tiling: no packed relayouts")
-    if not data_tiling_choice(cpu, cpu_features).value:
-        return HostChoice("iree", "not an AVX-512 host: unmeasured there")
+    not_packed = _not_packed_avx512(data_tiling, cpu, cpu_features, "relayouts")
+    if not_packed is not None:
+        return not_packed
     return HostChoice(
         "whole",
         "AVX-512 relayouts between packed matmuls: whole 16 x 16 vector tiles, "
