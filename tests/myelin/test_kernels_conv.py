@@ -13,6 +13,7 @@ computes (it gave ResNet-50 a wrong answer on an H100).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from pathlib import Path
@@ -325,3 +326,18 @@ print(json.dumps(worst))
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 2e-3
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_convolution_kernel_takes_exactly_what_its_wrapper_passes(masked):
+    """sm_90a code (wgmma) with no GPU present, whose parameters are the 3 bindings (x, filter,
+    C) and one i32 per push constant the wrapper declares: M, N, K and the geometry."""
+    from myelin.kernels._triton import CONV_GEOMETRY, MatmulConfig, compile_matmul
+
+    config = MatmulConfig("f16", "f16", True, 128, 64, 64, 8, 4, 4, im2col=True)
+    kernel = compile_matmul(dataclasses.replace(config, im2col_masked=masked))
+    assert ".target sm_90a" in kernel.ptx and "wgmma.mma_async" in kernel.ptx
+    entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
+    params = re.findall(r"\.param \.(u64|u32)", entry)
+    assert params == ["u64"] * 3 + ["u32"] * (3 + len(CONV_GEOMETRY))
+    assert kernel.name.startswith("plex_conv_masked_" if masked else "plex_conv_abt_")
