@@ -274,14 +274,19 @@ def plex_runner(mln: Path, keep: list, device: str, burst: int) -> Callable:
     call = session.resolve("forward")
     keep += [model, session]
     output = "device" if device == "cuda" else "numpy"
-    if not burst:
-        return lambda *args: call(*args, output=output)
+
+    def single(*args):
+        return call(*args, output=output)
 
     def submitted(*args):
         pending = [call.submit(*args) for _ in range(burst)]
         return [p.result() for p in pending][-1]
 
-    return submitted
+    fn = submitted if burst else single
+    if any("driver" in chosen for chosen in model.host_chosen.values()):
+        # the table says which driver ran when the host chose another than the artifact's
+        fn.note = f"on {'+'.join(model.drivers)} (host-chosen)"  # type: ignore[attr-defined]
+    return fn
 
 
 def check(out: np.ndarray, reference: np.ndarray, tolerance: dict) -> dict:
@@ -472,13 +477,15 @@ def failed_case(case: Case, error: BaseException | None, stage: str = "build") -
 
 def set_threads(threads: int) -> None:
     """Before any device exists: IREE reads its task topology once, when it creates the device,
-    so a suite has one thread count for all its cases."""
+    so a suite has one thread count for all its cases. Set through MyeLiN, as an app sets it:
+    on 1 thread a model's single CPU device then runs on local-sync (host_drivers)."""
     if not threads:
         return
-    import iree.runtime as rt
     import torch
 
-    rt.flags.parse_flags(f"--task_topology_group_count={threads}")
+    from myelin.runtime.devices import set_host_threads
+
+    set_host_threads(threads)
     torch.set_num_threads(threads)
 
 

@@ -1,6 +1,6 @@
-"""A causal LM loaded in a process set to one host thread runs on local-sync
-(myelin.runtime.devices.host_drivers), records that choice on the model, and generates the
-tokens local-task generates."""
+"""A causal LM loaded in a process set to one host thread runs on local-sync, as every single-CPU-
+device model does there (myelin.runtime.devices.host_drivers), records that choice on the
+model, and generates the tokens local-task generates."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("iree.turbine")
 
 import myelin
-from myelin.runtime.devices import ONE_THREAD_CAUSAL_LM
+from myelin.runtime.devices import ONE_HOST_THREAD
 from myelin.runtime.generation import Generator
 from tests.llm.builds import PROMPT, build_causal_lm
 
@@ -69,7 +69,7 @@ def test_one_thread_causal_lm_runs_on_local_sync_with_the_same_tokens(tmp_path: 
     assert got["drivers"] == ["local-sync"]
     device = model.device_names[0]
     assert got["host_chosen"] == {
-        device: {"driver": {"value": "local-sync", "reason": ONE_THREAD_CAUSAL_LM}}
+        device: {"driver": {"value": "local-sync", "reason": ONE_HOST_THREAD}}
     }
     assert got["tokens"] == want
     assert "set the thread count before loading the first model" in got["refused"]

@@ -121,24 +121,72 @@ def test_a_local_sync_device_reuses_freed_memory_instead_of_faulting_it_in_again
     assert max(faults[1:]) < 1000, faults
 
 
-def test_a_one_thread_causal_lm_alone_on_local_task_is_chosen_local_sync(monkeypatch):
-    from myelin.mln import DeviceRecord
+def test_a_one_thread_cpu_model_alone_on_local_task_is_chosen_local_sync(monkeypatch):
+    from myelin.mln import BackendRecord, DeviceRecord
     from myelin.runtime import devices
 
     cpu = DeviceRecord(name="cpu", target="llvm-cpu", driver="local-task")
-    chosen = {"cpu": {"driver": {"value": "local-sync", "reason": devices.ONE_THREAD_CAUSAL_LM}}}
+    chosen = {"cpu": {"driver": {"value": "local-sync", "reason": devices.ONE_HOST_THREAD}}}
     monkeypatch.setattr(devices, "_HOST_THREADS", 1)
-    assert devices.host_drivers([cpu], causal_lm=True) == (["local-sync"], chosen)
-    # what the artifact says, and no choice recorded: another graph (its submits may overlap
-    # the caller's work), a driver the app pinned, another target, two devices
-    assert devices.host_drivers([cpu], causal_lm=False) == (["local-task"], {})
+    assert devices.host_drivers([cpu]) == (["local-sync"], chosen)
+    # what the artifact says, and no choice recorded: a driver the app pinned, another target,
+    # two devices, a backend's device
     pinned = DeviceRecord(name="cpu", target="llvm-cpu", driver="local-sync")
-    assert devices.host_drivers([pinned], causal_lm=True) == (["local-sync"], {})
+    assert devices.host_drivers([pinned]) == (["local-sync"], {})
     vmvx = DeviceRecord(name="cpu", target="vmvx", driver="local-task")
-    assert devices.host_drivers([vmvx], causal_lm=True) == (["local-task"], {})
+    assert devices.host_drivers([vmvx]) == (["local-task"], {})
     other = DeviceRecord(name="cpu2", target="llvm-cpu", driver="local-task")
-    assert devices.host_drivers([cpu, other], causal_lm=True) == (["local-task"] * 2, {})
+    assert devices.host_drivers([cpu, other]) == (["local-task"] * 2, {})
+    plugin = BackendRecord(name="blas", abi=1, ops=("matmul",), plugin="p", libraries=())
+    blas = DeviceRecord(name="cpu", target="llvm-cpu", driver="local-task", backend=plugin)
+    assert devices.host_drivers([blas]) == (["local-task"], {})
     # more threads, or none set (IREE's default topology: a worker per core)
     for threads in (2, None):
         monkeypatch.setattr(devices, "_HOST_THREADS", threads)
-        assert devices.host_drivers([cpu], causal_lm=True) == (["local-task"], {})
+        assert devices.host_drivers([cpu]) == (["local-task"], {})
+
+
+# In a process of its own: the thread count is IREE's process-wide topology.
+ONE_THREAD = """
+import json, sys
+import numpy as np
+from myelin.runtime.devices import set_host_threads
+set_host_threads(1)
+import myelin
+model = myelin.Instance().load(sys.argv[1])
+with model.session() as s:
+    out = s.call("forward", np.load(sys.argv[2]))
+np.save(sys.argv[3], out)
+print(json.dumps({"drivers": model.drivers, "host_chosen": model.host_chosen}))
+"""
+
+
+def test_a_one_thread_process_runs_the_mlp_on_local_sync_with_the_same_results(mlp_mln, tmp_path):
+    """The choice as a process makes it: recorded on the model, results equal to local-task's
+    (the same module; one call inline instead of on the worker)."""
+    import json
+    import subprocess
+    import sys
+
+    from myelin.runtime.devices import ONE_HOST_THREAD
+
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    model = myelin.Instance().load(mlp_mln)  # this process: IREE's default topology
+    assert model.drivers == ["local-task"] and model.host_chosen == {}
+    with model.session() as s:
+        want = s.call("forward", x)
+    name = model.device_names[0]
+    model.close()
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [str(mlp_mln), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")]
+    run = subprocess.run(
+        [sys.executable, "-c", ONE_THREAD, *args], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.splitlines()[-1])
+    assert got["drivers"] == ["local-sync"]
+    assert got["host_chosen"] == {
+        name: {"driver": {"value": "local-sync", "reason": ONE_HOST_THREAD}}
+    }
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), want)

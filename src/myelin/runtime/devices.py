@@ -121,21 +121,24 @@ SOLO_DRIVERS = frozenset({"vulkan"})
 # default topology, a worker per core). IREE reads it once, when the local-task driver starts.
 _HOST_THREADS: int | None = None
 
-# Why a one-thread causal LM runs on local-sync (host_drivers). A decode step is ~500 small
-# dispatches (the 1.1B model: 22 layers of matvecs, norms, RoPE, cache copies, attention); on
-# local-task the calling thread records and submits them and the one worker sleeps and wakes
-# between submissions, each waiting for a core, where local-sync runs each inline on the
-# calling thread (docs/llm.md, "Against llama.cpp on this CPU", has the measurements).
-ONE_THREAD_CAUSAL_LM = (
-    "a causal LM on one host thread (set_host_threads(1)) runs its dispatches inline on the "
-    "calling thread (local-sync) instead of handing each to one local-task worker: faster "
-    "decode steps, the same results; more threads keep local-task"
+# Why a one-thread process runs its CPU model on local-sync (host_drivers). On local-task the
+# calling thread records and submits a call's dispatches and the one worker runs them while the
+# caller sleeps on a fence: every hand-off waits for a core, and on a loaded machine each wait
+# costs a scheduler slot (MiniLM's calls moved in 4 ms steps, 16 -> 20 ms). local-sync runs each
+# dispatch inline on the calling thread, as ONNX Runtime and OpenVINO do on one thread: the same
+# results, never slower in docs/runtime.md's measurements (a causal LM's decode step, ~500 small
+# dispatches: 1.03-1.30x; MiniLM, BERT, GPT-2, ViT at batch 1: 1.00-1.25x).
+ONE_HOST_THREAD = (
+    "a CPU model on one host thread (set_host_threads(1)) runs its dispatches inline on the "
+    "calling thread (local-sync) instead of handing each call to one local-task worker and "
+    "sleeping until it is done: no hand-off waiting for a core, the same results; more threads "
+    "keep local-task"
 )
 
 
 def set_host_threads(threads: int) -> None:
     """Run this process's CPU work on `threads` threads: IREE's local-task worker count
-    (`--task_topology_group_count`, process-wide), and what a causal LM's driver choice reads
+    (`--task_topology_group_count`, process-wide), and what a CPU model's driver choice reads
     (`host_drivers`). Call it before the first model with a CPU device loads: IREE reads the
     count once, when the local-task driver starts, so a later change is refused."""
     from myelin.runtime.backends import drivers_created
@@ -161,25 +164,23 @@ def host_threads() -> int | None:
     return _HOST_THREADS
 
 
-def host_drivers(
-    devices: Sequence[DeviceRecord], causal_lm: bool
-) -> tuple[list[str], dict[str, dict]]:
+def host_drivers(devices: Sequence[DeviceRecord]) -> tuple[list[str], dict[str, dict]]:
     """The driver each variant device runs on here, and the choices the runtime made for this
     host ({device: {"driver": {"value", "reason"}}}, empty: every device as the artifact says).
-    The one choice: a causal LM's single llvm-cpu device on local-task, without a backend, runs
-    on local-sync when the process has one host thread (ONE_THREAD_CAUSAL_LM). A pinned
-    `driver = "local-sync"` needs no choice; other graphs keep local-task, whose calls can
-    overlap the caller's own work (`submit`)."""
+    The one choice: a variant whose only device is an llvm-cpu device on local-task, without a
+    backend, runs on local-sync when the process has one host thread (ONE_HOST_THREAD). A
+    pinned `driver = "local-sync"` needs no choice; several devices keep their drivers (their
+    graphs may run side by side), and so does a process of more threads or IREE's default
+    topology (local-sync would run on the calling thread alone)."""
     drivers = [d.driver for d in devices]
     if (
-        causal_lm
-        and _HOST_THREADS == 1
+        _HOST_THREADS == 1
         and len(devices) == 1
         and devices[0].target == "llvm-cpu"
         and devices[0].driver == "local-task"
         and devices[0].backend is None
     ):
-        choice = {"value": "local-sync", "reason": ONE_THREAD_CAUSAL_LM}
+        choice = {"value": "local-sync", "reason": ONE_HOST_THREAD}
         return ["local-sync"], {devices[0].name: {"driver": choice}}
     return drivers, {}
 

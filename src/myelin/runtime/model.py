@@ -214,9 +214,7 @@ class Model:
             self._modules = self._load_modules()  # bytecode only: no device needed yet
             # The drivers this host runs the devices on, and the choices it made for them
             # (myelin.runtime.devices.host_drivers): {device: {option: {"value", "reason"}}}.
-            drivers, self.host_chosen = host_drivers(
-                self.variant_record.devices, self._is_causal_lm()
-            )
+            drivers, self.host_chosen = host_drivers(self.variant_record.devices)
             self.drivers: list[str] = drivers
             self.devices = registry.devices_for(drivers)
             registry.open_peer_paths(self.devices)
@@ -287,16 +285,6 @@ class Model:
                 )
             modules.append(module)
         return modules
-
-    def _is_causal_lm(self) -> bool:
-        """Whether the variant is a causal-lm frontend's graph: its `prefill` function carries
-        the frontend's record (what myelin.runtime.generation reads)."""
-        from myelin.runtime.generation import PREFILL, RECORD_KEY
-
-        entry = self.variant_record.callable_entrypoints().get(PREFILL)
-        module = next((m for m in self._modules if entry and m.name == entry.module), None)
-        function = module.lookup_function(entry.function) if module and entry else None
-        return function is not None and RECORD_KEY in function.reflection
 
     def _parameter_ranges(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(scope, key) -> (file offset, length) of every parameter this variant reads."""
