@@ -133,6 +133,8 @@ def test_a_one_thread_cpu_model_alone_on_local_task_is_chosen_local_sync(monkeyp
     # two devices, a backend's device
     pinned = DeviceRecord(name="cpu", target="llvm-cpu", driver="local-sync")
     assert devices.host_drivers([pinned]) == (["local-sync"], {})
+    named = DeviceRecord("cpu", "llvm-cpu", "local-task", extras={"driver_pinned": True})
+    assert devices.host_drivers([named]) == (["local-task"], {})
     vmvx = DeviceRecord(name="cpu", target="vmvx", driver="local-task")
     assert devices.host_drivers([vmvx]) == (["local-task"], {})
     other = DeviceRecord(name="cpu2", target="llvm-cpu", driver="local-task")
@@ -190,3 +192,35 @@ def test_a_one_thread_process_runs_the_mlp_on_local_sync_with_the_same_results(m
         name: {"driver": {"value": "local-sync", "reason": ONE_HOST_THREAD}}
     }
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), want)
+
+
+def test_a_driver_the_app_names_is_kept_in_a_one_thread_process(tmp_path):
+    """`driver = "local-task"` written in the app: the device record says it was pinned, and a
+    one-thread process runs it there, with no choice recorded."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import EXAMPLES, build_app
+
+    folder = tmp_path / "mlp"
+    shutil.copytree(EXAMPLES / "mlp", folder)
+    app = folder / "app.toml"
+    app.write_text(
+        app.read_text().replace('target = "llvm-cpu"', 'target = "llvm-cpu"\ndriver = "local-task"')
+    )
+    mln = build_app(app, tmp_path / "pinned.mln")
+    model = myelin.Instance().load(mln)
+    (device,) = model.manifest["variants"][0]["devices"]
+    model.close()
+    assert device["driver"] == "local-task" and device["driver_pinned"] is True
+    x = np.ones((2, 16), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [str(mln), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")]
+    run = subprocess.run(
+        [sys.executable, "-c", ONE_THREAD, *args], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1]) == {"drivers": ["local-task"], "host_chosen": {}}

@@ -165,7 +165,9 @@ def test_devices_variants_and_build_options(tmp_path):
         )
     )
     cpu, gpu, amd = app.devices
-    assert cpu == DeviceSpec("cpu", "llvm-cpu", "local-sync", "generic", "", None)
+    assert cpu == DeviceSpec(
+        "cpu", "llvm-cpu", "local-sync", "generic", "", None, driver_pinned=True
+    )
     assert gpu == DeviceSpec("gpu", "cuda", "cuda", None, None, "sm_80", result_storage=True)
     assert amd == DeviceSpec("amd", "rocm", "hip", None, None, "gfx942")
     assert app.variants == (VariantSpec("gpu", (gpu, cpu)), VariantSpec("cpu", (cpu,)))

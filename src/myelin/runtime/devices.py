@@ -168,10 +168,11 @@ def host_drivers(devices: Sequence[DeviceRecord]) -> tuple[list[str], dict[str, 
     """The driver each variant device runs on here, and the choices the runtime made for this
     host ({device: {"driver": {"value", "reason"}}}, empty: every device as the artifact says).
     The one choice: a variant whose only device is an llvm-cpu device on local-task, without a
-    backend, runs on local-sync when the process has one host thread (ONE_HOST_THREAD). A
-    pinned `driver = "local-sync"` needs no choice; several devices keep their drivers (their
-    graphs may run side by side), and so does a process of more threads or IREE's default
-    topology (local-sync would run on the calling thread alone)."""
+    backend, runs on local-sync when the process has one host thread (ONE_HOST_THREAD), unless
+    the app named its driver (`driver_pinned` in the device record: an app that overlaps its
+    own work with `submit` keeps local-task by saying so). Several devices keep their drivers
+    (their graphs may run side by side), and so does a process of more threads or IREE's
+    default topology (local-sync would run on the calling thread alone)."""
     drivers = [d.driver for d in devices]
     if (
         _HOST_THREADS == 1
@@ -179,6 +180,7 @@ def host_drivers(devices: Sequence[DeviceRecord]) -> tuple[list[str], dict[str, 
         and devices[0].target == "llvm-cpu"
         and devices[0].driver == "local-task"
         and devices[0].backend is None
+        and not devices[0].extras.get("driver_pinned")
     ):
         choice = {"value": "local-sync", "reason": ONE_HOST_THREAD}
         return ["local-sync"], {devices[0].name: {"driver": choice}}

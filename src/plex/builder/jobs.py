@@ -196,6 +196,7 @@ class DeviceLink:
     # options the app left unset and the build chose for the CPU it targets:
     # option -> {"value": ..., "reason": ...} (plex.builder.plan.data_tiling_of)
     host_chosen: dict = field(default_factory=dict)
+    driver_pinned: bool = False  # the app named the driver (DeviceSpec.driver_pinned)
 
 
 @dataclass(frozen=True)

@@ -474,6 +474,7 @@ def _artifact_manifest(job: LinkJob, outputs: _Outputs) -> tuple[dict, list[dict
                         "options": dict(d.options),
                         "requires": dict(d.requires),
                         **({"host_chosen": dict(d.host_chosen)} if d.host_chosen else {}),
+                        **({"driver_pinned": True} if d.driver_pinned else {}),
                         **_backend_fields(d, outputs, sections),
                         **_kernel_sites(d, metas),
                     }

@@ -744,6 +744,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                     requires=device_requirements(d),
                     backend=Output(backend_node_id(d.backend)) if d.backend else None,
                     host_chosen=host_chosen(app, d),
+                    driver_pinned=d.driver_pinned,
                 )
                 for d in variant.devices
             ),

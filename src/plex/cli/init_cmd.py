@@ -62,7 +62,7 @@ def init(
     )
     (folder / "app.toml").write_text(
         f'[app]\nname = "{pkg}"\nversion = "0.1.0"\npackages = ["."]\n\n'
-        '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\n'
+        '[devices.cpu]\ntarget = "llvm-cpu"\n'
     )
     # Quoted as a shell needs them: `plex init "My Model"` must print commands that paste.
     typer.echo(

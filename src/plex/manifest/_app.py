@@ -380,6 +380,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             name=name,
             target=d.target,
             driver=d.driver or drivers[0],
+            driver_pinned=d.driver is not None,
             cpu=value["cpu"],
             cpu_features=value["cpu_features"],
             data_tiling=d.data_tiling,  # unset: chosen for the CPU at plan time

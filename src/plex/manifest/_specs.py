@@ -42,6 +42,8 @@ class DeviceSpec:
     cpu_features: str | None  # llvm-cpu only
     arch: str | None  # cuda: sm_XX; rocm: gfxNNNN
     backend: BackendSpec | None = None  # the device of an external backend
+    # the app named the driver: the runtime runs it as named (myelin.runtime.devices.host_drivers)
+    driver_pinned: bool = False
     # llvm-cpu only: IREE packs weights for its matmul kernels; None: the build chooses for the
     # CPU it targets (plex.builder.plan.data_tiling_of)
     data_tiling: bool | None = None
