@@ -4,6 +4,7 @@ that makes an Instance per request, or a test suite, does not leak a device per 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import resource
 import threading
 
@@ -163,13 +164,26 @@ print(json.dumps({"drivers": model.drivers, "host_chosen": model.host_chosen}))
 """
 
 
-def test_a_one_thread_process_runs_the_mlp_on_local_sync_with_the_same_results(mlp_mln, tmp_path):
-    """The choice as a process makes it: recorded on the model, results equal to local-task's
-    (the same module; one call inline instead of on the worker)."""
+def _in_one_thread_process(mln: Path, x: np.ndarray, folder: Path) -> tuple[dict, np.ndarray]:
+    """`forward(x)` in a fresh process of one host thread: its drivers and choices, and the
+    result."""
     import json
     import subprocess
     import sys
 
+    np.save(folder / "x.npy", x)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [str(mln), str(folder / "x.npy"), str(folder / "out.npy")]
+    run = subprocess.run(
+        [sys.executable, "-c", ONE_THREAD, *args], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.splitlines()[-1]), np.load(folder / "out.npy")
+
+
+def test_a_one_thread_process_runs_the_mlp_on_local_sync_with_the_same_results(mlp_mln, tmp_path):
+    """The choice as a process makes it: recorded on the model, results equal to local-task's
+    (the same module; one call inline instead of on the worker)."""
     from myelin.runtime.devices import ONE_HOST_THREAD
 
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
@@ -179,28 +193,18 @@ def test_a_one_thread_process_runs_the_mlp_on_local_sync_with_the_same_results(m
         want = s.call("forward", x)
     name = model.device_names[0]
     model.close()
-    np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [str(mlp_mln), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")]
-    run = subprocess.run(
-        [sys.executable, "-c", ONE_THREAD, *args], capture_output=True, text=True, env=env
-    )
-    assert run.returncode == 0, run.stderr
-    got = json.loads(run.stdout.splitlines()[-1])
+    got, out = _in_one_thread_process(mlp_mln, x, tmp_path)
     assert got["drivers"] == ["local-sync"]
     assert got["host_chosen"] == {
         name: {"driver": {"value": "local-sync", "reason": ONE_HOST_THREAD}}
     }
-    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), want)
+    np.testing.assert_array_equal(out, want)
 
 
 def test_a_driver_the_app_names_is_kept_in_a_one_thread_process(tmp_path):
     """`driver = "local-task"` written in the app: the device record says it was pinned, and a
     one-thread process runs it there, with no choice recorded."""
-    import json
     import shutil
-    import subprocess
-    import sys
 
     from tests.conftest import EXAMPLES, build_app
 
@@ -215,12 +219,5 @@ def test_a_driver_the_app_names_is_kept_in_a_one_thread_process(tmp_path):
     (device,) = model.manifest["variants"][0]["devices"]
     model.close()
     assert device["driver"] == "local-task" and device["driver_pinned"] is True
-    x = np.ones((2, 16), np.float32)
-    np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [str(mln), str(tmp_path / "x.npy"), str(tmp_path / "out.npy")]
-    run = subprocess.run(
-        [sys.executable, "-c", ONE_THREAD, *args], capture_output=True, text=True, env=env
-    )
-    assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout.splitlines()[-1]) == {"drivers": ["local-task"], "host_chosen": {}}
+    got, _ = _in_one_thread_process(mln, np.ones((2, 16), np.float32), tmp_path)
+    assert got == {"drivers": ["local-task"], "host_chosen": {}}
