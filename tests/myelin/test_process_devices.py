@@ -4,9 +4,9 @@ that makes an Instance per request, or a test suite, does not leak a device per 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import resource
 import threading
+from pathlib import Path
 
 import iree.runtime as rt
 import numpy as np
