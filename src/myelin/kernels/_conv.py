@@ -43,7 +43,7 @@ from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
 from myelin.kernels._normalize import inline_ops
-from myelin.kernels._rewrite import CONV_MARK, IM2COL_MARK, _is_zero_fill
+from myelin.kernels._rewrite import CONV_MARK, IM2COL_MARK, _is_zero_fill, _owner
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
 CONV_1D = "linalg.conv_1d_ncw_fcw"
@@ -167,12 +167,6 @@ def _pair_attribute(op: ir.Operation, name: str) -> tuple[int, int]:
     body = str(op.attributes[name]).split("<", 1)[1].split(">", 1)[0]
     values = [int(v) for v in re.findall(r"-?\d+", body)]
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
-
-
-def _owner(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    return owner if isinstance(owner, ir.Operation) else None
 
 
 def _narrowing(result: ir.Value) -> ir.Operation | None:

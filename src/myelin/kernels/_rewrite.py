@@ -187,24 +187,28 @@ def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
     return owner.operands[0], owner
 
 
+def _owner(value: ir.Value) -> ir.Operation | None:
+    """The op that made `value` (None for a block argument)."""
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    return owner if isinstance(owner, ir.Operation) else None
+
+
 def _im2col_source(a: ir.Value) -> tuple[ir.Value, dict[str, int]] | None:
     """The NHWC input and geometry of the marked gather whose collapse is `a` (the matmul's A),
     when the matmul is its one use: the convolution kernel then reads the input in place."""
-    collapse = a.owner
-    collapse = getattr(collapse, "operation", collapse)
+    collapse = _owner(a)
     if len(list(a.uses)) != 1:
         return None
-    if getattr(collapse, "name", None) == "tensor.pad":  # K padded to the kernels' step
+    if collapse is not None and collapse.name == "tensor.pad":  # K padded to the kernels' step
         a = collapse.operands[0]
-        collapse = a.owner
-        collapse = getattr(collapse, "operation", collapse)
+        collapse = _owner(a)
         if len(list(a.uses)) != 1:
             return None
-    if getattr(collapse, "name", None) != "tensor.collapse_shape":
+    if collapse is None or collapse.name != "tensor.collapse_shape":
         return None
-    gather = collapse.operands[0].owner
-    gather = getattr(gather, "operation", gather)
-    if getattr(gather, "name", None) != "linalg.generic" or IM2COL_MARK not in gather.attributes:
+    gather = _owner(collapse.operands[0])
+    if gather is None or gather.name != "linalg.generic" or IM2COL_MARK not in gather.attributes:
         return None
     return gather.operands[0], json.loads(ir.StringAttr(gather.attributes[IM2COL_MARK]).value)
 
@@ -507,9 +511,8 @@ def rewrite(
 def _erase_unused(value: ir.Value) -> None:
     """Erase the op that made `value` once nothing uses it, then its producers that way."""
     while not list(value.uses):
-        owner = value.owner
-        owner = getattr(owner, "operation", owner)
-        if not isinstance(owner, ir.Operation) or len(owner.results) != 1:
+        owner = _owner(value)
+        if owner is None or len(owner.results) != 1:
             return
         source = owner.operands[0] if len(owner.operands) else None
         owner.erase()
