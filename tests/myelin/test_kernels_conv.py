@@ -224,6 +224,10 @@ def test_1d_convolutions_as_2d_ones_compute_what_torch_does(package):
     root, source = package
     app = _app(root, "vmvx", ["conv1d_f32"], VMVX)
     normal = _normalized(app, root / "ir1d", ["conv1d_f32"], 2)
+    # torch's zero pads of the NCW input became NHWC ones after the transpose (low[0, 0, w, 0]),
+    # so they no longer sit between one convolution's transpose back and the next one's
+    pads = re.findall(r"tensor\.pad %\S+ low\[([\d, ]+)\]", normal[0].read_text())
+    assert [p for p in pads if p.count(",") == 3] == ["0, 0, 1, 0"] * 2, pads
     out, _ = _build(app, root / "conv1d.mln", resume_from=normal)
     model, inputs = source.conv1d_f32()
     with torch.no_grad():

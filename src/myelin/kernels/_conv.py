@@ -131,17 +131,16 @@ class ZeroPad:
     right: int
 
 
-def _zero_pad(x: ir.Value) -> tuple[ir.Operation, ZeroPad] | None:
-    """The `tensor.pad` that made `x` (the convolution's one use of it), when it pads only
-    height and width, with zeros: torch's `padding=`. The rewrite then pads channels-last
-    itself, so the transpose to NHWC meets the input before the pad, where IREE cancels it
-    against the previous convolution's transpose back (a pad between them stops that)."""
+def _zero_pad_of(x: ir.Value, rank: int) -> tuple[ir.Operation, list[int], list[int]] | None:
+    """The `tensor.pad` of rank `rank` that made `x` (its one use: the convolution), when it
+    pads only the spatial dims (not batch or channels) with zeros: torch's `padding=`, as
+    (pad, low, high)."""
     pad = _owner(x)
     if pad is None or pad.name != "tensor.pad" or len(list(x.uses)) != 1:
         return None
     low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
     high = list(ir.DenseI64ArrayAttr(pad.attributes["static_high"]))
-    if len(low) != 4 or low[:2] != [0, 0] or high[:2] != [0, 0] or min(low + high) < 0:
+    if len(low) != rank or low[:2] != [0, 0] or high[:2] != [0, 0] or min(low + high) < 0:
         return None
     body = list(pad.regions[0].blocks[0].operations)
     value = _owner(body[-1].operands[0]) if body[-1].operands else None
@@ -149,6 +148,18 @@ def _zero_pad(x: ir.Value) -> tuple[ir.Operation, ZeroPad] | None:
         return None
     if str(value.attributes["value"]).split(":")[0].strip() not in ("0.000000e+00", "0.0"):
         return None
+    return pad, low, high
+
+
+def _zero_pad(x: ir.Value) -> tuple[ir.Operation, ZeroPad] | None:
+    """The zero pad of an NCHW input's height and width that made `x`. The rewrite then pads
+    channels-last itself, so the transpose to NHWC meets the input before the pad, where IREE
+    cancels it against the previous convolution's transpose back (a pad between them stops
+    that)."""
+    found = _zero_pad_of(x, 4)
+    if found is None:
+        return None
+    pad, low, high = found
     return pad, ZeroPad(low[2], high[2], low[3], high[3])
 
 
@@ -359,21 +370,43 @@ def _function_text(form: ConvForm, bias: bool, out: str | None, pad: ZeroPad | N
     )
 
 
-def _conv_1d_text(op: ir.Operation) -> str | None:
+def _conv_1d_text(op: ir.Operation, pad: tuple[int, int] | None) -> str | None:
     """A static 1-D NCW convolution as a 2-D NCHW one of height 1 (Whisper's front end): the
-    input, filter and initial output get a unit dim (reshapes only), the result loses it."""
+    input, filter and initial output get a unit dim (reshapes only), the result loses it. With
+    `pad` (left, right), `%x` is the input before torch's zero pad, and the pad is made again
+    on the 4-D input, where the 2-D rewrite moves it after the transpose to NHWC."""
     types = [ir.RankedTensorType(v.type) for v in (*op.operands[:3], op.results[0])]
     if not all(t.has_static_shape for t in types):
         return None
     (x_t, w_t, i_t, y_t), (x, w, i, y) = (str(t) for t in types), (t.shape for t in types)
     stride = _pair_attribute(op, "strides")[0]
     dilation = _pair_attribute(op, "dilations")[0]
-    x4 = _tensor([x[0], x[1], 1, x[2]], _element(op.operands[0].type))
+    el = _element(op.operands[0].type)
+    x4 = _tensor([x[0], x[1], 1, x[2]], el)
     w4 = _tensor([w[0], w[1], 1, w[2]], _element(op.operands[1].type))
     y4 = _tensor([y[0], y[1], 1, y[2]], _element(op.results[0].type))
     expand = "[[0], [1], [2, 3]]"
+    widen = f"%x4 = tensor.expand_shape %x {expand} output_shape {[x[0], x[1], 1, x[2]]} : {x_t}"
+    if pad is None:
+        widen += f" into {x4}"
+    else:
+        left, right = pad
+        width = x[2] - left - right
+        x_t = _tensor([x[0], x[1], width], el)
+        u4 = _tensor([x[0], x[1], 1, width], el)
+        widen = "\n  ".join(
+            [
+                f"%u4 = tensor.expand_shape %x {expand} output_shape {[x[0], x[1], 1, width]} "
+                f": {x_t} into {u4}",
+                f"%xz = arith.constant 0.000000e+00 : {el}",
+                f"%x4 = tensor.pad %u4 low[0, 0, 0, {left}] high[0, 0, 0, {right}] {{",
+                "^bb0(%p0: index, %p1: index, %p2: index, %p3: index):",
+                f"  tensor.yield %xz : {el}",
+                f"}} : {u4} to {x4}",
+            ]
+        )
     return f"""util.func private @conv(%x: {x_t}, %w: {w_t}, %i: {i_t}) -> {y_t} {{
-  %x4 = tensor.expand_shape %x {expand} output_shape {[x[0], x[1], 1, x[2]]} : {x_t} into {x4}
+  {widen}
   %w4 = tensor.expand_shape %w {expand} output_shape {[w[0], w[1], 1, w[2]]} : {w_t} into {w4}
   %i4 = tensor.expand_shape %i {expand} output_shape {[i[0], i[1], 1, i[2]]} : {i_t} into {y4}
   %y4 = linalg.conv_2d_nchw_fchw {{dilations = dense<[1, {dilation}]> : vector<2xi64>,
@@ -388,16 +421,20 @@ def _convs_1d_as_2d(module: ir.Operation) -> None:
     """Every static `linalg.conv_1d_ncw_fcw` as a 2-D convolution of height 1 (marked `ONE_D`),
     so that the im2col rewrite takes it as any 2-D one."""
     for op in find_ops(module, lambda o: o.name == CONV_1D):
-        text = _conv_1d_text(op)
+        padded = _zero_pad_of(op.operands[0], 3)
+        text = _conv_1d_text(op, (padded[1][2], padded[2][2]) if padded else None)
         if text is None:
             op.attributes[WHY] = ir.StringAttr.get(
                 "convolution with dynamic shapes: im2col needs static ones"
             )
             continue
+        x = padded[0].operands[0] if padded else op.operands[0]
         with op.location:
-            value, _ = inline_ops(text, op, list(op.operands[:3]))
+            value, _ = inline_ops(text, op, [x, *op.operands[1:3]])
         op.results[0].replace_all_uses_with(value)
         op.erase()
+        if padded:
+            padded[0].erase()
 
 
 def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERNEL_DTYPES) -> int:
