@@ -3,6 +3,7 @@ of a graph's matmuls into their IREE external dispatches, compiled for CUDA."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from myelin.compiler.pipeline import compile_module
 from myelin.compiler.targets import TargetDevice
 from myelin.kernels import apply_kernels
-from myelin.kernels._triton import MatmulConfig, compile_matmul
+from myelin.kernels._triton import ACTIVATION_CODES, MatmulConfig, compile_matmul
 from tests.myelin.kernels_helpers import flow_dispatches, import_mlir
 
 # mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
@@ -124,28 +125,38 @@ def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
     assert kernel.threads == 256 and kernel.shared_bytes == 147456  # 3 stages of 128x64 + 64x256
 
 
-def test_the_bias_kernel_adds_the_bias_before_writing_c_in_tritons_interpreter():
-    """The tl.dot kernel's bias epilogue against torch (f32 sums, bias added, then f16), with
-    M and N past whole tiles; the interpreter runs the kernel's Python on the CPU."""
+def test_the_bias_and_activation_epilogue_in_tritons_interpreter():
+    """The tl.dot kernel's epilogue against torch (f32 sums, bias added, the activation, then
+    f16), for no activation and each of `ACTIVATION_CODES`, with M and N past whole tiles;
+    within 2e-3 of the largest output (f16 rounding). The interpreter runs the kernel's Python
+    on the CPU."""
     code = """
 import json, torch, triton
-from myelin.kernels._triton import _matmul_fn
+import torch.nn.functional as F
+from myelin.kernels._triton import ACTIVATION_CODES, _matmul_fn
 g = torch.Generator().manual_seed(0)
 m, n, k = 70, 48, 128
 a, w = torch.randn(m, k, generator=g).half(), torch.randn(n, k, generator=g).half()
 bias = torch.randn(n, generator=g).half()
-c = torch.full((m, n), float("nan")).half()
-_matmul_fn()[(triton.cdiv(m, 64) * triton.cdiv(n, 32),)](
-    a, w, bias, c, m, n, k, BM=64, BN=32, BK=64, GROUP_M=8, B_T=True, BIAS=True)
-ref = (a.float() @ w.float().T + bias.float()).half().float()
-print(json.dumps(float((c.float() - ref).abs().max() / ref.abs().max())))
+apply = {"": lambda t: t, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+         "silu": F.silu, "relu": F.relu}
+errors = {}
+for name, code in ACTIVATION_CODES.items():
+    c = torch.full((m, n), float("nan")).half()
+    _matmul_fn()[(triton.cdiv(m, 64) * triton.cdiv(n, 32),)](
+        a, w, bias, c, m, n, k, BM=64, BN=32, BK=64, GROUP_M=8, B_T=True, BIAS=True, ACT=code)
+    ref = apply[name](a.float() @ w.float().T + bias.float()).half().float()
+    errors[name] = float((c.float() - ref).abs().max() / ref.abs().max())
+print(json.dumps(errors))
 """
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert float(done.stdout.strip().splitlines()[-1]) < 2e-3
+    errors = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(errors) == sorted(ACTIVATION_CODES), errors
+    assert all(e < 2e-3 for e in errors.values()), errors
 
 
 @pytest.fixture(scope="module")

@@ -211,3 +211,19 @@ def test_the_exported_normal_forms_compute_what_the_library_model_does(model):
         got = program.module()(**inputs)[0]
     rel = float((got - want).abs().max() / want.abs().max())
     assert rel < 1e-5, rel
+
+
+# each transformer's feed-forward activation, as its library writes it (GPT-2's tanh GELU is
+# eight elementwise ops; Llama's and Qwen2's SiLU is a sigmoid and a product)
+ACTIVATIONS = {
+    "llama_small": "silu", "qwen2_small": "silu", "gpt2_small": "gelu_tanh", "bert_small": "gelu",
+    "vit_small": "gelu", "whisper_encoder_small": "gelu", "timm_vit_base_small": "gelu",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", list(ACTIVATIONS))
+def test_each_layers_feed_forward_activation_is_applied_by_its_matmul_kernel(sites, module):
+    activation = ACTIVATIONS[module]
+    applied = [s for s in sites[module] if (s["kernel"] or "").endswith(f"_{activation}")]
+    assert len(applied) == 2, [s["kernel"] for s in sites[module]]  # one per layer
+    assert all(f" and {activation}" in s["reason"] for s in applied), applied

@@ -36,6 +36,7 @@ from iree.compiler import ir
 from myelin.compiler.placement import find_ops
 from myelin.kernels import _decode_attention
 from myelin.kernels._decode_attention import MAX_QUERY_ROWS, DecodeAttentionConfig
+from myelin.kernels._ir import owner_op
 from myelin.kernels._rewrite import _function_name, _hex, add_functions, call_in_place_of
 from myelin.kernels._triton import CompiledKernel, compile_triton
 
@@ -198,11 +199,6 @@ class AttentionMatch:
     mask: ir.Value | None = None
 
 
-def _owner(value: ir.Value):
-    owner = value.owner
-    return getattr(owner, "operation", owner)
-
-
 def _static_dims(t: ir.Type) -> list[int] | None:
     rt = ir.RankedTensorType(t)
     if any(rt.is_dynamic_dim(i) for i in range(rt.rank)):
@@ -211,7 +207,7 @@ def _static_dims(t: ir.Type) -> list[int] | None:
 
 
 def _float_constant(value: ir.Value) -> float | None:
-    owner = _owner(value)
+    owner = owner_op(value)
     if getattr(owner, "name", None) != "arith.constant":
         return None
     try:
@@ -224,10 +220,10 @@ def _causal_mask(value: ir.Value) -> list[ir.Operation] | None:
     """The ops that make `value` torch's causal mask (0 where query >= key, -inf elsewhere,
     through reshapes), or None when it is any other mask."""
     chain = []
-    owner = _owner(value)
+    owner = owner_op(value)
     while getattr(owner, "name", None) in ("tensor.collapse_shape", "tensor.expand_shape"):
         chain.append(owner)
-        owner = _owner(owner.operands[0])
+        owner = owner_op(owner.operands[0])
     if getattr(owner, "name", None) != "linalg.generic" or len(owner.operands) != 1:
         return None
     rank = ir.RankedTensorType(owner.results[0].type).rank
@@ -249,7 +245,7 @@ def _causal_mask(value: ir.Value) -> list[ir.Operation] | None:
     if _float_constant(select.operands[2]) != float("-inf"):
         return None
     chain.append(owner)
-    fill = _owner(owner.operands[0])
+    fill = owner_op(owner.operands[0])
     if getattr(fill, "name", None) == "linalg.fill":
         chain.append(fill)
     return chain
@@ -313,13 +309,13 @@ def _operand_layout(value: ir.Value) -> _Layout:
     tensor it is the transpose to [b, h, n, d] and collapse of (`x.view(b, n, h, d)
     .transpose(1, 2)`, as every transformers and timm attention writes it)."""
     b, n, d = _static_dims(value.type) or (0, 0, 0)
-    owner = _owner(value)
+    owner = owner_op(value)
     if _named(owner, "linalg.transpose") and str(owner.attributes["permutation"]) == _TOKEN_MAJOR:
         return _Layout(owner.operands[0], d, b * d, skipped=(owner,))
     if _named(owner, "tensor.collapse_shape") and (
         str(owner.attributes["reassociation"]) == _HEADS_COLLAPSED
     ):
-        transpose = _owner(owner.operands[0])
+        transpose = owner_op(owner.operands[0])
         if (
             _named(transpose, "linalg.transpose")
             and str(transpose.attributes["permutation"]) == _TOKEN_MAJOR_4D
@@ -341,12 +337,12 @@ def _column_slice(x: ir.Value) -> tuple[ir.Value, int, int, tuple[ir.Operation, 
     """When [b, n, h, d] `x` is a view of columns [offset, offset + h*d) of a [b, n, width]
     tensor (GPT-2's `c_attn(x).split(...)` then `view`), that tensor, the offset, the width and
     the view's ops (consumer first): the kernel reads the slice in place, no copy is made."""
-    expand = _owner(x)
+    expand = owner_op(x)
     if not _named(expand, "tensor.expand_shape") or (
         str(expand.attributes["reassociation"]) != "[[0], [1], [2, 3]]"
     ):
         return None
-    extract = _owner(expand.operands[0])
+    extract = owner_op(expand.operands[0])
     if not _named(extract, "tensor.extract_slice") or len(extract.operands) != 1:
         return None
     source = extract.operands[0]
@@ -451,11 +447,11 @@ def _concat_parts(value: ir.Value) -> _Concat | None:
     """The `tensor.concat` of two static parts along the key dim (second to last) that made
     `value`, directly or through the collapse of its leading dims; None for any other producer.
     torch's `cat((cache, new), dim=-2)` before `scaled_dot_product_attention` lowers to it."""
-    owner = _owner(value)
+    owner = owner_op(value)
     collapse = None
     if getattr(owner, "name", None) == "tensor.collapse_shape":
         collapse = owner
-        owner = _owner(owner.operands[0])
+        owner = owner_op(owner.operands[0])
     if getattr(owner, "name", None) != "tensor.concat" or len(owner.operands) != 2:
         return None
     if any(_static_dims(x.type) is None for x in owner.operands):

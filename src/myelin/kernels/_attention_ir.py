@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
-from myelin.kernels._normalize import _BATCH_MAPS, _body, _maps, _narrowing, _owner, inline_text
+from myelin.kernels._ir import owner_op
+from myelin.kernels._normalize import _BATCH_MAPS, _body, _maps, _narrowing, inline_text
 from myelin.kernels._rewrite import _dims, _element, _is_zero_fill
 
 _INPUTS = ("f16", "bf16")
@@ -61,7 +62,7 @@ def _names(op: ir.Operation) -> list[str]:
 def _generic(value: ir.Value, names: list[str], inputs: int) -> ir.Operation | None:
     """The `linalg.generic` producing `value` when its body is exactly `names` then a yield,
     it has `inputs` inputs and one result, and its body uses its inputs in order."""
-    op = _owner(value)
+    op = owner_op(value)
     if op is None or op.name != "linalg.generic" or len(op.results) != 1:
         return None
     if len(op.operands) != inputs + 1 or _names(op) != [*names, "linalg.yield"]:
@@ -76,7 +77,7 @@ def _generic(value: ir.Value, names: list[str], inputs: int) -> ir.Operation | N
 def _broadcast(value: ir.Value) -> ir.Operation | None:
     """The `linalg.generic` that only copies its one input over more (or equal) dims: how
     StableHLO's broadcast of a reduction's result back to the scores' shape lowers."""
-    op = _owner(value)
+    op = owner_op(value)
     if op is None or op.name != "linalg.generic" or len(op.operands) != 2:
         return None
     if "reduction" in str(op.attributes["iterator_types"]):
@@ -94,7 +95,7 @@ def _strip(
     """Through reshapes, elementwise casts (`extf`, `truncf`) and, where asked, broadcasts to
     the value they come from."""
     while True:
-        op = _owner(value)
+        op = owner_op(value)
         if op is None:
             return value
         if op.name in ("tensor.collapse_shape", "tensor.expand_shape"):
@@ -119,7 +120,7 @@ def _softmax_input(value: ir.Value, chain: list[ir.Operation]) -> ir.Value | Non
     if div is None:
         return None
     e, total = div.operands[0], _strip(div.operands[1], chain, broadcasts=True)
-    add = _owner(total)
+    add = owner_op(total)
     if add is None or add.name != "linalg.generic" or _strip(add.operands[0], chain) != e:
         return None
     if "reduction" not in str(add.attributes["iterator_types"]) or _names(add) != [
@@ -131,7 +132,7 @@ def _softmax_input(value: ir.Value, chain: list[ir.Operation]) -> ir.Value | Non
     if sub is None:
         return None
     x, peak = sub.operands[0], _strip(sub.operands[1], chain, casts=False, broadcasts=True)
-    peak_op = _owner(peak)
+    peak_op = owner_op(peak)
     if (
         peak_op is None
         or peak_op.name != "linalg.generic"
@@ -146,7 +147,7 @@ def _softmax_input(value: ir.Value, chain: list[ir.Operation]) -> ir.Value | Non
 
 def _scalar(value: ir.Value) -> float | None:
     """The value of a constant scalar (a 0-d or one-element splat tensor, or a float)."""
-    op = _owner(value)
+    op = owner_op(value)
     if op is None or op.name != "arith.constant":
         return None
     attr = op.attributes["value"]
@@ -181,7 +182,7 @@ def _scaled(value: ir.Value, chain: list[ir.Operation]) -> tuple[ir.Value, float
 
 
 def _plain_batch_matmul(value: ir.Value) -> ir.Operation | None:
-    op = _owner(value)
+    op = owner_op(value)
     if op is None or op.name != "linalg.batch_matmul" or not _is_zero_fill(op.operands[2]):
         return None
     maps = str(op.attributes["indexing_maps"]) if "indexing_maps" in op.attributes else None
@@ -349,7 +350,7 @@ def _erase_unused(ops: list[ir.Operation]) -> None:
         for op in list(pending):
             if any(list(r.uses) for r in op.results):
                 continue
-            feeders = [_owner(x) for x in op.operands]
+            feeders = [owner_op(x) for x in op.operands]
             pending.remove(op)
             op.erase()
             changed = True

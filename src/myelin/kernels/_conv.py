@@ -42,8 +42,9 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
+from myelin.kernels._ir import owner_op, sole_user
 from myelin.kernels._normalize import inline_ops
-from myelin.kernels._rewrite import CONV_MARK, IM2COL_MARK, _is_zero_fill, _owner
+from myelin.kernels._rewrite import CONV_MARK, IM2COL_MARK, _is_zero_fill
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
 CONV_1D = "linalg.conv_1d_ncw_fcw"
@@ -135,7 +136,7 @@ def _zero_pad_of(x: ir.Value, rank: int) -> tuple[ir.Operation, list[int], list[
     """The `tensor.pad` of rank `rank` that made `x` (its one use: the convolution), when it
     pads only the spatial dims (not batch or channels) with zeros: torch's `padding=`, as
     (pad, low, high)."""
-    pad = _owner(x)
+    pad = owner_op(x)
     if pad is None or pad.name != "tensor.pad" or len(list(x.uses)) != 1:
         return None
     low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
@@ -143,7 +144,7 @@ def _zero_pad_of(x: ir.Value, rank: int) -> tuple[ir.Operation, list[int], list[
     if len(low) != rank or low[:2] != [0, 0] or high[:2] != [0, 0] or min(low + high) < 0:
         return None
     body = list(pad.regions[0].blocks[0].operations)
-    value = _owner(body[-1].operands[0]) if body[-1].operands else None
+    value = owner_op(body[-1].operands[0]) if body[-1].operands else None
     if value is None or value.name != "arith.constant":
         return None
     if str(value.attributes["value"]).split(":")[0].strip() not in ("0.000000e+00", "0.0"):
@@ -183,12 +184,10 @@ def _pair_attribute(op: ir.Operation, name: str) -> tuple[int, int]:
 def _narrowing(result: ir.Value) -> ir.Operation | None:
     """The elementwise generic that only narrows this f32 result (to f16/bf16), when it is the
     result's one use."""
-    uses = list(result.uses)
-    if len(uses) != 1:
+    user = sole_user(result)
+    if user is None or user.name != "linalg.generic":
         return None
-    user = uses[0].owner
-    user = getattr(user, "operation", user)
-    if user.name != "linalg.generic" or len(user.operands) != 2 or user.operands[0] != result:
+    if len(user.operands) != 2 or user.operands[0] != result:
         return None
     rank = ir.RankedTensorType(result.type).rank
     identity = str(ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank)))
@@ -470,7 +469,7 @@ def convs_as_matmuls(module: ir.Operation, dtypes: tuple[str, ...] | None = KERN
         replaced.erase()
         if replaced is not op:
             op.erase()
-        fill = _owner(init)
+        fill = owner_op(init)
         if fill is not None and fill.name == "linalg.fill" and not list(fill.results[0].uses):
             fill.erase()
         if padded:

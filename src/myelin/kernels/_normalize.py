@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
+from myelin.kernels._ir import owner_op
 from myelin.kernels._rewrite import _dims, _element, _is_zero_fill
 
 # A generic that copies a 2-D weight along a new leading dim: its input map, for the weight
@@ -57,12 +58,6 @@ class _Linear:
     truncf: ir.Operation | None  # the one-use elementwise narrowing of its f32 result
 
 
-def _owner(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    return owner if isinstance(owner, ir.Operation) else None
-
-
 def _maps(op: ir.Operation) -> list[str]:
     return [str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
@@ -74,7 +69,7 @@ def _body(op: ir.Operation) -> list[ir.Operation]:
 def _broadcast_weight(value: ir.Value) -> tuple[ir.Value, bool] | None:
     """The 2-D weight that `value` ([b, k, n]) copies along its batch dim, and whether it is
     stored [n, k]; None when `value` is anything else."""
-    op = _owner(value)
+    op = owner_op(value)
     if op is None:
         return None
     if op.name == "linalg.broadcast":
@@ -275,8 +270,8 @@ def linears_as_matmuls(module: ir.Operation) -> int:
         replaced = lin.truncf or lin.op
         with replaced.location:
             value = inline_text(_function_text(lin), replaced, [lin.a, lin.weight])
-        fill = _owner(lin.op.operands[2])
-        broadcast = _owner(lin.op.operands[1]) if lin.op.name == "linalg.batch_matmul" else None
+        fill = owner_op(lin.op.operands[2])
+        broadcast = owner_op(lin.op.operands[1]) if lin.op.name == "linalg.batch_matmul" else None
         replaced.results[0].replace_all_uses_with(value)
         replaced.erase()
         if replaced is not lin.op:

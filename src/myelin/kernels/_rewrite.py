@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
+from myelin.kernels._epilogue import activation_consumer
+from myelin.kernels._ir import owner_op, sole_user
 from myelin.kernels._triton import CompiledKernel, MatmulConfig
 
 # linalg.matmul's maps for A x B (the default) and A x B^T, as IREE 3.13 prints them.
@@ -90,6 +92,10 @@ class _Match:
     before_bias: ir.Operation | None = None  # the op the bias add consumed (matmul or truncf)
     # A as the convolution kernel reads it: the gather's NHWC input and the geometry, if any
     im2col: tuple[ir.Value, dict[str, int]] | None = None
+    # the elementwise activation the kernel applies (myelin.kernels._epilogue), if any: the
+    # value it reads (the kernel's result, maybe through a reshape) and its ops, in order,
+    # which go once the call is in place
+    activation: tuple[ir.Value, list[ir.Operation]] | None = None
 
 
 def _element(t: ir.Type) -> str:
@@ -120,12 +126,10 @@ def _is_zero_fill(value: ir.Value) -> bool:
 def _sole_generic_user(result: ir.Value, operands: int) -> ir.Operation | None:
     """The `linalg.generic` of `operands` operands, the first `result`, and one result, that is
     `result`'s one use (what the kernel can take into itself), or None."""
-    uses = list(result.uses)
-    if len(uses) != 1:
+    user = sole_user(result)
+    if user is None or user.name != "linalg.generic":
         return None
-    user = uses[0].owner
-    user = getattr(user, "operation", user)
-    if user.name != "linalg.generic" or len(user.operands) != operands or len(user.results) != 1:
+    if len(user.operands) != operands or len(user.results) != 1:
         return None
     return user if user.operands[0] == result else None
 
@@ -187,27 +191,20 @@ def _transposed_source(value: ir.Value) -> tuple[ir.Value, ir.Operation] | None:
     return owner.operands[0], owner
 
 
-def _owner(value: ir.Value) -> ir.Operation | None:
-    """The op that made `value` (None for a block argument)."""
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    return owner if isinstance(owner, ir.Operation) else None
-
-
 def _im2col_source(a: ir.Value) -> tuple[ir.Value, dict[str, int]] | None:
     """The NHWC input and geometry of the marked gather whose collapse is `a` (the matmul's A),
     when the matmul is its one use: the convolution kernel then reads the input in place."""
-    collapse = _owner(a)
+    collapse = owner_op(a)
     if len(list(a.uses)) != 1:
         return None
     if collapse is not None and collapse.name == "tensor.pad":  # K padded to the kernels' step
         a = collapse.operands[0]
-        collapse = _owner(a)
+        collapse = owner_op(a)
         if len(list(a.uses)) != 1:
             return None
     if collapse is None or collapse.name != "tensor.collapse_shape":
         return None
-    gather = _owner(collapse.operands[0])
+    gather = owner_op(collapse.operands[0])
     if gather is None or gather.name != "linalg.generic" or IM2COL_MARK not in gather.attributes:
         return None
     return gather.operands[0], json.loads(ir.StringAttr(gather.attributes[IM2COL_MARK]).value)
@@ -295,7 +292,15 @@ def find_matmuls(
             config = dataclasses.replace(
                 config, im2col=True, im2col_masked=masked, persistent=False
             )
-        narrowing = "truncf and bias" if narrowed and bias else "truncf" if narrowed else "bias"
+        activation = None
+        if config is not None and config.block_m > 1 and im2col is None:
+            found = activation_consumer(root.results[0])
+            if found is not None:
+                activation = found[0], found[1]
+                config = dataclasses.replace(config, activation=found[2])
+        folded = [w for w, there in (("truncf", narrowed), ("bias", bias)) if there]
+        folded += [config.activation] if activation is not None and config is not None else []
+        narrowing = " and ".join(folded)
         site = MatmulSite(
             function=_function_name(op),
             location=str(op.location),
@@ -304,14 +309,14 @@ def find_matmuls(
             out_dtype=out,
             b_transposed=transposed,
             kernel=config.name if config is not None else None,
-            reason=(reason or (f"matched, with its {narrowing}" if narrowed or bias else "matched"))
+            reason=(reason or (f"matched, with its {narrowing}" if narrowing else "matched"))
             + (" (B^T read from the transpose's input)" if transpose is not None else "")
             + (" (im2col read in place: no gather)" if im2col is not None else ""),
             conv=conv_of(op),
         )
         match = _Match(
             site, config, op, root, b_value=b_value, transpose=transpose, bias=bias,
-            before_bias=before_bias, im2col=im2col,
+            before_bias=before_bias, im2col=im2col, activation=activation,
         )  # fmt: skip
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
         matches.append(match)
@@ -506,12 +511,17 @@ def rewrite(
             m.transpose.erase()
         if m.im2col is not None:  # the columns nothing reads now: the collapse, the gather
             _erase_unused(a_value)
+        if m.activation is not None:  # applied by the kernel: its input is its value now
+            x, ops = m.activation
+            ops[-1].results[0].replace_all_uses_with(x)
+            for op in reversed(ops):
+                op.erase()
 
 
 def _erase_unused(value: ir.Value) -> None:
     """Erase the op that made `value` once nothing uses it, then its producers that way."""
     while not list(value.uses):
-        owner = _owner(value)
+        owner = owner_op(value)
         if owner is None or len(owner.results) != 1:
             return
         source = owner.operands[0] if len(owner.operands) else None

@@ -56,6 +56,9 @@ class MatmulConfig:
     # The kernel adds a bias [N] (in C's type) to the f32 sums before C is written: a linear's
     # bias add then needs no dispatch of its own (the tl.dot kernels only; not the GEMV).
     bias: bool = False
+    # An activation applied to the f32 sums (after the bias) before C is written, by its name in
+    # myelin.kernels._epilogue.ACTIVATIONS ("": none): its elementwise dispatch then goes.
+    activation: str = ""
 
     @property
     def name(self) -> str:
@@ -69,6 +72,7 @@ class MatmulConfig:
             f"plex_{kind}_{layout}_{self.dtype}_{self.out_dtype}_"
             f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}s{self.num_stages}"
             f"{group}{'_bias' if self.bias else ''}"
+            f"{'_' + self.activation if self.activation else ''}"
         )
 
 
@@ -90,6 +94,8 @@ class CompiledKernel:
 
 
 _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
+# The kernels' ACT constexpr per `MatmulConfig.activation` (myelin.kernels._epilogue finds them)
+ACTIVATION_CODES = {"": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
 
 
 def _matmul_fn():
@@ -100,7 +106,7 @@ def _matmul_fn():
     def plex_matmul(
         a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, BIAS: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BM)
@@ -132,6 +138,16 @@ def _matmul_fn():
             b_ptrs += b_step
         if BIAS:  # bias_ptr is None (no parameter) otherwise
             acc += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        # the activation (`ACTIVATION_CODES`), as the persistent kernel does
+        if ACT == 1:  # gelu
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        elif ACT == 2:  # gelu_tanh: tanh(u) = 1 - 2 / (exp(2u) + 1)
+            u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+            acc = 0.5 * acc * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+        elif ACT == 3:  # silu
+            acc = acc * tl.sigmoid(acc)
+        elif ACT == 4:  # relu
+            acc = tl.maximum(acc, 0.0)
         c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
@@ -205,7 +221,7 @@ def _gemv_fn():
     def plex_gemv(
         a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, BIAS: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr,
     ):  # fmt: skip
         # One row of A per program (BM == 1) by a BN-column block of B, on the CUDA cores: a
         # 16-row tl.dot would pad the row 16-fold, and a GEMV is bound by the weight's bytes.
@@ -249,7 +265,7 @@ def _persistent_fn():
     def plex_matmul_tma(
         a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, BIAS: tl.constexpr, PROGRAMS: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr, PROGRAMS: tl.constexpr,
     ):  # fmt: skip
         # Persistent: the grid is min(PROGRAMS, tiles) (the wrapper's workgroup count), and each
         # program takes every PROGRAMS-th tile, so the tiles are covered on any grid of that size
@@ -289,6 +305,18 @@ def _persistent_fn():
             if BIAS:  # bias_ptr is None (no parameter) otherwise
                 offs_n = pid_n * BN + tl.arange(0, BN)
                 acc += tl.load(bias_ptr + offs_n, mask=offs_n < N).to(tl.float32)[None, :]
+            # the activation, as the non-persistent kernel (a helper would be one copy, but
+            # Triton's interpreter, which the tests run, cannot call a jit function the
+            # kernel's factory defines)
+            if ACT == 1:  # gelu
+                acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+            elif ACT == 2:  # gelu_tanh
+                u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+                acc = 0.5 * acc * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+            elif ACT == 3:  # silu
+                acc = acc * tl.sigmoid(acc)
+            elif ACT == 4:  # relu
+                acc = tl.maximum(acc, 0.0)
             c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
 
     return plex_matmul_tma
@@ -297,8 +325,8 @@ def _persistent_fn():
 def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel:
     """Triton -> PTX (sm_90a: wgmma) -> our ptxas pass -> cubin, with no GPU present."""
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
-    if config.bias and config.block_m == 1:
-        raise ValueError(f"{config.name}: the GEMV kernel adds no bias")
+    if (config.bias or config.activation) and config.block_m == 1:
+        raise ValueError(f"{config.name}: the GEMV kernel adds no bias or activation")
     if config.im2col:
         return _compile_conv(config, arch)
     # The bias is a binding (after B, as IREE orders an external dispatch's operands) only
@@ -308,11 +336,12 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
         "bias_ptr": f"*{t_out}" if config.bias else "constexpr", "c_ptr": f"*{t_out}",
         "M": "i32", "N": "i32", "K": "i32",
         "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "GROUP_M": "constexpr",
-        "B_T": "constexpr", "BIAS": "constexpr",
+        "B_T": "constexpr", "BIAS": "constexpr", "ACT": "constexpr",
     }  # fmt: skip
     constexprs = {
         "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
         "GROUP_M": config.group_m, "B_T": config.b_transposed, "BIAS": config.bias,
+        "ACT": ACTIVATION_CODES[config.activation],
     }  # fmt: skip
     if not config.bias:
         constexprs["bias_ptr"] = None
@@ -336,7 +365,7 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
 
 def _compile_conv(config: MatmulConfig, arch: str) -> CompiledKernel:
     """The implicit-im2col kernel: bindings x, w, c, then M, N, K and `CONV_GEOMETRY`."""
-    if config.bias or config.persistent or not config.b_transposed:
+    if config.bias or config.activation or config.persistent or not config.b_transposed:
         raise ValueError(f"{config.name}: the convolution kernel is A x B^T, plain, no bias")
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
     signature = {"x_ptr": f"*{t_in}", "w_ptr": f"*{t_in}", "c_ptr": f"*{t_out}"}
