@@ -14,7 +14,7 @@ import pytest
 from myelin.compiler.pipeline import compile_module
 from myelin.compiler.targets import TargetDevice
 from myelin.kernels import apply_kernels
-from myelin.kernels._triton import ACTIVATION_CODES, MatmulConfig, compile_matmul
+from myelin.kernels._triton import ACTIVATION_CODES, MERGE_CODES, MatmulConfig, compile_matmul
 from tests.myelin.kernels_helpers import flow_dispatches, import_mlir
 
 # mm: A x B^T, dynamic M, f32 accumulation narrowed by a truncf (one kernel writes f16);
@@ -125,28 +125,32 @@ def test_a_matmul_kernel_compiles_to_sm_90a_wgmma_code_without_a_gpu():
     assert kernel.threads == 256 and kernel.shared_bytes == 147456  # 3 stages of 128x64 + 64x256
 
 
-def test_the_bias_and_activation_epilogue_in_tritons_interpreter():
-    """The tl.dot kernel's epilogue against torch (f32 sums, bias added, the activation, then
-    f16), for no activation and each of `ACTIVATION_CODES`, with M and N past whole tiles;
-    within 2e-3 of the largest output (f16 rounding). The interpreter runs the kernel's Python
-    on the CPU."""
+def test_the_bias_activation_and_merge_epilogue_in_tritons_interpreter():
+    """The tl.dot kernel's epilogue against torch (f32 sums, bias added, the activation, the
+    merge with another [M, N] tensor, then f16), for each of `ACTIVATION_CODES` and
+    `MERGE_CODES`, with M and N past whole tiles; within 2e-3 of the largest output (f16
+    rounding). The interpreter runs the kernel's Python on the CPU."""
     code = """
 import json, torch, triton
 import torch.nn.functional as F
-from myelin.kernels._triton import ACTIVATION_CODES, _matmul_fn
+from myelin.kernels._triton import ACTIVATION_CODES, MERGE_CODES, _matmul_fn
 g = torch.Generator().manual_seed(0)
 m, n, k = 70, 48, 128
 a, w = torch.randn(m, k, generator=g).half(), torch.randn(n, k, generator=g).half()
 bias = torch.randn(n, generator=g).half()
+other = torch.randn(m, n, generator=g).half()
 apply = {"": lambda t: t, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
          "silu": F.silu, "relu": F.relu}
+merge = {"": lambda t: t, "add": lambda t: t + other.float(), "mul": lambda t: t * other.float()}
 errors = {}
-for name, code in ACTIVATION_CODES.items():
-    c = torch.full((m, n), float("nan")).half()
-    _matmul_fn()[(triton.cdiv(m, 64) * triton.cdiv(n, 32),)](
-        a, w, bias, c, m, n, k, BM=64, BN=32, BK=64, GROUP_M=8, B_T=True, BIAS=True, ACT=code)
-    ref = apply[name](a.float() @ w.float().T + bias.float()).half().float()
-    errors[name] = float((c.float() - ref).abs().max() / ref.abs().max())
+for act, act_code in ACTIVATION_CODES.items():
+    for how, merge_code in MERGE_CODES.items():
+        c = torch.full((m, n), float("nan")).half()
+        _matmul_fn()[(triton.cdiv(m, 64) * triton.cdiv(n, 32),)](
+            a, w, bias, other if merge_code else None, c, m, n, k, BM=64, BN=32, BK=64,
+            GROUP_M=8, B_T=True, BIAS=True, ACT=act_code, MERGE=merge_code)
+        ref = merge[how](apply[act](a.float() @ w.float().T + bias.float())).half().float()
+        errors[f"{act}+{how}"] = float((c.float() - ref).abs().max() / ref.abs().max())
 print(json.dumps(errors))
 """
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -155,7 +159,7 @@ print(json.dumps(errors))
     )
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
-    assert sorted(errors) == sorted(ACTIVATION_CODES), errors
+    assert len(errors) == len(ACTIVATION_CODES) * len(MERGE_CODES), errors
     assert all(e < 2e-3 for e in errors.values()), errors
 
 

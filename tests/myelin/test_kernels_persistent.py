@@ -84,3 +84,16 @@ def test_the_space_refuses_what_a_persistent_kernel_cannot_do():
     assert choose_matmul_config("f16", "f16", True, 2048, 4096, 4096).persistent
     assert not choose_matmul_config("f16", "f32", True, 2048, 4096, 4096).persistent
     assert not choose_matmul_config("f16", "f16", True, 8, 4096, 4096).persistent
+
+
+def test_the_full_epilogue_compiles_with_the_bias_and_merge_tensor_as_bindings():
+    """A persistent kernel with a bias, an activation and a merge (Llama's `silu(gate) * up`
+    with a bias, the most the epilogue does): exactly the bindings its wrapper passes, A, B,
+    bias, the other tensor, C and the scratch, then M, N, K."""
+    full = MatmulConfig(
+        "f16", "f16", b_transposed=True, persistent=True, bias=True, activation="silu", merge="mul"
+    )
+    kernel = compile_matmul(full)
+    assert kernel.name.endswith("_bias_silu_mul")
+    entry = kernel.ptx[kernel.ptx.index(".entry") : kernel.ptx.index(")")]
+    assert re.findall(r"\.param \.(u64|u32)", entry) == ["u64"] * 6 + ["u32"] * 3

@@ -222,8 +222,18 @@ ACTIVATIONS = {
 
 
 @pytest.mark.parametrize("module", list(ACTIVATIONS))
-def test_each_layers_feed_forward_activation_is_applied_by_its_matmul_kernel(sites, module):
+def test_each_layers_activation_and_residual_adds_are_applied_by_the_matmul_kernels(sites, module):
+    """Per layer: the feed-forward's activation in its first matmul's kernel (and for Llama and
+    Qwen2 the product with the up projection, `act(gate) * up`), and the two residual adds
+    (after attention's output projection and after the feed-forward) in theirs."""
+    import re
+
     activation = ACTIVATIONS[module]
-    applied = [s for s in sites[module] if (s["kernel"] or "").endswith(f"_{activation}")]
-    assert len(applied) == 2, [s["kernel"] for s in sites[module]]  # one per layer
-    assert all(f" and {activation}" in s["reason"] for s in applied), applied
+    kernels = [s["kernel"] or "" for s in sites[module]]
+    gated = "_mul" if activation == "silu" else ""
+    applied = [k for k in kernels if re.search(f"_{activation}{gated}$", k)]
+    assert len(applied) == 2, kernels  # one per layer
+    residual = [
+        s for s in sites[module] if s["reason"].startswith("matched") and " and add" in s["reason"]
+    ]
+    assert len(residual) == 4 and all((s["kernel"]).endswith("_add") for s in residual), kernels

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from iree.compiler import ir
 
@@ -185,16 +186,81 @@ def classify(fn: Callable[[float], float]) -> str | None:
     return None
 
 
-def activation_consumer(result: ir.Value) -> tuple[ir.Value, list[ir.Operation], str] | None:
-    """The elementwise activation computed from this [M, N] kernel result alone (directly, or
-    through the `tensor.expand_shape` that gives a linear's rows back their [batch, tokens]):
-    the value it reads, its ops in order, and its name. The kernel then applies it before it
-    writes C, and the ops go."""
+@dataclass
+class Epilogue:
+    """What a kernel applies to its f32 sums after the bias, found after its result: the ops
+    that then go, and what the kernel needs to do their work."""
+
+    # the `tensor.expand_shape` that gives a linear's rows back their [batch, tokens] (kept:
+    # the kernel's result goes through it), if any
+    expand: ir.Operation | None = None
+    activation: str = ""  # a name of `ACTIVATIONS`
+    activation_ops: list[ir.Operation] = field(default_factory=list)  # in order
+    merge: str = ""  # "add" | "mul" (myelin.kernels._triton.MERGE_CODES)
+    merge_op: ir.Operation | None = None
+    # which of the merge's inputs is the other tensor: read when the kernel is called, since
+    # another kernel's rewrite may have replaced the value that made it (a residual stream)
+    merge_index: int = 0
+
+    @property
+    def merge_operand(self) -> ir.Value:
+        assert self.merge_op is not None
+        return self.merge_op.operands[self.merge_index]
+
+    @property
+    def reads(self) -> ir.Value | None:
+        """The value the epilogue's first op reads: the result, or its expand."""
+        return self.expand.results[0] if self.expand is not None else None
+
+    @property
+    def ops(self) -> list[ir.Operation]:
+        """The ops that go once the kernel does their work, consumer first."""
+        merged = [self.merge_op] if self.merge_op is not None else []
+        return merged + list(reversed(self.activation_ops))
+
+    @property
+    def last(self) -> ir.Operation | None:
+        return self.ops[0] if self.ops else None
+
+
+_MERGES = {"arith.addf": "add", "arith.mulf": "mul"}
+
+
+def _merge_consumer(value: ir.Value) -> tuple[ir.Operation, int, str] | None:
+    """The elementwise add or product of `value` with one other tensor of its type that is
+    `value`'s one use (a residual connection; Llama's `act(gate) * up`): the op, which of its
+    inputs is the other tensor, and "add" or "mul"."""
+    user = sole_user(value)
+    if user is None or len(user.operands) != 3 or not _is_elementwise(user, value.type):
+        return None
+    a, b = list(user.operands)[:2]
+    if (a == value) == (b == value):
+        return None
+    block = user.regions[0].blocks[0]
+    body = list(block.operations)
+    if len(body) != 2 or body[0].name not in _MERGES or body[1].operands[0] != body[0].results[0]:
+        return None
+    if set(body[0].operands) != set(list(block.arguments)[:2]):
+        return None
+    return user, (1 if a == value else 0), _MERGES[body[0].name]
+
+
+def find_epilogue(result: ir.Value, merge: bool = True) -> Epilogue:
+    """The activation computed from this [M, N] kernel result alone (directly, or through the
+    reshape to [batch, tokens, N]), then (with `merge`) the add or product with one other
+    tensor that reads it: what the kernel can do before it writes C."""
+    found = Epilogue()
     x = result
     user = sole_user(result)
     if user is not None and user.name == "tensor.expand_shape":
-        x = user.results[0]
+        found.expand, x = user, user.results[0]
     region = _elementwise_region(x)
     fn = _region_function(x, region) if region is not None else None
     name = classify(fn) if fn is not None else None
-    return (x, region, name) if region is not None and name is not None else None
+    if region is not None and name is not None:
+        found.activation, found.activation_ops = name, region
+        x = region[-1].results[0]
+    merged = _merge_consumer(x) if merge else None
+    if merged is not None:
+        found.merge_op, found.merge_index, found.merge = merged
+    return found

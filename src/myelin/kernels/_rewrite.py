@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from iree.compiler import ir
 
 from myelin.compiler.placement import find_ops
-from myelin.kernels._epilogue import activation_consumer
+from myelin.kernels._epilogue import Epilogue, find_epilogue
 from myelin.kernels._ir import owner_op, sole_user
 from myelin.kernels._triton import CompiledKernel, MatmulConfig
 
@@ -92,10 +92,9 @@ class _Match:
     before_bias: ir.Operation | None = None  # the op the bias add consumed (matmul or truncf)
     # A as the convolution kernel reads it: the gather's NHWC input and the geometry, if any
     im2col: tuple[ir.Value, dict[str, int]] | None = None
-    # the elementwise activation the kernel applies (myelin.kernels._epilogue), if any: the
-    # value it reads (the kernel's result, maybe through a reshape) and its ops, in order,
-    # which go once the call is in place
-    activation: tuple[ir.Value, list[ir.Operation]] | None = None
+    # what the kernel applies after the bias (an activation, a merge with another tensor:
+    # myelin.kernels._epilogue), whose ops go once the call is in place
+    epilogue: Epilogue = field(default_factory=Epilogue)
 
 
 def _element(t: ir.Type) -> str:
@@ -245,6 +244,7 @@ def find_matmuls(
     """Every `linalg.matmul`, with the kernel it goes to or why it stays IREE codegen."""
     found = find_ops(module, lambda op: op.name == "linalg.matmul")
     matches = []
+    merged: set[ir.Operation] = set()  # merge ops a kernel takes (one kernel each)
     for op in found:
         a, b, init = op.operands[0], op.operands[1], op.operands[2]
         a_t, b_t, c_t = a.type, b.type, op.results[0].type
@@ -292,14 +292,18 @@ def find_matmuls(
             config = dataclasses.replace(
                 config, im2col=True, im2col_masked=masked, persistent=False
             )
-        activation = None
+        epilogue = Epilogue()
         if config is not None and config.block_m > 1 and im2col is None:
-            found = activation_consumer(root.results[0])
-            if found is not None:
-                activation = found[0], found[1]
-                config = dataclasses.replace(config, activation=found[2])
+            epilogue = find_epilogue(root.results[0])
+            if epilogue.merge_op is not None and epilogue.merge_op in merged:
+                epilogue = find_epilogue(root.results[0], merge=False)  # another's already
+            if epilogue.merge_op is not None:
+                merged.add(epilogue.merge_op)
+            config = dataclasses.replace(
+                config, activation=epilogue.activation, merge=epilogue.merge
+            )
         folded = [w for w, there in (("truncf", narrowed), ("bias", bias)) if there]
-        folded += [config.activation] if activation is not None and config is not None else []
+        folded += [w for w in (epilogue.activation, epilogue.merge) if w]
         narrowing = " and ".join(folded)
         site = MatmulSite(
             function=_function_name(op),
@@ -316,7 +320,7 @@ def find_matmuls(
         )
         match = _Match(
             site, config, op, root, b_value=b_value, transpose=transpose, bias=bias,
-            before_bias=before_bias, im2col=im2col, activation=activation,
+            before_bias=before_bias, im2col=im2col, epilogue=epilogue,
         )  # fmt: skip
         match.a_type, match.b_type, match.result_type = a_t, b_t, root.results[0].type
         matches.append(match)
@@ -342,10 +346,13 @@ def call_in_place_of(
     *,
     result_type: ir.Type | None = None,
     location: ir.Location | None = None,
+    before: ir.Operation | None = None,
 ) -> ir.Operation:
-    """A `util.call` of `callee`, inserted before `op`, that takes the place of `op`'s result
-    (the caller erases `op` and what only it used)."""
-    with ir.InsertionPoint(op), location if location is not None else op.location:
+    """A `util.call` of `callee`, inserted before `op` (or `before`, a later op its operands
+    also dominate), that takes the place of `op`'s result (the caller erases `op` and what only
+    it used)."""
+    where = before if before is not None else op
+    with ir.InsertionPoint(where), location if location is not None else op.location:
         call = ir.Operation.create(
             "util.call",
             results=[result_type or op.results[0].type],
@@ -388,8 +395,12 @@ def _wrapper_text(name: str, kernel: CompiledKernel, config: MatmulConfig, m: _M
     binding = "#hal.pipeline.binding<storage_buffer"
     inputs = ["%a", "%b"] + (["%bias"] if m.bias is not None else [])
     input_types = [f"{a_t}{dims}", b_t] + ([str(m.bias.type)] if m.bias is not None else [])
+    if config.merge:  # the other tensor the result is merged with: [M, N], as C
+        inputs.append("%merge")
+        input_types.append(f"{r_t}{dims}")
     bindings = [f"{binding}, ReadOnly>"] * len(inputs) + [f"{binding}>"]
-    params = ", ".join(f"{v}: {t}" for v, t in zip(inputs, [a_t, *input_types[1:]], strict=True))
+    param_types = [t.split("{")[0] for t in input_types]  # no dynamic-size suffix
+    params = ", ".join(f"{v}: {t}" for v, t in zip(inputs, param_types, strict=True))
     args = ", ".join(inputs)
     results, types = "%r", f"{r_t}{dims}"
     if kernel.scratch_bytes:
@@ -497,7 +508,14 @@ def rewrite(
             )
             add_functions(body, text)
         operands = [x_value, m.b_value] + ([m.bias] if m.bias is not None else [])
-        call_in_place_of(m.root, name, operands, result_type=m.result_type)
+        # a merge's other tensor may be made after the matmul (Llama's up projection, which
+        # its gate's kernel multiplies by): the call then goes right before the merge
+        merge = m.epilogue.merge_op
+        if merge is not None:
+            operands.append(_rows_of(m.epilogue, merge))
+        call = call_in_place_of(m.root, name, operands, result_type=m.result_type, before=merge)
+        if merge is not None and m.epilogue.expand is not None:
+            m.epilogue.expand.move_before(merge)  # after the call now, as it reads the call
         fill = m.matmul.operands[2].owner
         m.root.erase()  # then what it consumed, consumer first: the truncf, the matmul
         if m.before_bias is not None and m.before_bias is not m.matmul:
@@ -511,11 +529,37 @@ def rewrite(
             m.transpose.erase()
         if m.im2col is not None:  # the columns nothing reads now: the collapse, the gather
             _erase_unused(a_value)
-        if m.activation is not None:  # applied by the kernel: its input is its value now
-            x, ops = m.activation
-            ops[-1].results[0].replace_all_uses_with(x)
-            for op in reversed(ops):
-                op.erase()
+        _apply_epilogue(m.epilogue, call)
+
+
+def _rows_of(epilogue: Epilogue, before: ir.Operation) -> ir.Value:
+    """The merge's other tensor as the kernel reads it, [M, N]: through the collapse that
+    undoes the result's reshape to [batch, tokens, N], inserted before `before`."""
+    other = epilogue.merge_operand
+    assert other is not None
+    if epilogue.expand is None:
+        return other
+    expand = epilogue.expand
+    with ir.InsertionPoint(before), before.location:
+        collapse = ir.Operation.create(
+            "tensor.collapse_shape",
+            results=[expand.operands[0].type],
+            operands=[other],
+            attributes={"reassociation": expand.attributes["reassociation"]},
+        )
+    return collapse.results[0]
+
+
+def _apply_epilogue(epilogue: Epilogue, call: ir.Operation) -> None:
+    """The kernel does the epilogue's work: what read the last of its ops reads the kernel's
+    result (through its reshape, if any) instead, and the ops go, consumer first."""
+    last = epilogue.last
+    if last is None:
+        return
+    value = epilogue.reads if epilogue.expand is not None else call.results[0]
+    last.results[0].replace_all_uses_with(value)
+    for op in epilogue.ops:
+        op.erase()
 
 
 def _erase_unused(value: ir.Value) -> None:

@@ -59,6 +59,9 @@ class MatmulConfig:
     # An activation applied to the f32 sums (after the bias) before C is written, by its name in
     # myelin.kernels._epilogue.ACTIVATIONS ("": none): its elementwise dispatch then goes.
     activation: str = ""
+    # A second [M, N] operand (in C's type) the result is then merged with, by its name in
+    # `MERGE_CODES` ("add": a residual connection; "mul": Llama's gate x up; "": none).
+    merge: str = ""
 
     @property
     def name(self) -> str:
@@ -73,6 +76,7 @@ class MatmulConfig:
             f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}s{self.num_stages}"
             f"{group}{'_bias' if self.bias else ''}"
             f"{'_' + self.activation if self.activation else ''}"
+            f"{'_' + self.merge if self.merge else ''}"
         )
 
 
@@ -96,6 +100,8 @@ class CompiledKernel:
 _TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
 # The kernels' ACT constexpr per `MatmulConfig.activation` (myelin.kernels._epilogue finds them)
 ACTIVATION_CODES = {"": 0, "gelu": 1, "gelu_tanh": 2, "silu": 3, "relu": 4}
+# The kernels' MERGE constexpr per `MatmulConfig.merge`
+MERGE_CODES = {"": 0, "add": 1, "mul": 2}
 
 
 def _matmul_fn():
@@ -104,9 +110,9 @@ def _matmul_fn():
 
     @triton.jit
     def plex_matmul(
-        a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
+        a_ptr, b_ptr, bias_ptr, merge_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr, MERGE: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BM)
@@ -150,6 +156,12 @@ def _matmul_fn():
             acc = tl.maximum(acc, 0.0)
         c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        if MERGE != 0:  # merge_ptr is None (no parameter) otherwise; `MERGE_CODES`
+            other = tl.load(merge_ptr + offs_m[:, None] * N + offs_n[None, :], mask=mask)
+            if MERGE == 1:
+                acc += other.to(tl.float32)
+            else:
+                acc *= other.to(tl.float32)
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
     return plex_matmul
@@ -219,9 +231,9 @@ def _gemv_fn():
 
     @triton.jit
     def plex_gemv(
-        a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
+        a_ptr, b_ptr, bias_ptr, merge_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr, MERGE: tl.constexpr,
     ):  # fmt: skip
         # One row of A per program (BM == 1) by a BN-column block of B, on the CUDA cores: a
         # 16-row tl.dot would pad the row 16-fold, and a GEMV is bound by the weight's bytes.
@@ -263,9 +275,10 @@ def _persistent_fn():
 
     @triton.jit
     def plex_matmul_tma(
-        a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
+        a_ptr, b_ptr, bias_ptr, merge_ptr, c_ptr, M, N, K,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr, PROGRAMS: tl.constexpr,
+        B_T: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr, MERGE: tl.constexpr,
+        PROGRAMS: tl.constexpr,
     ):  # fmt: skip
         # Persistent: the grid is min(PROGRAMS, tiles) (the wrapper's workgroup count), and each
         # program takes every PROGRAMS-th tile, so the tiles are covered on any grid of that size
@@ -317,6 +330,16 @@ def _persistent_fn():
                 acc = acc * tl.sigmoid(acc)
             elif ACT == 4:  # relu
                 acc = tl.maximum(acc, 0.0)
+            if MERGE != 0:  # merge_ptr is None (no parameter) otherwise; `MERGE_CODES`
+                rows = pid_m * BM + tl.arange(0, BM)
+                cols = pid_n * BN + tl.arange(0, BN)
+                inside = (rows[:, None] < M) & (cols[None, :] < N)
+                at = merge_ptr + rows[:, None] * N + cols[None, :]
+                other = tl.load(at, mask=inside).to(tl.float32)
+                if MERGE == 1:
+                    acc += other
+                else:
+                    acc *= other
             c_desc.store([pid_m * BM, pid_n * BN], acc.to(c_ptr.dtype.element_ty))
 
     return plex_matmul_tma
@@ -325,29 +348,34 @@ def _persistent_fn():
 def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel:
     """Triton -> PTX (sm_90a: wgmma) -> our ptxas pass -> cubin, with no GPU present."""
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
-    if (config.bias or config.activation) and config.block_m == 1:
-        raise ValueError(f"{config.name}: the GEMV kernel adds no bias or activation")
+    if (config.bias or config.activation or config.merge) and config.block_m == 1:
+        raise ValueError(f"{config.name}: the GEMV kernel has no epilogue (bias, activation)")
     if config.im2col:
         return _compile_conv(config, arch)
-    # The bias is a binding (after B, as IREE orders an external dispatch's operands) only
-    # where the config has one: a None constexpr is no parameter at all.
+    # The bias and the merge operand are bindings (after B, in that order, as IREE orders an
+    # external dispatch's operands) only where the config has them: a None constexpr is no
+    # parameter at all.
     signature = {
         "a_ptr": f"*{t_in}", "b_ptr": f"*{t_in}",
-        "bias_ptr": f"*{t_out}" if config.bias else "constexpr", "c_ptr": f"*{t_out}",
+        "bias_ptr": f"*{t_out}" if config.bias else "constexpr",
+        "merge_ptr": f"*{t_out}" if config.merge else "constexpr", "c_ptr": f"*{t_out}",
         "M": "i32", "N": "i32", "K": "i32",
         "BM": "constexpr", "BN": "constexpr", "BK": "constexpr", "GROUP_M": "constexpr",
-        "B_T": "constexpr", "BIAS": "constexpr", "ACT": "constexpr",
+        "B_T": "constexpr", "BIAS": "constexpr", "ACT": "constexpr", "MERGE": "constexpr",
     }  # fmt: skip
     constexprs = {
         "BM": config.block_m, "BN": config.block_n, "BK": config.block_k,
         "GROUP_M": config.group_m, "B_T": config.b_transposed, "BIAS": config.bias,
-        "ACT": ACTIVATION_CODES[config.activation],
+        "ACT": ACTIVATION_CODES[config.activation], "MERGE": MERGE_CODES[config.merge],
     }  # fmt: skip
     if not config.bias:
         constexprs["bias_ptr"] = None
+    if not config.merge:
+        constexprs["merge_ptr"] = None
     # Pointers 16-byte aligned, N and K multiples of 16 (checked where the kernel is matched).
-    pointers = (0, 1, 2, 3) if config.bias else (0, 1, 3)
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (*pointers, 5, 6)}
+    aligned = [n for n, t in signature.items() if t.startswith("*")] + ["N", "K"]
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     if config.persistent:
         signature["PROGRAMS"] = "constexpr"
         constexprs["PROGRAMS"] = programs = sm_count(arch)
@@ -365,7 +393,8 @@ def compile_matmul(config: MatmulConfig, arch: str = "sm_90a") -> CompiledKernel
 
 def _compile_conv(config: MatmulConfig, arch: str) -> CompiledKernel:
     """The implicit-im2col kernel: bindings x, w, c, then M, N, K and `CONV_GEOMETRY`."""
-    if config.bias or config.activation or config.persistent or not config.b_transposed:
+    plain = not (config.bias or config.activation or config.merge or config.persistent)
+    if not plain or not config.b_transposed:
         raise ValueError(f"{config.name}: the convolution kernel is A x B^T, plain, no bias")
     t_in, t_out = _TRITON_TYPES[config.dtype], _TRITON_TYPES[config.out_dtype]
     signature = {"x_ptr": f"*{t_in}", "w_ptr": f"*{t_in}", "c_ptr": f"*{t_out}"}
