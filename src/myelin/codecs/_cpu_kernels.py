@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from myelin.codecs import _float
 from myelin.compiler.workgroup_split import workgroup_share
 from myelin.errors import CompileError
 
@@ -82,9 +83,10 @@ class Kernel:
     features: tuple[str, ...]  # the CPU features it needs, as LLVM names them (gcc: -m<name>)
     block: int  # outputs per kernel block: N must be a multiple
     quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
-    # Weight row bytes above which the kernel walks 2 blocks at a time (0: never): workgroups
-    # then take whole pairs of blocks where the output count allows.
-    wide_row: int = 0
+    # Outputs of the weight's stored blocks where N is a multiple of it, else `block` (fp16's
+    # blocked layout, myelin.codecs._float.BLOCKS; 0: not blocked): workgroups take whole
+    # stored blocks.
+    wide_block: int = 0
 
     @property
     def source(self) -> Path:
@@ -101,7 +103,7 @@ class Kernel:
             f"-DPLEX_BLOCK={self.block}",
             f"-DPLEX_GROUP={GROUP}",
             f"-DPLEX_MAX_K={MAX_K}",
-            f"-DPLEX_WIDE_ROW={self.wide_row}",
+            f"-DPLEX_WIDE_BLOCK={self.wide_block}",
         )
         return (*CFLAGS, *(f"-m{f}" for f in self.features), *numbers)
 
@@ -116,9 +118,9 @@ KERNELS = (
         "fp16",
         "fp16_matvec_avx512",
         ("avx512f", "f16c", "fma"),
-        128,
+        _float.BLOCKS[-1],
         quantizes=False,
-        wide_row=4096,
+        wide_block=_float.BLOCKS[0],
     ),
 )
 
@@ -221,6 +223,11 @@ class Matvec:
     k: int
     n: int
     operands: list[tuple[str, ir.Value, str, int]]  # (binding, value, element type, elements)
+    block: int = 0  # outputs of the weight's stored blocks (fp16), 0: not blocked
+
+    def granule(self, kernel: Kernel) -> int:
+        """Outputs a workgroup's share is counted in: whole stored blocks, else the kernel's."""
+        return self.block or kernel.block
 
 
 def _q4_matvec(total: ir.Operation) -> Matvec | None:
@@ -290,19 +297,38 @@ def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
 
 
 def _fp16_matvec(contraction: ir.Operation) -> Matvec | None:
-    """From fp16's contraction (its weight operand the decode `arith.extf` of the stored f16
-    data, myelin.codecs._rewrite): the activation, the weight and the init."""
+    """From fp16's contraction over the stored blocks (myelin.codecs._blocked: one input the
+    decode `arith.extf` of the f16 blocks [N / B, K, B], its init the expanded [..., N]): the
+    activation, the weight and the init before its expansion."""
+    from iree.compiler import ir
+
     if len(contraction.operands) != 3:
         return None
-    found = _weight_and_activation(contraction, "f16")
-    if found is None:
+    expand = _producer(contraction.operands[2])
+    if expand is None or expand.name != "tensor.expand_shape":
         return None
-    w, x, k, n = found
-    return Matvec(
-        k,
-        n,
-        [("x", x, "f32", k), ("w", w, "f16", k * n), ("init", contraction.operands[2], "f32", n)],
-    )
+    init = expand.operands[0]
+    for w_at in (0, 1):
+        decode = _producer(contraction.operands[w_at])
+        if decode is None or decode.name != "linalg.generic" or len(decode.operands) != 2:
+            continue
+        stored = decode.operands[0]
+        if str(ir.RankedTensorType(stored.type).element_type) != "f16":
+            continue
+        dims = _dims(stored)
+        if len(dims) != 3:
+            return None
+        blocks, k, block = dims
+        n = blocks * block
+        x = contraction.operands[1 - w_at]
+        if math.prod(_dims(x) or [0]) != k or math.prod(_dims(init) or [0]) != n:
+            return None
+        if block != next((b for b in _float.BLOCKS if n % b == 0), None):
+            return None  # not the blocks the kernel reads
+        return Matvec(
+            k, n, [("x", x, "f32", k), ("w", stored, "f16", k * n), ("init", init, "f32", n)], block
+        )
+    return None
 
 
 def _weight_and_activation(
@@ -351,9 +377,7 @@ _BYTES = {"f32": 4, "f16": 2, "i8": 1}
 def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
     """How many workgroups split the output blocks: up to MAX_WORKGROUPS, and for a kernel
     that quantizes the activation one per BYTES_PER_QUANTIZING_WORKGROUP of weight read."""
-    blocks = matvec.n // kernel.block
-    row = matvec.n * _BYTES[matvec.operands[1][2]] if kernel.wide_row else 0
-    count = min(blocks // 2 if row > kernel.wide_row and blocks >= 2 else blocks, MAX_WORKGROUPS)
+    count = min(matvec.n // matvec.granule(kernel), MAX_WORKGROUPS)
     if kernel.quantizes:
         weight = sum(
             size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "init")
@@ -399,8 +423,8 @@ stream.executable private @{name} attributes {{
       {chr(10).join("      " + s for s in subspans).lstrip()}
       %k = arith.constant {matvec.k} : index
       %n = arith.constant {matvec.n} : index
-      %blocks = arith.constant {matvec.n // kernel.block} : index
-      %block = arith.constant {kernel.block} : index
+      %blocks = arith.constant {matvec.n // matvec.granule(kernel)} : index
+      %block = arith.constant {matvec.granule(kernel)} : index
       {workgroup_share("%blocks")}
       %n_begin = arith.muli %first, %block : index
       %n_count = arith.muli %count, %block : index
