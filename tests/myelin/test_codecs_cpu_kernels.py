@@ -1,6 +1,6 @@
 """Encoded matvecs on x86 CPUs through the C kernels linked into IREE's executable
 (myelin.codecs._cpu_kernels): q4 (AVX-512 VNNI where the CPU has it, else AVX2), int8 (AVX-512
-VNNI) and fp16 (AVX-512, on its blocked layout [N / B, K, B]), each checked against numpy on
+VNNI) and fp16 (AVX-512), on their blocked layouts [N / B, K, B], each checked against numpy on
 the stored bytes (q4's and int8's activation quantized to 8 bits per group of 32 the same way
 in numpy; the float decode by cosine), the IR they leave (one kernel dispatch reading the
 encoded parameters, nothing decoded), and the variants that keep IREE's code."""
@@ -145,16 +145,24 @@ def _q4_reference(
     return init.reshape(-1) + folded
 
 
+def _unblocked(stored: np.ndarray, n: int, block: int) -> np.ndarray:
+    """Blocks of outputs [N / B, K, B] (fp16's and int8's stored layout) as [K, N]: block b
+    holds outputs [b * B, (b + 1) * B), row by row."""
+    return stored.reshape(n // block, K, block).transpose(1, 0, 2).reshape(K, n)
+
+
 def _int8_reference(
     encoded: Encoded, key: str, x: np.ndarray, init: np.ndarray, n: int
 ) -> np.ndarray:
-    """What the int8 kernel computes: integer dot products of the stored codes ([K, N]) with
-    the quantized activation per group, times d per group, times the output's scale."""
+    """What the int8 kernel computes: integer dot products of the stored codes (blocks of 256
+    outputs, else 64) with the quantized activation per group, times d per group, times the
+    output's scale."""
     stored = {s.key: s.data for s in encoded.graph.stored}
-    codes = stored[key].reshape(K, n).astype(np.int64)
+    codes = _unblocked(stored[key], n, 256 if n % 256 == 0 else 64).astype(np.int64)
     xq, d, _ = _q8(x)
     partial = np.einsum("ge,gen->gn", xq, codes.reshape(-1, 32, n))
-    return init.reshape(-1) + stored[f"{key}.scale"] * (d[:, None] * partial).sum(0)
+    scale = stored[f"{key}.scale"].reshape(-1)
+    return init.reshape(-1) + scale * (d[:, None] * partial).sum(0)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -215,16 +223,17 @@ def test_int8_and_fp16_kernels_match_numpy_on_the_stored_bytes(encoded_int8):
     x2 = rng.standard_normal((1, K)).astype(np.float32)
     bias = rng.standard_normal((1, M)).astype(np.float32)
     _close(call("mm", x2, bias), _int8_reference(encoded_int8, "mm", x2, bias, M))
-    # fp16: no quantization, the float decode up to summation order; and that decode of the
-    # stored blocks by hand: block b holds outputs [b * B, (b + 1) * B), row by row
+    zeros = np.zeros(NARROW, np.float32)  # 3 blocks of 64
+    _close(call("narrow", x2), _int8_reference(encoded_int8, "narrow", x2, zeros, NARROW))
+    # fp16: no quantization, the float decode up to summation order; and that of the stored
+    # blocks by hand
     bias = bias[:, :N]
     _close(call("g16", x2, bias), bias + x2 @ encoded_int8.decoded("g16"))
     _close(call("n16", x2), x2 @ encoded_int8.decoded("n16"))
     got = call("wide", x2)
     _close(got, x2 @ encoded_int8.decoded("wide"))
     stored = {s.key: s.data for s in encoded_int8.graph.stored}["wide"]
-    blocks = stored.reshape(WIDE // 256, K, 256).astype(np.float32)
-    _close(got, x2 @ blocks.transpose(1, 0, 2).reshape(K, WIDE))
+    _close(got, x2 @ _unblocked(stored, WIDE, 256).astype(np.float32))
 
 
 def _kernel_calls(encoded: Encoded, calls: dict[str, str]) -> str:
@@ -271,7 +280,8 @@ def test_int8_and_fp16_kernel_dispatches_read_the_encoded_parameters(encoded_int
     calls = {"lin": f"__plex_{int8}_{K}x{N}", "mm": f"__plex_{int8}_{K}x{M}"}
     calls |= {"g16": f"__plex_{fp16}_{K}x{N}", "wide": f"__plex_{fp16}_{K}x{WIDE}"}
     text = _kernel_calls(encoded_int8, calls)
-    assert f"tensor<{K}x{N}xi8>" in _function(text, "lin")
+    assert f"tensor<{N // 64}x{K}x64xi8>" in _function(text, "lin")
+    assert f"tensor<1x{K}x256xi8>" in _function(text, "mm")
     assert f"tensor<1x{K}x128xf16>" in _function(text, "g16")
     assert f"tensor<{WIDE // 256}x{K}x256xf16>" in _function(text, "wide")
 

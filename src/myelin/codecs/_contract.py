@@ -167,6 +167,23 @@ def permuted(
     return tuple(shape[a] for a in order), tuple(f"d{a}" for a in order)
 
 
+def output_block(
+    shape: tuple[int, ...],
+    reduce_axes: tuple[int, ...],
+    order: tuple[int, ...],
+    blocks: tuple[int, ...],
+) -> tuple[int, int] | None:
+    """(logical output axis, block) for a K-major rank-2 weight stored in blocks of outputs
+    (`Layout.blocked`): the first of `blocks` that divides the outputs; else None."""
+    if len(shape) != 2 or len(reduce_axes) != 1:
+        return None
+    out = 1 - reduce_axes[0]
+    if tuple(order) != (reduce_axes[0], out):
+        return None
+    block = next((b for b in blocks if shape[out] % b == 0), None)
+    return None if block is None else (out, block)
+
+
 def to_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
     """The data in its stored axis order (and blocks, for a blocked layout)."""
     import numpy as np

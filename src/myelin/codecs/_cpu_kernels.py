@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from myelin.codecs import _float
+from myelin.codecs import _float, int8
 from myelin.compiler.workgroup_split import workgroup_share
 from myelin.errors import CompileError
 
@@ -113,7 +113,14 @@ _AVX512_VNNI = ("avx512f", "avx512bw", "avx512vnni", "avx2", "fma")
 KERNELS = (
     Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True),
     Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True),
-    Kernel("int8", "int8_matvec_avx512vnni", _AVX512_VNNI, 64, quantizes=True),
+    Kernel(
+        "int8",
+        "int8_matvec_avx512vnni",
+        _AVX512_VNNI,
+        int8.BLOCKS[-1],
+        quantizes=True,
+        wide_block=int8.BLOCKS[0],
+    ),
     Kernel(
         "fp16",
         "fp16_matvec_avx512",
@@ -269,20 +276,21 @@ def _q4_matvec(total: ir.Operation) -> Matvec | None:
 
 
 def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
-    """From int8's scaling op (myelin.codecs._matvec.emit_scaled: `dot * scale[n] + init`,
-    after the contraction of the codes as floats): the activation, the codes, the scale and
-    the init."""
+    """From int8's scaling op over the stored blocks (myelin.codecs._blocked, scaled: `dot *
+    scale + init` after the contraction of the codes as floats): the activation, the codes, the
+    scale and the init before its expansion."""
     if len(scaled.operands) != 4:
         return None
     contraction = _producer(scaled.operands[0])
     if contraction is None or len(contraction.operands) != 3:
         return None
-    found = _weight_and_activation(contraction, "i8")
-    if found is None:
+    found = _blocked_weight(contraction, "i8", int8.BLOCKS)
+    init = _unexpanded(scaled.operands[2])
+    if found is None or init is None:
         return None
-    codes, x, k, n = found
-    scale, init = scaled.operands[1], scaled.operands[2]
-    if _dims(scale) != [n]:
+    codes, x, k, n, block = found
+    scale = scaled.operands[1]
+    if math.prod(_dims(scale) or [0]) != n or math.prod(_dims(init) or [0]) != n:
         return None
     return Matvec(
         k,
@@ -293,49 +301,39 @@ def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
             ("scale", scale, "f32", n),
             ("init", init, "f32", n),
         ],
+        block,
     )
 
 
 def _fp16_matvec(contraction: ir.Operation) -> Matvec | None:
-    """From fp16's contraction over the stored blocks (myelin.codecs._blocked: one input the
-    decode `arith.extf` of the f16 blocks [N / B, K, B], its init the expanded [..., N]): the
+    """From fp16's contraction over the stored blocks (myelin.codecs._blocked): the
     activation, the weight and the init before its expansion."""
-    from iree.compiler import ir
-
     if len(contraction.operands) != 3:
         return None
-    expand = _producer(contraction.operands[2])
-    if expand is None or expand.name != "tensor.expand_shape":
+    found = _blocked_weight(contraction, "f16", _float.BLOCKS)
+    init = _unexpanded(contraction.operands[2])
+    if found is None or init is None:
         return None
-    init = expand.operands[0]
-    for w_at in (0, 1):
-        decode = _producer(contraction.operands[w_at])
-        if decode is None or decode.name != "linalg.generic" or len(decode.operands) != 2:
-            continue
-        stored = decode.operands[0]
-        if str(ir.RankedTensorType(stored.type).element_type) != "f16":
-            continue
-        dims = _dims(stored)
-        if len(dims) != 3:
-            return None
-        blocks, k, block = dims
-        n = blocks * block
-        x = contraction.operands[1 - w_at]
-        if math.prod(_dims(x) or [0]) != k or math.prod(_dims(init) or [0]) != n:
-            return None
-        if block != next((b for b in _float.BLOCKS if n % b == 0), None):
-            return None  # not the blocks the kernel reads
-        return Matvec(
-            k, n, [("x", x, "f32", k), ("w", stored, "f16", k * n), ("init", init, "f32", n)], block
-        )
-    return None
+    w, x, k, n, block = found
+    return Matvec(
+        k, n, [("x", x, "f32", k), ("w", w, "f16", k * n), ("init", init, "f32", n)], block
+    )
 
 
-def _weight_and_activation(
-    contraction: ir.Operation, element: str
-) -> tuple[ir.Value, ir.Value, int, int] | None:
-    """(stored [K, N] data, activation, K, N) of a matvec contraction one of whose inputs is a
-    one-input decode of stored data with this element type."""
+def _unexpanded(value: ir.Value) -> ir.Value | None:
+    """The source of the tensor.expand_shape producing `value` (an init over the blocks)."""
+    expand = _producer(value)
+    return (
+        expand.operands[0] if expand is not None and expand.name == "tensor.expand_shape" else None
+    )
+
+
+def _blocked_weight(
+    contraction: ir.Operation, element: str, blocks: tuple[int, ...]
+) -> tuple[ir.Value, ir.Value, int, int, int] | None:
+    """(stored [N / B, K, B] data, activation, K, N, B) of a matvec contraction over the
+    blocks one of whose inputs is a one-input decode of stored blocks with this element type,
+    B the codec's block for N (`blocks`: the first that divides it, as the kernels read)."""
     from iree.compiler import ir
 
     for w_at in (0, 1):
@@ -346,12 +344,16 @@ def _weight_and_activation(
         if str(ir.RankedTensorType(stored.type).element_type) != element:
             continue
         dims = _dims(stored)
+        if len(dims) != 3:
+            return None
+        count, k, block = dims
+        n = count * block
         x = contraction.operands[1 - w_at]
-        if len(dims) != 2 or math.prod(_dims(x) or [0]) != dims[0]:
+        if math.prod(_dims(x) or [0]) != k or math.prod(_dims(contraction.operands[2]) or [0]) != n:
             return None
-        if math.prod(_dims(contraction.operands[2]) or [0]) != dims[1]:
+        if block != next((b for b in blocks if n % b == 0), None):
             return None
-        return stored, x, dims[0], dims[1]
+        return stored, x, k, n, block
     return None
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from myelin.codecs._contract import Layout, StoredPart, from_storage, permuted, to_storage
+from myelin.codecs._contract import (
+    Layout,
+    StoredPart,
+    from_storage,
+    output_block,
+    permuted,
+    to_storage,
+)
 from myelin.dtypes import numpy_dtype
 
 # fp16's K-major weights are stored in blocks of outputs, [N / B][K][B], B the first of these
@@ -13,19 +20,6 @@ from myelin.dtypes import numpy_dtype
 # contiguous stream of K x B x 2 bytes (docs/codecs.md, "CPU matvec kernels": the same walk
 # over [K][N] rows steps a page a row and read weights from memory 1.4x slower).
 BLOCKS = (256, 128)
-
-
-def output_block(shape: tuple[int, ...], reduce_axes: tuple[int, ...], order: tuple[int, ...]):
-    """(logical output axis, block) of a K-major rank-2 weight stored in blocks, else None."""
-    if (
-        len(shape) != 2
-        or len(reduce_axes) != 1
-        or tuple(order) != (reduce_axes[0], 1 - reduce_axes[0])
-    ):
-        return None
-    out = 1 - reduce_axes[0]
-    block = next((b for b in BLOCKS if shape[out] % b == 0), None)
-    return None if block is None else (out, block)
 
 
 def layout(
@@ -43,7 +37,7 @@ def layout(
     if dtype != "float32":
         return f"{name} narrows float32 weights; this one is {dtype} already"
     stored, index = permuted(shape, order)
-    by_block = output_block(shape, reduce_axes, order) if blocked else None
+    by_block = output_block(shape, reduce_axes, order, BLOCKS) if blocked else None
     if by_block is not None:
         _, block = by_block
         k_index, n_index = index

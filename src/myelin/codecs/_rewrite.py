@@ -123,11 +123,14 @@ def rewrite(
                         continue
                     if emit_chunked(chain, layout, parts, what, context):
                         continue
-                if kind.kind == "contraction" and emit_scaled(chain, layout, parts, what, context):
-                    continue
-                if kind.kind == "contraction" and emit_blocked(chain, layout, parts, what, context):
-                    continue
-                # fp16's blocks anywhere else: decoded in place, through `floordiv` / `mod`
+                if kind.kind == "contraction":
+                    if emit_blocked(chain, layout, parts, what, context, scaled=True):
+                        continue  # int8's matvec on its blocks
+                    if emit_scaled(chain, layout, parts, what, context):
+                        continue
+                    if emit_blocked(chain, layout, parts, what, context):
+                        continue
+                # blocks anywhere else: decoded in place, through `floordiv` / `mod`
                 plain = replace(layout, blocked=None)
                 placed = emit_tensor_decode(chain, plain, parts, what, context)
                 if kind.kind == "contraction":
