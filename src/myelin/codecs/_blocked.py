@@ -73,7 +73,7 @@ def emit_blocked(
     activation_at = 1 - chain.operand
     axis, block = layout.blocked
     n = dims[chain.operand][chain.src[axis]]  # the loop of the weight's outputs
-    if n in dims[activation_at]:
+    if n in dims[activation_at] or n not in dims[2]:
         return False  # only the weight and the result carry the outputs (a matmul's do)
     loops = maps[0].n_dims
     e = n + 1  # the new loop, the output's place in its block, right after the block's

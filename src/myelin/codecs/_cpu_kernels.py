@@ -84,7 +84,7 @@ class Kernel:
     block: int  # outputs per kernel block: N must be a multiple
     quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
     # Outputs of the weight's stored blocks where N is a multiple of it, else `block` (fp16's
-    # blocked layout, myelin.codecs._float.BLOCKS; 0: not blocked): workgroups take whole
+    # and int8's blocked layouts, `Layout.blocked`: their BLOCKS; 0: none): workgroups take whole
     # stored blocks.
     wide_block: int = 0
 
