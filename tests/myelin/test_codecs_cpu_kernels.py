@@ -1,9 +1,9 @@
 """Encoded matvecs on x86 CPUs through the C kernels linked into IREE's executable
 (myelin.codecs._cpu_kernels): q4 (AVX-512 VNNI where the CPU has it, else AVX2), int8 (AVX-512
-VNNI) and fp16 (AVX-512), each checked against numpy on the stored bytes (q4's and int8's
-activation quantized to 8 bits per group of 32 the same way in numpy; the float decode by
-cosine), the IR they leave (one kernel dispatch reading the encoded parameters, nothing
-decoded), and the variants that keep IREE's code."""
+VNNI) and fp16 (AVX-512), on their blocked layouts [N / B, K, B], each checked against numpy on
+the stored bytes (q4's and int8's activation quantized to 8 bits per group of 32 the same way
+in numpy; the float decode by cosine), the IR they leave (one kernel dispatch reading the
+encoded parameters, nothing decoded), and the variants that keep IREE's code."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from myelin.compiler.targets import TargetDevice, target_flags
 N, K = 128, 160  # one AVX-512 q4/fp16 block of 128 outputs (two int8 blocks), five groups of 32
 M = 256  # the matmul's outputs: a second kernel executable in the same module
 NARROW = 192  # outputs no AVX-512 q4 block (128) divides: the AVX2 q4 kernel's (64) does
-# fp16 rows over the kernel's wide_row (4096 bytes), 17 blocks of 128: its workgroups walk
-# pairs of blocks (prefetching) and an odd share's last block alone
-WIDE = 17 * 128
+# fp16 stores [N / B, K, B], B = 256 where N is a multiple (9 blocks here, one workgroup each),
+# else 128 (N: one block, NARROW_16: 17 blocks)
+WIDE = 9 * 256
+NARROW_16 = 17 * 128
 AVX2 = TargetDevice("cpu", cpu="haswell", cpu_features="+avx2,+fma")  # no AVX-512: q4 on AVX2
 HOST = cpu_kernels.select([TargetDevice("cpu")])
 
@@ -66,6 +67,15 @@ MODEL = f"""module @kernel {{
     %y = linalg.matmul ins(%x, %w : tensor<1x{K}xf32>, tensor<{K}x{WIDE}xf32>) outs(%acc : tensor<1x{WIDE}xf32>) -> tensor<1x{WIDE}xf32>
     return %y : tensor<1x{WIDE}xf32>
   }}
+  util.global private @w_n16 = #flow.parameter.named<"g"::"n16"> : tensor<{K}x{NARROW_16}xf32>
+  func.func @n16(%x: tensor<1x{K}xf32>) -> tensor<1x{NARROW_16}xf32> {{
+    %w = util.global.load @w_n16 : tensor<{K}x{NARROW_16}xf32>
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty() : tensor<1x{NARROW_16}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<1x{NARROW_16}xf32>) -> tensor<1x{NARROW_16}xf32>
+    %y = linalg.matmul ins(%x, %w : tensor<1x{K}xf32>, tensor<{K}x{NARROW_16}xf32>) outs(%acc : tensor<1x{NARROW_16}xf32>) -> tensor<1x{NARROW_16}xf32>
+    return %y : tensor<1x{NARROW_16}xf32>
+  }}
   func.func @narrow(%x: tensor<1x{K}xf32>) -> tensor<1x{NARROW}xf32> {{
     %w = util.global.load @w_narrow : tensor<{K}x{NARROW}xf32>
     %z = arith.constant 0.0 : f32
@@ -82,7 +92,14 @@ MODEL = f"""module @kernel {{
 def encoded() -> Encoded:
     return Encoded(
         MODEL,
-        [("lin", "q4"), ("mm", "q4"), ("g16", "q4:g16"), ("narrow", "q4"), ("wide", "fp16")],
+        [
+            ("lin", "q4"),
+            ("mm", "q4"),
+            ("g16", "q4:g16"),
+            ("narrow", "q4"),
+            ("wide", "fp16"),
+            ("n16", "fp16"),
+        ],
     )
 
 
@@ -90,7 +107,14 @@ def encoded() -> Encoded:
 def encoded_int8() -> Encoded:
     return Encoded(
         MODEL,
-        [("lin", "int8"), ("mm", "int8"), ("g16", "fp16"), ("narrow", "int8"), ("wide", "fp16")],
+        [
+            ("lin", "int8"),
+            ("mm", "int8"),
+            ("g16", "fp16"),
+            ("narrow", "int8"),
+            ("wide", "fp16"),
+            ("n16", "fp16"),
+        ],
     )
 
 
@@ -121,16 +145,24 @@ def _q4_reference(
     return init.reshape(-1) + folded
 
 
+def _unblocked(stored: np.ndarray, n: int, block: int) -> np.ndarray:
+    """Blocks of outputs [N / B, K, B] (fp16's and int8's stored layout) as [K, N]: block b
+    holds outputs [b * B, (b + 1) * B), row by row."""
+    return stored.reshape(n // block, K, block).transpose(1, 0, 2).reshape(K, n)
+
+
 def _int8_reference(
     encoded: Encoded, key: str, x: np.ndarray, init: np.ndarray, n: int
 ) -> np.ndarray:
-    """What the int8 kernel computes: integer dot products of the stored codes ([K, N]) with
-    the quantized activation per group, times d per group, times the output's scale."""
+    """What the int8 kernel computes: integer dot products of the stored codes (blocks of 256
+    outputs, else 64) with the quantized activation per group, times d per group, times the
+    output's scale."""
     stored = {s.key: s.data for s in encoded.graph.stored}
-    codes = stored[key].reshape(K, n).astype(np.int64)
+    codes = _unblocked(stored[key], n, 256 if n % 256 == 0 else 64).astype(np.int64)
     xq, d, _ = _q8(x)
     partial = np.einsum("ge,gen->gn", xq, codes.reshape(-1, 32, n))
-    return init.reshape(-1) + stored[f"{key}.scale"] * (d[:, None] * partial).sum(0)
+    scale = stored[f"{key}.scale"].reshape(-1)
+    return init.reshape(-1) + scale * (d[:, None] * partial).sum(0)
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -191,10 +223,17 @@ def test_int8_and_fp16_kernels_match_numpy_on_the_stored_bytes(encoded_int8):
     x2 = rng.standard_normal((1, K)).astype(np.float32)
     bias = rng.standard_normal((1, M)).astype(np.float32)
     _close(call("mm", x2, bias), _int8_reference(encoded_int8, "mm", x2, bias, M))
-    # fp16: no quantization, the float decode up to summation order
+    zeros = np.zeros(NARROW, np.float32)  # 3 blocks of 64
+    _close(call("narrow", x2), _int8_reference(encoded_int8, "narrow", x2, zeros, NARROW))
+    # fp16: no quantization, the float decode up to summation order; and that of the stored
+    # blocks by hand
     bias = bias[:, :N]
     _close(call("g16", x2, bias), bias + x2 @ encoded_int8.decoded("g16"))
-    _close(call("wide", x2), x2 @ encoded_int8.decoded("wide"))
+    _close(call("n16", x2), x2 @ encoded_int8.decoded("n16"))
+    got = call("wide", x2)
+    _close(got, x2 @ encoded_int8.decoded("wide"))
+    stored = {s.key: s.data for s in encoded_int8.graph.stored}["wide"]
+    _close(got, x2 @ _unblocked(stored, WIDE, 256).astype(np.float32))
 
 
 def _kernel_calls(encoded: Encoded, calls: dict[str, str]) -> str:
@@ -239,9 +278,12 @@ def test_q4_kernel_dispatch_reads_the_encoded_parameters_and_materializes_nothin
 def test_int8_and_fp16_kernel_dispatches_read_the_encoded_parameters(encoded_int8):
     int8, fp16 = HOST["int8"][0].name, HOST["fp16"][0].name
     calls = {"lin": f"__plex_{int8}_{K}x{N}", "mm": f"__plex_{int8}_{K}x{M}"}
-    text = _kernel_calls(encoded_int8, {**calls, "g16": f"__plex_{fp16}_{K}x{N}"})
-    assert f"tensor<{K}x{N}xi8>" in _function(text, "lin")
-    assert f"tensor<{K}x{N}xf16>" in _function(text, "g16")
+    calls |= {"g16": f"__plex_{fp16}_{K}x{N}", "wide": f"__plex_{fp16}_{K}x{WIDE}"}
+    text = _kernel_calls(encoded_int8, calls)
+    assert f"tensor<{N // 64}x{K}x64xi8>" in _function(text, "lin")
+    assert f"tensor<1x{K}x256xi8>" in _function(text, "mm")
+    assert f"tensor<1x{K}x128xf16>" in _function(text, "g16")
+    assert f"tensor<{WIDE // 256}x{K}x256xf16>" in _function(text, "wide")
 
 
 def _names(device: TargetDevice) -> dict[str, list[str]]:
@@ -272,3 +314,6 @@ def test_other_targets_keep_irees_matvec(encoded, encoded_int8):
     for enc in (encoded, encoded_int8):
         got = enc.session(device=device)("mm", x, bias)
         np.testing.assert_allclose(got, bias + x @ enc.decoded("mm"), rtol=1e-5, atol=1e-5)
+    # fp16's blocks decoded by IREE's code: the same outputs
+    got = encoded_int8.session(device=device)("wide", x)
+    np.testing.assert_allclose(got, x @ encoded_int8.decoded("wide"), rtol=1e-5, atol=1e-5)

@@ -43,7 +43,7 @@ def _kernels_key(devices: tuple[Any, ...]) -> str:
 
 
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 13
+FORMAT_VERSION = 14
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -99,6 +99,10 @@ class Layout:
     # `%p0`, so that `decode` equals `%r * %p1`; a matvec then scales each output once, after
     # the dot product (myelin.codecs._matvec.emit_scaled).
     scaled: tuple[str, ...] | None = None
+    # (logical axis, block size) when the data part stores that axis in blocks outermost (fp16's
+    # K-major weights: [N / B][K][B]), so that a block of outputs is one contiguous stream: the
+    # decode iterates the axis as (block, element in block), like `split`.
+    blocked: tuple[int, int] | None = None
 
     @property
     def stored_bytes(self) -> int:
@@ -163,17 +167,43 @@ def permuted(
     return tuple(shape[a] for a in order), tuple(f"d{a}" for a in order)
 
 
+def output_block(
+    shape: tuple[int, ...],
+    reduce_axes: tuple[int, ...],
+    order: tuple[int, ...],
+    blocks: tuple[int, ...],
+) -> tuple[int, int] | None:
+    """(logical output axis, block) for a K-major rank-2 weight stored in blocks of outputs
+    (`Layout.blocked`): the first of `blocks` that divides the outputs; else None."""
+    if len(shape) != 2 or len(reduce_axes) != 1:
+        return None
+    out = 1 - reduce_axes[0]
+    if tuple(order) != (reduce_axes[0], out):
+        return None
+    block = next((b for b in blocks if shape[out] % b == 0), None)
+    return None if block is None else (out, block)
+
+
 def to_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
-    """The data in its stored axis order."""
+    """The data in its stored axis order (and blocks, for a blocked layout)."""
     import numpy as np
 
-    return np.ascontiguousarray(np.transpose(array, layout.order) if layout.order else array)
+    stored = np.transpose(array, layout.order) if layout.order else array
+    if layout.blocked is not None:
+        outer, inner = stored.shape
+        block = layout.blocked[1]
+        stored = stored.reshape(outer, inner // block, block).transpose(1, 0, 2)
+    return np.ascontiguousarray(stored)
 
 
 def from_storage(array: np.ndarray, layout: Layout) -> np.ndarray:
     """Stored data back in the logical axis order."""
     import numpy as np
 
+    if layout.blocked is not None:
+        array = array.reshape(layout.parts[0].storage_shape)
+        blocks, outer, block = array.shape
+        array = array.transpose(1, 0, 2).reshape(outer, blocks * block)
     return np.transpose(array, np.argsort(layout.order)) if layout.order else array
 
 

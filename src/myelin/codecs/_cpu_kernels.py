@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from myelin.codecs import _float, int8
 from myelin.compiler.workgroup_split import workgroup_share
 from myelin.errors import CompileError
 
@@ -82,9 +83,10 @@ class Kernel:
     features: tuple[str, ...]  # the CPU features it needs, as LLVM names them (gcc: -m<name>)
     block: int  # outputs per kernel block: N must be a multiple
     quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
-    # Weight row bytes above which the kernel walks 2 blocks at a time (0: never): workgroups
-    # then take whole pairs of blocks where the output count allows.
-    wide_row: int = 0
+    # Outputs of the weight's stored blocks where N is a multiple of it, else `block` (fp16's
+    # and int8's blocked layouts, `Layout.blocked`: their BLOCKS; 0: none): workgroups take whole
+    # stored blocks.
+    wide_block: int = 0
 
     @property
     def source(self) -> Path:
@@ -101,7 +103,7 @@ class Kernel:
             f"-DPLEX_BLOCK={self.block}",
             f"-DPLEX_GROUP={GROUP}",
             f"-DPLEX_MAX_K={MAX_K}",
-            f"-DPLEX_WIDE_ROW={self.wide_row}",
+            f"-DPLEX_WIDE_BLOCK={self.wide_block}",
         )
         return (*CFLAGS, *(f"-m{f}" for f in self.features), *numbers)
 
@@ -111,14 +113,21 @@ _AVX512_VNNI = ("avx512f", "avx512bw", "avx512vnni", "avx2", "fma")
 KERNELS = (
     Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True),
     Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True),
-    Kernel("int8", "int8_matvec_avx512vnni", _AVX512_VNNI, 64, quantizes=True),
+    Kernel(
+        "int8",
+        "int8_matvec_avx512vnni",
+        _AVX512_VNNI,
+        int8.BLOCKS[-1],
+        quantizes=True,
+        wide_block=int8.BLOCKS[0],
+    ),
     Kernel(
         "fp16",
         "fp16_matvec_avx512",
         ("avx512f", "f16c", "fma"),
-        128,
+        _float.BLOCKS[-1],
         quantizes=False,
-        wide_row=4096,
+        wide_block=_float.BLOCKS[0],
     ),
 )
 
@@ -221,6 +230,11 @@ class Matvec:
     k: int
     n: int
     operands: list[tuple[str, ir.Value, str, int]]  # (binding, value, element type, elements)
+    block: int = 0  # outputs of the weight's stored blocks (fp16), 0: not blocked
+
+    def granule(self, kernel: Kernel) -> int:
+        """Outputs a workgroup's share is counted in: whole stored blocks, else the kernel's."""
+        return self.block or kernel.block
 
 
 def _q4_matvec(total: ir.Operation) -> Matvec | None:
@@ -262,20 +276,21 @@ def _q4_matvec(total: ir.Operation) -> Matvec | None:
 
 
 def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
-    """From int8's scaling op (myelin.codecs._matvec.emit_scaled: `dot * scale[n] + init`,
-    after the contraction of the codes as floats): the activation, the codes, the scale and
-    the init."""
+    """From int8's scaling op over the stored blocks (myelin.codecs._blocked, scaled: `dot *
+    scale + init` after the contraction of the codes as floats): the activation, the codes, the
+    scale and the init before its expansion."""
     if len(scaled.operands) != 4:
         return None
     contraction = _producer(scaled.operands[0])
     if contraction is None or len(contraction.operands) != 3:
         return None
-    found = _weight_and_activation(contraction, "i8")
-    if found is None:
+    found = _blocked_weight(contraction, "i8", int8.BLOCKS)
+    init = _unexpanded(scaled.operands[2])
+    if found is None or init is None:
         return None
-    codes, x, k, n = found
-    scale, init = scaled.operands[1], scaled.operands[2]
-    if _dims(scale) != [n]:
+    codes, x, k, n, block = found
+    scale = scaled.operands[1]
+    if math.prod(_dims(scale) or [0]) != n or math.prod(_dims(init) or [0]) != n:
         return None
     return Matvec(
         k,
@@ -286,30 +301,39 @@ def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
             ("scale", scale, "f32", n),
             ("init", init, "f32", n),
         ],
+        block,
     )
 
 
 def _fp16_matvec(contraction: ir.Operation) -> Matvec | None:
-    """From fp16's contraction (its weight operand the decode `arith.extf` of the stored f16
-    data, myelin.codecs._rewrite): the activation, the weight and the init."""
+    """From fp16's contraction over the stored blocks (myelin.codecs._blocked): the
+    activation, the weight and the init before its expansion."""
     if len(contraction.operands) != 3:
         return None
-    found = _weight_and_activation(contraction, "f16")
-    if found is None:
+    found = _blocked_weight(contraction, "f16", _float.BLOCKS)
+    init = _unexpanded(contraction.operands[2])
+    if found is None or init is None:
         return None
-    w, x, k, n = found
+    w, x, k, n, block = found
     return Matvec(
-        k,
-        n,
-        [("x", x, "f32", k), ("w", w, "f16", k * n), ("init", contraction.operands[2], "f32", n)],
+        k, n, [("x", x, "f32", k), ("w", w, "f16", k * n), ("init", init, "f32", n)], block
     )
 
 
-def _weight_and_activation(
-    contraction: ir.Operation, element: str
-) -> tuple[ir.Value, ir.Value, int, int] | None:
-    """(stored [K, N] data, activation, K, N) of a matvec contraction one of whose inputs is a
-    one-input decode of stored data with this element type."""
+def _unexpanded(value: ir.Value) -> ir.Value | None:
+    """The source of the tensor.expand_shape producing `value` (an init over the blocks)."""
+    expand = _producer(value)
+    return (
+        expand.operands[0] if expand is not None and expand.name == "tensor.expand_shape" else None
+    )
+
+
+def _blocked_weight(
+    contraction: ir.Operation, element: str, blocks: tuple[int, ...]
+) -> tuple[ir.Value, ir.Value, int, int, int] | None:
+    """(stored [N / B, K, B] data, activation, K, N, B) of a matvec contraction over the
+    blocks one of whose inputs is a one-input decode of stored blocks with this element type,
+    B the codec's block for N (`blocks`: the first that divides it, as the kernels read)."""
     from iree.compiler import ir
 
     for w_at in (0, 1):
@@ -320,12 +344,16 @@ def _weight_and_activation(
         if str(ir.RankedTensorType(stored.type).element_type) != element:
             continue
         dims = _dims(stored)
+        if len(dims) != 3:
+            return None
+        count, k, block = dims
+        n = count * block
         x = contraction.operands[1 - w_at]
-        if len(dims) != 2 or math.prod(_dims(x) or [0]) != dims[0]:
+        if math.prod(_dims(x) or [0]) != k or math.prod(_dims(contraction.operands[2]) or [0]) != n:
             return None
-        if math.prod(_dims(contraction.operands[2]) or [0]) != dims[1]:
+        if block != next((b for b in blocks if n % b == 0), None):
             return None
-        return stored, x, dims[0], dims[1]
+        return stored, x, k, n, block
     return None
 
 
@@ -351,9 +379,7 @@ _BYTES = {"f32": 4, "f16": 2, "i8": 1}
 def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
     """How many workgroups split the output blocks: up to MAX_WORKGROUPS, and for a kernel
     that quantizes the activation one per BYTES_PER_QUANTIZING_WORKGROUP of weight read."""
-    blocks = matvec.n // kernel.block
-    row = matvec.n * _BYTES[matvec.operands[1][2]] if kernel.wide_row else 0
-    count = min(blocks // 2 if row > kernel.wide_row and blocks >= 2 else blocks, MAX_WORKGROUPS)
+    count = min(matvec.n // matvec.granule(kernel), MAX_WORKGROUPS)
     if kernel.quantizes:
         weight = sum(
             size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "init")
@@ -399,8 +425,8 @@ stream.executable private @{name} attributes {{
       {chr(10).join("      " + s for s in subspans).lstrip()}
       %k = arith.constant {matvec.k} : index
       %n = arith.constant {matvec.n} : index
-      %blocks = arith.constant {matvec.n // kernel.block} : index
-      %block = arith.constant {kernel.block} : index
+      %blocks = arith.constant {matvec.n // matvec.granule(kernel)} : index
+      %block = arith.constant {matvec.granule(kernel)} : index
       {workgroup_share("%blocks")}
       %n_begin = arith.muli %first, %block : index
       %n_count = arith.muli %count, %block : index

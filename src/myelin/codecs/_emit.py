@@ -97,7 +97,7 @@ def emit_tensor_decode(
     placed (the decode, and the reshape after it for a split layout)."""
     target = ir.RankedTensorType(chain.value.type)
     reuse = None
-    if chain.ops and split_of(layout) is None:
+    if chain.ops and decode_split(layout) is None:
         last = chain.ops[-1]
         reuse = last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
     placed = decode_ops(
@@ -141,13 +141,14 @@ def decode_ops(
     """The decode of `parts` into `target` (the consumer's operand, logical dim l at dim
     src[l]), placed before `before`: a linalg.generic, then for a split layout the reshape.
 
-    A layout with `split` (q4: the contracted axis in groups) decodes over an iteration space
-    with that axis as two dims, (group, element), then collapses them: every part is then read
+    A layout with `split` (q4: the contracted axis in groups) or `blocked` (fp16: the outputs
+    in blocks) decodes over an iteration space with that axis as two dims, (group, element),
+    then collapses them: every part is then read
     through a plain projection of the loop dims, which IREE's vectorizer needs; a per-group
     scale read at `k floordiv g` inside a 2-D decode compiled to a scalar loop."""
     element = str(target.element_type)
     shape = [target.get_dim_size(d) for d in range(target.rank)]
-    split = split_of(layout)
+    split = decode_split(layout)
     if split is not None:
         axis, group = split
         at = src[axis]
@@ -271,3 +272,9 @@ def split_of(layout: Layout) -> tuple[int, int] | None:
         return layout.split
     axis, _ = layout.split
     return layout.split if layout.logical_shape[1 - axis] >= _SPLIT_MIN_OUTPUTS else None
+
+
+def decode_split(layout: Layout) -> tuple[int, int] | None:
+    """(logical axis, size) the decode iterates as two dims: q4's groups where `split_of`
+    keeps them, fp16's blocks of outputs."""
+    return split_of(layout) or layout.blocked

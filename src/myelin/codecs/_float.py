@@ -5,8 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from myelin.codecs._contract import Layout, StoredPart, from_storage, permuted, to_storage
+from myelin.codecs._contract import (
+    Layout,
+    StoredPart,
+    from_storage,
+    output_block,
+    permuted,
+    to_storage,
+)
 from myelin.dtypes import numpy_dtype
+
+# fp16's K-major weights are stored in blocks of outputs, [N / B][K][B], B the first of these
+# that divides N: the CPU matvec kernel walks one block down all K rows, which is then one
+# contiguous stream of K x B x 2 bytes (docs/codecs.md, "CPU matvec kernels": the same walk
+# over [K][N] rows steps a page a row and read weights from memory 1.4x slower).
+BLOCKS = (256, 128)
 
 
 def layout(
@@ -17,10 +30,19 @@ def layout(
     dtype: str,
     reduce_axes: tuple[int, ...],
     order: tuple[int, ...],
+    *,
+    blocked: bool = False,
 ) -> Layout | str:
+    """`blocked`: K-major rank-2 weights stored in blocks of outputs (see BLOCKS)."""
     if dtype != "float32":
         return f"{name} narrows float32 weights; this one is {dtype} already"
     stored, index = permuted(shape, order)
+    by_block = output_block(shape, reduce_axes, order, BLOCKS) if blocked else None
+    if by_block is not None:
+        _, block = by_block
+        k_index, n_index = index
+        stored = (stored[1] // block, stored[0], block)
+        index = (f"{n_index} floordiv {block}", k_index, f"{n_index} mod {block}")
     part = StoredPart("data", "", element, stored, index, storage, stored)
     return Layout(
         name,
@@ -29,12 +51,15 @@ def layout(
         reduce_axes,
         (part,),
         (f"%r = arith.extf %p0 : {element} to f32",),
-        f"{storage}, decoded to float32 next to each consumer" + _axes(order),
+        f"{storage}, decoded to float32 next to each consumer" + _axes(order, by_block),
         order=order,
+        blocked=by_block,
     )
 
 
-def _axes(order: tuple[int, ...]) -> str:
+def _axes(order: tuple[int, ...], by_block: tuple[int, int] | None) -> str:
+    if by_block is not None:
+        return f"; stored [N / {by_block[1]}, K, {by_block[1]}] (blocks of outputs, K-major)"
     return "" if list(order) == sorted(order) else f"; axes stored in order {list(order)}"
 
 

@@ -60,12 +60,13 @@ def emit_load_time_form(
     """The load-time form of one use, placed before its consumer, joined to the consumer's
     result by the marked select (the fused form is built afterwards from the same chain).
 
-    The decode produces the parameter's logical tensor (q4 without its split loops: at load the
+    The decode produces the parameter's logical tensor (q4 without its split loops, fp16
+    without its blocks: at load the
     speed of the decode does not matter and a reshape between decode and pack is one more
     thing for IREE to propagate); the layout ops and the consumer are cloned on top of it."""
     consumer = chain.consumer
     logical = ir.RankedTensorType(load.type)
-    plain_layout = replace(layout, split=None)
+    plain_layout = replace(layout, split=None, blocked=None)
     identity = list(range(logical.rank))
     placed = decode_ops(plain_layout, parts, logical, identity, parts[0], consumer, what, context)
     old, new = load, placed[-1].results[0]

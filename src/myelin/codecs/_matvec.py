@@ -334,8 +334,8 @@ def emit_scaled(chain, layout: Layout, parts: list[ir.Value], what: str, context
     init), in one dispatch: the per-weight multiply by the scale goes. False (nothing
     changed) if the consumer is not one."""
 
-    if layout.scaled is None:
-        return False
+    if layout.scaled is None or layout.blocked is not None:
+        return False  # blocked codes: myelin.codecs._blocked's scaled form
     consumer = chain.consumer
     loops_nk = matvec_loops(consumer, chain.operand)
     if loops_nk is None or consumer.name not in ("linalg.matmul", "linalg.batch_matmul"):

@@ -29,8 +29,11 @@ orders them for one parameter.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from iree.compiler import ir
 
+from myelin.codecs._blocked import emit_blocked
 from myelin.codecs._chunked import emit_chunked
 from myelin.codecs._contract import Layout
 from myelin.codecs._emit import emit_tensor_decode, load_part, split_of, tensor_type
@@ -39,7 +42,6 @@ from myelin.codecs._loadtime import emit_load_time_form, wants_load_time_form
 from myelin.codecs._matvec import (
     emit_grouped,
     emit_scaled,
-    mark_cpu_matvec,
     mark_matvec,
     matvec_loops,
 )
@@ -71,13 +73,6 @@ def _replace_global(
         new.attributes["initial_value"] = value
         created.append((ir.StringAttr(new.attributes["sym_name"]).value, part_type))
     return created
-
-
-def _is_fp16_matvec(layout: Layout, placed: list[ir.Operation], consumer: ir.Operation) -> bool:
-    """Whether a matvec decoded by `placed` is fp16's plain form (one `arith.extf` generic into
-    a matmul), which the AVX-512 fp16 kernel may take (myelin.codecs._cpu_kernels)."""
-    plain = consumer.name in ("linalg.matmul", "linalg.batch_matmul")
-    return layout.codec == "fp16" and len(placed) == 1 and plain
 
 
 def rewrite(
@@ -128,15 +123,20 @@ def rewrite(
                         continue
                     if emit_chunked(chain, layout, parts, what, context):
                         continue
-                if kind.kind == "contraction" and emit_scaled(chain, layout, parts, what, context):
-                    continue
-                placed = emit_tensor_decode(chain, layout, parts, what, context)
+                if kind.kind == "contraction":
+                    if emit_blocked(chain, layout, parts, what, context, scaled=True):
+                        continue  # int8's matvec on its blocks
+                    if emit_scaled(chain, layout, parts, what, context):
+                        continue
+                    if emit_blocked(chain, layout, parts, what, context):
+                        continue
+                # blocks anywhere else: decoded in place, through `floordiv` / `mod`
+                plain = replace(layout, blocked=None)
+                placed = emit_tensor_decode(chain, plain, parts, what, context)
                 if kind.kind == "contraction":
                     wrap_in_dispatch_region([*placed, chain.consumer], context)
                     if matvec is not None:
                         mark_matvec(chain.consumer, *matvec, context)
-                        if _is_fp16_matvec(layout, placed, chain.consumer):
-                            mark_cpu_matvec(chain.consumer, "fp16", layout, context)
         load.erase()
     old.erase()
     return report

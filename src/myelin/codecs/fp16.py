@@ -14,7 +14,9 @@ parse_options = no_options
 def layout(
     shape: tuple[int, ...], dtype: str, reduce_axes: tuple[int, ...], options: dict
 ) -> Layout | str:
-    return _float.layout(NAME, "f16", "float16", shape, dtype, reduce_axes, options["order"])
+    return _float.layout(
+        NAME, "f16", "float16", shape, dtype, reduce_axes, options["order"], blocked=True
+    )
 
 
 def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
