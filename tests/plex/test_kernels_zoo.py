@@ -222,18 +222,22 @@ ACTIVATIONS = {
 
 
 @pytest.mark.parametrize("module", list(ACTIVATIONS))
-def test_each_layers_activation_and_residual_adds_are_applied_by_the_matmul_kernels(sites, module):
-    """Per layer: the feed-forward's activation in its first matmul's kernel (and for Llama and
-    Qwen2 the product with the up projection, `act(gate) * up`), and the two residual adds
-    (after attention's output projection and after the feed-forward) in theirs."""
+def test_each_layers_activation_is_applied_by_its_matmul_kernel_and_the_merges_reported(
+    sites, module
+):
+    """Per layer: the feed-forward's activation in its first matmul's kernel. The residual adds
+    (after attention's output projection and after the feed-forward) and Llama's and Qwen2's
+    `act(gate) * up` are merges the kernels take where the kernel with the other tensor's tile
+    fits a block's shared memory; these small models' 128x256 tiles do not (IREE refuses such
+    a kernel only when the .mln loads), so each stays IREE's and its site says why (the decode
+    tiles take them: tests/plex/test_kernels_torch_block.py)."""
     import re
 
     activation = ACTIVATIONS[module]
     kernels = [s["kernel"] or "" for s in sites[module]]
-    gated = "_mul" if activation == "silu" else ""
-    applied = [k for k in kernels if re.search(f"_{activation}{gated}$", k)]
+    applied = [k for k in kernels if re.search(f"_{activation}$", k)]
     assert len(applied) == 2, kernels  # one per layer
-    residual = [
-        s for s in sites[module] if s["reason"].startswith("matched") and " and add" in s["reason"]
-    ]
-    assert len(residual) == 4 and all((s["kernel"]).endswith("_add") for s in residual), kernels
+    merges = [s for s in sites[module] if "stays IREE's" in s["reason"]]
+    expected = 6 if activation == "silu" else 4  # 2 adds a layer, and the gate's product
+    assert len(merges) == expected, [s["reason"] for s in sites[module]]
+    assert all("B of shared memory with it" in s["reason"] for s in merges), merges

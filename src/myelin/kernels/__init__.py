@@ -231,6 +231,30 @@ def apply_kernels(
                 _mark_tuned(matches, tuned)
             configs = {m.config.name: m.config for m in matches if m.config is not None}
             kernels = {name: _triton.compile_matmul(c, arch) for name, c in configs.items()}
+            # a merge's tile (staged in shared memory for the epilogue) can take a kernel past
+            # what a block may have, which IREE refuses only when the .mln loads: such a
+            # kernel keeps its tiles and leaves the merge to IREE
+            limit = _space.SHARED_MEMORY_LIMIT
+            for m in matches:
+                config = m.config
+                if config is None or not config.merge:
+                    continue
+                used = kernels[config.name].shared_bytes
+                if used > limit:
+                    why = f"its {config.merge} stays IREE's: {used} B of shared memory with it"
+                    _rewrite.without_merge(m, why)
+                    assert m.config is not None
+                    if m.config.name not in kernels:
+                        kernels[m.config.name] = _triton.compile_matmul(m.config, arch)
+            used_names = {m.config.name for m in matches if m.config is not None}
+            kernels = {name: k for name, k in kernels.items() if name in used_names}
+            for name, kernel in kernels.items():  # at build time, not when the .mln loads
+                if kernel.shared_bytes > limit:
+                    raise CompileError(
+                        f"{what}: kernel {name} needs {kernel.shared_bytes} B of shared memory, "
+                        f"more than the {limit} B of a block; pick another config for it "
+                        '([tuning.*] kernels) or build with kernels = "none"'
+                    )
             _rewrite.rewrite(module, matches, kernels, session.context)
             sites = [m.site.to_json() for m in matches] + [q.to_json() for q in q4_sites]
             kernels.update(q4_kernels)

@@ -532,6 +532,16 @@ def rewrite(
         _apply_epilogue(m.epilogue, call)
 
 
+def without_merge(m: _Match, why: str) -> None:
+    """The match without its merge, which then stays a dispatch of IREE's (`why` says why)."""
+    assert m.config is not None
+    merge = m.config.merge
+    m.config = dataclasses.replace(m.config, merge="")
+    m.epilogue = dataclasses.replace(m.epilogue, merge="", merge_op=None)
+    reason = m.site.reason.replace(f" and {merge}", "", 1)
+    m.site = dataclasses.replace(m.site, kernel=m.config.name, reason=f"{reason} ({why})")
+
+
 def _rows_of(epilogue: Epilogue, before: ir.Operation) -> ir.Value:
     """The merge's other tensor as the kernel reads it, [M, N]: through the collapse that
     undoes the result's reshape to [batch, tokens, N], inserted before `before`."""
