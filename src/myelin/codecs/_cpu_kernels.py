@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from myelin.codecs import _float, int8
 from myelin.compiler.workgroup_split import workgroup_share
 from myelin.errors import CompileError
 
@@ -74,6 +73,16 @@ CFLAGS = (
 )
 
 
+# The stored blocks of outputs of K-major weights, [N / B][K][B], B the first of these that
+# divides N (`output_block`): a CPU matvec kernel walks one block down all K rows, one
+# contiguous stream (docs/codecs.md, "CPU matvec kernels": the same walk over [K][N] rows steps
+# a page a row and read weights from memory 1.4x slower). Here, with the kernels' table,
+# which reads them without importing the codecs (and numpy). fp16's; int8's (256, else its
+# kernel's 64).
+FLOAT_BLOCKS = (256, 128)
+INT8_BLOCKS = (256, 64)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One C matvec kernel: `<name>.c` next to this module, its entry point `plex_<name>`."""
@@ -84,8 +93,8 @@ class Kernel:
     block: int  # outputs per kernel block: N must be a multiple
     quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
     # Outputs of the weight's stored blocks where N is a multiple of it, else `block` (fp16's
-    # and int8's blocked layouts, `Layout.blocked`: their BLOCKS; 0: none): workgroups take whole
-    # stored blocks.
+    # and int8's blocked layouts, `Layout.blocked`: `FLOAT_BLOCKS`, `INT8_BLOCKS`; 0: none):
+    # workgroups take whole stored blocks.
     wide_block: int = 0
 
     @property
@@ -117,17 +126,17 @@ KERNELS = (
         "int8",
         "int8_matvec_avx512vnni",
         _AVX512_VNNI,
-        int8.BLOCKS[-1],
+        INT8_BLOCKS[-1],
         quantizes=True,
-        wide_block=int8.BLOCKS[0],
+        wide_block=INT8_BLOCKS[0],
     ),
     Kernel(
         "fp16",
         "fp16_matvec_avx512",
         ("avx512f", "f16c", "fma"),
-        _float.BLOCKS[-1],
+        FLOAT_BLOCKS[-1],
         quantizes=False,
-        wide_block=_float.BLOCKS[0],
+        wide_block=FLOAT_BLOCKS[0],
     ),
 )
 
@@ -284,7 +293,7 @@ def _int8_matvec(scaled: ir.Operation) -> Matvec | None:
     contraction = _producer(scaled.operands[0])
     if contraction is None or len(contraction.operands) != 3:
         return None
-    found = _blocked_weight(contraction, "i8", int8.BLOCKS)
+    found = _blocked_weight(contraction, "i8", INT8_BLOCKS)
     init = _unexpanded(scaled.operands[2])
     if found is None or init is None:
         return None
@@ -310,7 +319,7 @@ def _fp16_matvec(contraction: ir.Operation) -> Matvec | None:
     activation, the weight and the init before its expansion."""
     if len(contraction.operands) != 3:
         return None
-    found = _blocked_weight(contraction, "f16", _float.BLOCKS)
+    found = _blocked_weight(contraction, "f16", FLOAT_BLOCKS)
     init = _unexpanded(contraction.operands[2])
     if found is None or init is None:
         return None

@@ -13,13 +13,8 @@ from myelin.codecs._contract import (
     permuted,
     to_storage,
 )
+from myelin.codecs._cpu_kernels import FLOAT_BLOCKS
 from myelin.dtypes import numpy_dtype
-
-# fp16's K-major weights are stored in blocks of outputs, [N / B][K][B], B the first of these
-# that divides N: the CPU matvec kernel walks one block down all K rows, which is then one
-# contiguous stream of K x B x 2 bytes (docs/codecs.md, "CPU matvec kernels": the same walk
-# over [K][N] rows steps a page a row and read weights from memory 1.4x slower).
-BLOCKS = (256, 128)
 
 
 def layout(
@@ -33,11 +28,11 @@ def layout(
     *,
     blocked: bool = False,
 ) -> Layout | str:
-    """`blocked`: K-major rank-2 weights stored in blocks of outputs (see BLOCKS)."""
+    """`blocked`: K-major rank-2 weights stored in blocks of outputs (see FLOAT_BLOCKS)."""
     if dtype != "float32":
         return f"{name} narrows float32 weights; this one is {dtype} already"
     stored, index = permuted(shape, order)
-    by_block = output_block(shape, reduce_axes, order, BLOCKS) if blocked else None
+    by_block = output_block(shape, reduce_axes, order, FLOAT_BLOCKS) if blocked else None
     if by_block is not None:
         _, block = by_block
         k_index, n_index = index

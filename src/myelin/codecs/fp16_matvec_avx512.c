@@ -1,7 +1,7 @@
 /* fp16 matrix-vector product for AVX-512: the decode step of an fp16 codec weight.
  *
  * The weight is the codec's storage, read in place from the parameters: K-major in blocks of
- * B outputs, w [N/B][K][B] f16 (myelin.codecs._float.BLOCKS: B = 256 where N is a multiple,
+ * B outputs, w [N/B][K][B] f16 (myelin.codecs._cpu_kernels.FLOAT_BLOCKS: B = 256 where N is a multiple,
  * else 128). out[n] = init[n] + sum_k x[k] * w[k][n], in f32: each row's outputs converted
  * (vcvtph2ps) and accumulated (FMA) in registers, the weight streamed once, the activation
  * read as it is (no quantization: exact to the float decode up to summation order).

@@ -4,7 +4,7 @@ The scale is shared along the axes a consumer contracts (`reduce_axes`: the K of
 input channels and window of a conv; the columns of an embedding table, so each row decodes on
 its own), and differs along the others (the output channels). w ~= q * scale, q in [-127, 127].
 
-A matmul's K-major codes are stored in blocks of outputs, [N / B][K][B] (BLOCKS), and the IR
+A matmul's K-major codes are stored in blocks of outputs, [N / B][K][B] (INT8_BLOCKS), and the IR
 reads the scale, still stored [N], as [N / B][B]: the CPU matvec kernel then streams each
 block's rows contiguously (docs/codecs.md, "CPU matvec kernels").
 """
@@ -22,10 +22,9 @@ from myelin.codecs._contract import (
     permuted,
     to_storage,
 )
+from myelin.codecs._cpu_kernels import INT8_BLOCKS
 
 NAME = "int8"
-# the stored blocks of outputs: 256 where N is a multiple, else the kernel's 64
-BLOCKS = (256, 64)
 parse_options = no_options
 _FLOATS = ("float32", "float16", "bfloat16")
 
@@ -41,7 +40,7 @@ def layout(
     stored, index = permuted(shape, order)
     scale_shape = stored_scale = tuple(shape[i] for i in kept)
     scale_index = tuple(f"d{i}" for i in kept)
-    by_block = output_block(shape, reduce_axes, order, BLOCKS)
+    by_block = output_block(shape, reduce_axes, order, INT8_BLOCKS)
     if by_block is not None:
         _, block = by_block
         k_index, n_index = index

@@ -1,7 +1,7 @@
 /* int8 x Q8 matrix-vector product for AVX-512 VNNI: the decode step of an int8 codec weight.
  *
  * The weight is the codec's storage, read in place from the parameters: K-major in blocks of
- * B outputs, codes [N/B][K][B] i8 (myelin.codecs.int8.BLOCKS: B = 256 where N is a multiple,
+ * B outputs, codes [N/B][K][B] i8 (myelin.codecs._cpu_kernels.INT8_BLOCKS: B = 256 where N is a multiple,
  * else 64), scale [N] f32; w[k][n] = codes[k][n] * scale[n].
  * out[n] = init[n] + sum_k x[k] * w[k][n].
  *
