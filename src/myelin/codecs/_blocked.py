@@ -21,7 +21,7 @@ from iree.compiler import ir
 
 from myelin.codecs._contract import Layout
 from myelin.codecs._emit import DECODE_ATTRIBUTE, decode_ops, parse_template, remap, template_body
-from myelin.codecs._matvec import CPU_TILES_ATTRIBUTE, mark_cpu_matvec, matvec_loops, matvec_tiles
+from myelin.codecs._matvec import mark_cpu_matvec, matvec_loops, matvec_tiles, set_cpu_tiles
 from myelin.codecs._regions import wrap_in_dispatch_region
 from myelin.codecs._uses import indexing_maps, map_dims, reduction_loops
 
@@ -203,8 +203,4 @@ def _mark_matvec(
     distribution = [tiles[0] if d == e else 1 if d == n else 0 for d in range(loops)]
     vector = [tiles[1] if d == e else 0 if d == k else 1 for d in range(loops)]
     reduction = [1 if d == k else 0 for d in range(loops)]
-    text = (
-        f"#iree_cpu.lowering_config<distribution = {distribution}, "
-        f"vector_common_parallel = {vector}, vector_reduction = {reduction}>"
-    )
-    op.attributes[CPU_TILES_ATTRIBUTE] = ir.StringAttr.get(text, context)
+    set_cpu_tiles(op, distribution, vector, reduction, context)

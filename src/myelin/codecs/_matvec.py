@@ -129,6 +129,18 @@ def mark_matvec(op: ir.Operation, n_loop: int, k_loop: int, context: ir.Context)
     distribution = [tiles[0] if d == n_loop else 0 for d in range(loops)]
     vector = [tiles[1] if d == n_loop else 0 if d == k_loop else 1 for d in range(loops)]
     reduction = [1 if d == k_loop else 0 for d in range(loops)]
+    set_cpu_tiles(op, distribution, vector, reduction, context)
+
+
+def set_cpu_tiles(
+    op: ir.Operation,
+    distribution: list[int],
+    vector: list[int],
+    reduction: list[int],
+    context: ir.Context,
+) -> None:
+    """Mark `op` with the llvm-cpu tiles PLeX wants for it, per loop (`CPU_TILES_ATTRIBUTE`,
+    which the compile step turns into IREE's lowering config)."""
     text = (
         f"#iree_cpu.lowering_config<distribution = {distribution}, "
         f"vector_common_parallel = {vector}, vector_reduction = {reduction}>"

@@ -208,11 +208,6 @@ class Epilogue:
         return self.merge_op.operands[self.merge_index]
 
     @property
-    def reads(self) -> ir.Value | None:
-        """The value the epilogue's first op reads: the result, or its expand."""
-        return self.expand.results[0] if self.expand is not None else None
-
-    @property
     def ops(self) -> list[ir.Operation]:
         """The ops that go once the kernel does their work, consumer first."""
         merged = [self.merge_op] if self.merge_op is not None else []

@@ -566,7 +566,7 @@ def _apply_epilogue(epilogue: Epilogue, call: ir.Operation) -> None:
     last = epilogue.last
     if last is None:
         return
-    value = epilogue.reads if epilogue.expand is not None else call.results[0]
+    value = epilogue.expand.results[0] if epilogue.expand is not None else call.results[0]
     last.results[0].replace_all_uses_with(value)
     for op in epilogue.ops:
         op.erase()
