@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,7 +20,7 @@ pytest.importorskip("iree.turbine")
 
 import myelin  # noqa: E402
 from myelin.errors import MemoryBudgetExceeded  # noqa: E402
-from myelin.runtime.generation import Generator, Sampling  # noqa: E402
+from myelin.runtime.generation import Generator, Sampling, argmax_rows  # noqa: E402
 from tests.llm.builds import MAX_SEQ, PROMPT, build_causal_lm, transformers_greedy  # noqa: E402
 from tests.llm.tiny_models import FAMILIES  # noqa: E402
 
@@ -60,6 +61,29 @@ def test_llama_greedy_tokens_equal_transformers_generate(llama, llama_model):
     assert result.stop_reasons == ["max_new_tokens"]
     assert result.tokens[0] == transformers_greedy(llama[1], prompt, NEW_TOKENS)
     assert result.decode_steps == NEW_TOKENS - 1
+
+
+def test_the_greedy_pick_of_float16_logits_is_numpys_argmax():
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((8, 32000)) * 4).astype(np.float16)
+    logits[1] = -np.abs(logits[1])  # every logit negative
+    logits[2, 17] = logits[2, 31999] = 50.0  # a tie: the first index wins
+    logits[3] = np.float16(-np.inf)
+    logits[3, 5] = -60000.0
+    expected = np.argmax(logits.astype(np.float64), axis=1)
+    assert argmax_rows(logits).tolist() == expected.tolist()
+    assert argmax_rows(logits.astype(np.float32)).tolist() == expected.tolist()
+
+
+def test_timings_are_the_streams_wall_clock(llama_model):
+    with Generator(llama_model) as generator:
+        r = generator.generate(PROMPT, max_new_tokens=8, use_eos=False)
+    assert r.decode_steps == 7
+    # decode time holds the calls and each step's choice and text; the first token follows
+    # the prefill call and its own choice
+    assert r.timings["decode_s"] >= r.timings["decode_calls_s"] > 0
+    assert r.time_to_first_token_s >= r.timings["prefill_s"] > 0
+    assert r.decode_tokens_per_s == pytest.approx(7 / r.timings["decode_s"])
 
 
 def test_a_batch_of_prompts_of_different_lengths_equals_each_prompt_alone(llama_model):

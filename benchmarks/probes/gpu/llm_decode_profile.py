@@ -7,11 +7,15 @@ For each build in benchmarks/gpu/artifacts/llm: rebuild the .mln from the seed, 
 numpy; output left on the device; inputs already on the device) and trace a few with
 torch.profiler (CUPTI): per call the GPU-busy time, the GPU idle between kernels, the time to
 the first kernel and after the last, and the kernels by total time. Prints one JSON object.
+
+IREE runtime flags to try are given in PLEX_PROBE_IREE_FLAGS (e.g. "--cuda_use_streams=false",
+command buffers as CUDA graphs); they are parsed before the CUDA driver is created.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -107,6 +111,12 @@ def main() -> None:
     index = json.loads((artifacts / "llm.json").read_text())
     index["builds"] = [x for x in index["builds"] if x["family"] == "llama"]
     result = {"gpu": torch.cuda.get_device_name()}
+    flags = os.environ.get("PLEX_PROBE_IREE_FLAGS", "").split()
+    if flags:
+        import iree.runtime as rt
+
+        rt.flags.parse_flags(*flags)
+        result["iree_flags"] = flags
     with tempfile.TemporaryDirectory() as tmp:
         status = run_llm.rebuild_all(index, artifacts, Path(tmp))
         torch.zeros(1, device="cuda")
