@@ -6,7 +6,11 @@ two values per byte along the innermost stored axis (the even element in the low
 
 - a matmul weight is stored [K, N]: the consumer walks the contraction axis K and reads a
   contiguous run of output columns N at each step, so the 4-bit unpacking is a vector load plus
-  shifts and masks (a torch Linear's [N, K] weight is stored transposed);
+  shifts and masks (a torch Linear's [N, K] weight is stored transposed); since format 15 in
+  blocks of outputs, [N / B][K][B] (B the first of Q4_BLOCKS dividing N, as fp16 and int8), its
+  group factors [N / B][K / g][B] and its output factors still [N] (read as [N / B, B]): the
+  CPU matvec kernels then stream one block contiguously (docs/codecs.md, "CPU matvec
+  kernels");
 - a gathered table (an embedding, [rows, columns], its columns "contracted") keeps its rows
   contiguous: [rows, columns], so a lookup decodes only the rows it reads.
 
@@ -18,10 +22,11 @@ fp32 on the Llama decode step). A format-4 .mln still runs as it is (its module 
 layout); `decode` reads its parts through `format4_layout` (their recorded data shape is rank 3:
 [output, group, block]; format 7 records the rank-2 stored shape).
 
-The IR sees the data as [..., groups, group, ...] (the same bytes) and decodes over those two
-loop dims, so every part is read through a plain projection and IREE vectorizes the unpacking
-(myelin.codecs._emit: `Layout.split`; myelin.codecs._chunked: the chunks a long contracted
-axis is cut into).
+The IR sees the data as [..., groups, group, ...] (the same bytes; blocked: [N / B, groups,
+group, B]) and decodes over those loop dims, so every part is read through a plain projection
+and IREE vectorizes the unpacking (myelin.codecs._emit: `Layout.split`, `Layout.blocked`;
+myelin.codecs._chunked: the chunks a long contracted axis is cut into; myelin.codecs._blocked:
+a contraction over the blocks).
 
 The group scales and offsets are themselves quantized (as in llama.cpp's k-quants): an unsigned
 8-bit scale and a signed 8-bit offset per group, each times a float32 factor per output. Per
