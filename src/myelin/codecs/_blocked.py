@@ -31,6 +31,7 @@ from myelin.codecs._regions import wrap_in_dispatch_region
 from myelin.codecs._uses import indexing_maps, map_dims, reduction_loops
 
 _CONSUMERS = ("linalg.matmul", "linalg.batch_matmul")
+_INPUTS = ("f32", "f16", "bf16")  # the element types a contraction over the blocks reads
 
 
 def _expanded(shape: list[int], at: int, block: int) -> tuple[list[int], list[list[int]]]:
@@ -52,7 +53,7 @@ def _map(loops: int, names: list[str]) -> str:
 def emit_blocked(
     chain, layout: Layout, parts: list[ir.Value], what: str, context, *, scaled: bool = False
 ) -> bool:
-    """Replace `chain.consumer` (a matmul reading a blocked weight, f32 throughout) by the same
+    """Replace `chain.consumer` (a matmul reading a blocked weight, an f32 result) by the same
     contraction over the blocks, in its own dispatch region; a matvec's is marked for the CPU
     kernel and given the matvec tiles. `scaled` (int8's matvec, `Layout.scaled`): the codes
     contracted as floats, then each output times its scale. False (nothing changed) for any
@@ -75,7 +76,10 @@ def blocked_contraction(
     types = [ir.RankedTensorType(v.type) for v in consumer.operands]
     if any(d is None for d in dims) or any(not t.has_static_shape for t in types):
         return None
-    if any(str(t.element_type) != "f32" for t in types):
+    elements = [str(t.element_type) for t in types]
+    if elements[2] != "f32" or any(e not in _INPUTS for e in elements[:2]):
+        return None  # the products are summed in f32 (16-bit inputs extended first)
+    if scaled and elements != ["f32"] * 3:
         return None
     reductions = reduction_loops(consumer)
     if reductions is None or len(reductions) != 1:
@@ -133,12 +137,18 @@ def blocked_contraction(
         f"{loop_dims(dims[2])}], iterator_types = [{iterators}]}} "
         f"ins({ins[0][0]}, {ins[1][0]} : {ins[0][1]}, {ins[1][1]})"
     )
-    contract_body = """{
-    ^bb0(%a: f32, %b: f32, %acc: f32):
-      %m = arith.mulf %a, %b : f32
+    widen = "".join(
+        f"\n      {v}f = arith.extf {v} : {e} to f32"
+        for v, e in zip(("%a", "%b"), elements[:2], strict=True)
+        if e != "f32"
+    )
+    a, b = (f"{v}f" if e != "f32" else v for v, e in zip(("%a", "%b"), elements[:2], strict=True))
+    contract_body = f"""{{
+    ^bb0(%a: {elements[0]}, %b: {elements[1]}, %acc: f32):{widen}
+      %m = arith.mulf {a}, {b} : f32
       %s = arith.addf %acc, %m : f32
       linalg.yield %s : f32
-  }"""
+  }}"""
     rank = len(oe_shape)
     identity = _map(rank, [f"d{i}" for i in range(rank)])
     if scaled:
@@ -195,9 +205,11 @@ func.func private @blocked(%x: {types[activation_at]}, %w: {decoded.type},
     else:
         in_region = [body[0], contraction]
     wrap_in_dispatch_region([*decode, *in_region], context)
-    tiles = matvec_tiles(block) if matvec is not None else None
+    # the matvec tiles and the kernels: f32 matvecs (the tiles' config fails IREE's pipeline
+    # on 16-bit inputs); int8's kernel takes its scaled form, q4's its grouped matvec (_matvec)
+    tiles = matvec_tiles(block) if matvec is not None and elements == ["f32"] * 3 else None
     if tiles is not None:
         mark_blocked_matvec(contraction, n, e, moved(matvec[1]), tiles, loops + 1, context)
-        if layout.split is None:  # q4's kernels take its grouped matvec (_matvec)
+        if scaled or (layout.scaled is None and layout.split is None):
             mark_cpu_matvec(last, "int8" if scaled else "fp16", layout, context)
     return flat.results[0]
