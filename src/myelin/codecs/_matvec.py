@@ -264,7 +264,7 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
     xs_shape = [*a_shape[:kd], groups, *a_shape[kd + 1 :]]
     out_shape = o_shape if block is None else [*o_shape[:last], o_shape[last] // block, block]
     out_index = [f"d{moved(x)}" for x in o_dims[:last]]
-    out_index += [f"d{n_loop}"] if block is None else [f"d{n_loop}", f"d{b}"]
+    out_index += [f"d{o_dims[last]}"] if block is None else [f"d{n_loop}", f"d{b}"]
     p_shape = [*o_shape[:last], groups, *out_shape[last:]]
     p_index = [*out_index[:last], f"d{kk}", *out_index[last:]]
     reassoc = [[i] for i in range(kd)] + [[kd, kd + 1]]
