@@ -20,7 +20,7 @@ N, K = 128, 160  # one AVX-512 q4/fp16 block of 128 outputs (two int8 blocks), f
 M = 256  # the matmul's outputs: a second kernel executable in the same module
 NARROW = 192  # outputs no AVX-512 q4 block (128) divides: the AVX2 q4 kernel's (64) does
 # fp16 stores [N / B, K, B], B = 256 where N is a multiple (9 blocks here, one workgroup each),
-# else 128 (N: one block, NARROW_16: 17 blocks)
+# else 128 (N: one block, NARROW_16: 17 blocks); q4 the same (B = 256, else 128, else 64)
 WIDE = 9 * 256
 NARROW_16 = 17 * 128
 AVX2 = TargetDevice("cpu", cpu="haswell", cpu_features="+avx2,+fma")  # no AVX-512: q4 on AVX2
@@ -97,8 +97,8 @@ def encoded() -> Encoded:
             ("mm", "q4"),
             ("g16", "q4:g16"),
             ("narrow", "q4"),
-            ("wide", "fp16"),
-            ("n16", "fp16"),
+            ("wide", "q4"),  # 9 stored blocks of 256 outputs
+            ("n16", "q4"),  # 17 of 128
         ],
     )
 
@@ -190,6 +190,8 @@ def _check_q4(encoded: Encoded, call) -> None:
     _close(call("mm", x2, bias), _q4_reference(encoded, "mm", x2, bias, M))
     zeros = np.zeros(NARROW, np.float32)
     _close(call("narrow", x2), _q4_reference(encoded, "narrow", x2, zeros, NARROW))
+    for name, n in (("wide", WIDE), ("n16", NARROW_16)):  # a workgroup walks several blocks
+        _close(call(name, x2), _q4_reference(encoded, name, x2, np.zeros(n, np.float32), n))
     # q4:g16 is no group the kernels take: the grouped matvec, exact to the float decode
     bias = bias[:, :N]
     got = call("g16", x2, bias)
