@@ -20,7 +20,7 @@ N, K = 128, 160  # one AVX-512 q4/fp16 block of 128 outputs (two int8 blocks), f
 M = 256  # the matmul's outputs: a second kernel executable in the same module
 NARROW = 192  # outputs no AVX-512 q4 block (128) divides: the AVX2 q4 kernel's (64) does
 # fp16 stores [N / B, K, B], B = 256 where N is a multiple (9 blocks here, one workgroup each),
-# else 128 (N: one block, NARROW_16: 17 blocks)
+# else 128 (N: one block, NARROW_16: 17 blocks); q4 the same (B = 256, else 128, else 64)
 WIDE = 9 * 256
 NARROW_16 = 17 * 128
 AVX2 = TargetDevice("cpu", cpu="haswell", cpu_features="+avx2,+fma")  # no AVX-512: q4 on AVX2
@@ -97,8 +97,8 @@ def encoded() -> Encoded:
             ("mm", "q4"),
             ("g16", "q4:g16"),
             ("narrow", "q4"),
-            ("wide", "fp16"),
-            ("n16", "fp16"),
+            ("wide", "q4"),  # 9 stored blocks of 256 outputs
+            ("n16", "q4"),  # 17 of 128
         ],
     )
 
@@ -134,9 +134,10 @@ def _q4_reference(
     """What the q4 kernels compute, in numpy on the stored parts: integer dot products with the
     quantized activation, the factors in float."""
     stored = {s.key: s.data for s in encoded.graph.stored}
-    codes = q4.unpack(stored[key], K * n).reshape(K, n).astype(np.int64)
-    scale = stored[f"{key}.scale"].reshape(-1, n).astype(np.float64)
-    offset = stored[f"{key}.offset"].reshape(-1, n).astype(np.float64)
+    block = next(b for b in cpu_kernels.Q4_BLOCKS if n % b == 0)  # [N / B, K, B] codes
+    codes = _unblocked(q4.unpack(stored[key], K * n), n, block).astype(np.int64)
+    scale = _unblocked(stored[f"{key}.scale"], n, block, K // 32).astype(np.float64)
+    offset = _unblocked(stored[f"{key}.offset"], n, block, K // 32).astype(np.float64)
     rs, ro = stored[f"{key}.row_scale"], stored[f"{key}.row_offset"]
     xq, d, xs = _q8(x)
     partial = np.einsum("ge,gen->gn", xq, codes.reshape(-1, 32, n))
@@ -145,10 +146,11 @@ def _q4_reference(
     return init.reshape(-1) + folded
 
 
-def _unblocked(stored: np.ndarray, n: int, block: int) -> np.ndarray:
-    """Blocks of outputs [N / B, K, B] (fp16's and int8's stored layout) as [K, N]: block b
-    holds outputs [b * B, (b + 1) * B), row by row."""
-    return stored.reshape(n // block, K, block).transpose(1, 0, 2).reshape(K, n)
+def _unblocked(stored: np.ndarray, n: int, block: int, rows: int = K) -> np.ndarray:
+    """Blocks of outputs [N / B, rows, B] (the stored layout of fp16, int8 and q4 codes, of q4's
+    group factors with K / 32 rows) as [rows, N]: block b holds outputs [b * B, (b + 1) * B),
+    row by row."""
+    return stored.reshape(n // block, rows, block).transpose(1, 0, 2).reshape(rows, n)
 
 
 def _int8_reference(
@@ -188,6 +190,8 @@ def _check_q4(encoded: Encoded, call) -> None:
     _close(call("mm", x2, bias), _q4_reference(encoded, "mm", x2, bias, M))
     zeros = np.zeros(NARROW, np.float32)
     _close(call("narrow", x2), _q4_reference(encoded, "narrow", x2, zeros, NARROW))
+    for name, n in (("wide", WIDE), ("n16", NARROW_16)):  # a workgroup walks several blocks
+        _close(call(name, x2), _q4_reference(encoded, name, x2, np.zeros(n, np.float32), n))
     # q4:g16 is no group the kernels take: the grouped matvec, exact to the float decode
     bias = bias[:, :N]
     got = call("g16", x2, bias)
@@ -266,9 +270,11 @@ def test_q4_kernel_dispatch_reads_the_encoded_parameters_and_materializes_nothin
     # the first kernel that takes the shape: on an AVX-512 CPU, AVX2's for 192 outputs
     calls["narrow"] = f"__plex_{HOST['q4'][-1].name}_{K}x{NARROW}"
     text = _kernel_calls(encoded, calls)
-    for name, n in (("lin", N), ("mm", M)):
+    for name, n in (("lin", N), ("mm", M)):  # blocks of 128 and of 256 outputs
         body = _function(text, name)
-        assert f"tensor<5x32x{n}xi4>" in body and f"tensor<{K}x{n}xf32>" not in body
+        block = 256 if n % 256 == 0 else 128
+        assert f"tensor<{n // block}x5x32x{block}xi4>" in body, body
+        assert f"tensor<{K}x{n}xf32>" not in body
     assert _function(text, "g16").count("flow.dispatch.workgroups") == 1
     assert kernel.symbol in text
 

@@ -330,6 +330,7 @@ def _function(text: str, name: str) -> str:
 # A contraction longer than q4's chunk (_chunked.CHUNK_K = 256): decoded and contracted in chunks
 # of the axis, one dispatch each, and summed.
 LONG_K, LONG_N = 320, 96
+WIDE_N = 384  # stored in blocks of 128 outputs: each chunk contracts over the blocks
 LONG = f"""module @long {{
   util.global private @w = #flow.parameter.named<"g"::"long"> : tensor<{LONG_N}x{LONG_K}xf32>
   func.func @long(%x: tensor<?x{LONG_K}xf32>) -> tensor<?x{LONG_N}xf32> {{
@@ -344,13 +345,24 @@ LONG = f"""module @long {{
     %y = linalg.matmul ins(%x, %wt : tensor<?x{LONG_K}xf32>, tensor<{LONG_K}x{LONG_N}xf32>) outs(%acc : tensor<?x{LONG_N}xf32>) -> tensor<?x{LONG_N}xf32>
     return %y : tensor<?x{LONG_N}xf32>
   }}
+  util.global private @v = #flow.parameter.named<"g"::"wide"> : tensor<{WIDE_N}x{LONG_K}xf32>
+  func.func @wide(%x: tensor<3x{LONG_K}xf32>) -> tensor<3x{WIDE_N}xf32> {{
+    %v = util.global.load @v : tensor<{WIDE_N}x{LONG_K}xf32>
+    %et = tensor.empty() : tensor<{LONG_K}x{WIDE_N}xf32>
+    %vt = linalg.transpose ins(%v : tensor<{WIDE_N}x{LONG_K}xf32>) outs(%et : tensor<{LONG_K}x{WIDE_N}xf32>) permutation = [1, 0]
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty() : tensor<3x{WIDE_N}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<3x{WIDE_N}xf32>) -> tensor<3x{WIDE_N}xf32>
+    %y = linalg.matmul ins(%x, %vt : tensor<3x{LONG_K}xf32>, tensor<{LONG_K}x{WIDE_N}xf32>) outs(%acc : tensor<3x{WIDE_N}xf32>) -> tensor<3x{WIDE_N}xf32>
+    return %y : tensor<3x{WIDE_N}xf32>
+  }}
 }}
 """
 
 
 @pytest.fixture(scope="module")
 def long_q4() -> Encoded:
-    return Encoded(LONG, [("long", "q4")])
+    return Encoded(LONG, [("long", "q4"), ("wide", "q4")])
 
 
 @pytest.mark.parametrize("data_tiling", DATA_TILING, ids=["plain", "data_tiling"])
@@ -358,16 +370,24 @@ def test_a_long_q4_contraction_runs_in_chunks(long_q4, data_tiling):
     """In chunks without data tiling; with it, decoded whole at load (one packed kernel)."""
     found, text = long_q4.check(data_tiling=data_tiling)
     body = _function(text, "long")
+    wide = _function(text, "wide")
     if data_tiling:
-        assert [(m.parameters, m.at_load) for m in found] == [(("g::long",), True)]
+        at_load = sorted((m.parameters, m.at_load) for m in found)
+        assert at_load == [(("g::long",), True), (("g::wide",), True)]
         assert body.count("mmt4d") == 1 and "linalg.matmul" not in body
+        assert wide.count("mmt4d") == 1
     else:
         assert found == []
         assert body.count("linalg.matmul") == 2  # 256 + 64 of the 320 contracted elements
         assert body.count("tensor.collapse_shape") == 2  # each decodes over (group, element)
+        # the blocked weight: each chunk (two dispatches, then their sum) contracted over its
+        # blocks of 128 outputs, [3, 3 blocks, 128], the result reshaped after
+        assert "linalg.matmul" not in wide and wide.count("flow.dispatch.workgroups") == 3
+        assert "-> tensor<3x3x128xf32> =" in wide
     x = np.random.default_rng(4).standard_normal((3, LONG_K)).astype(np.float32)
-    y = long_q4.session(data_tiling=data_tiling)("long", x)
-    np.testing.assert_allclose(y, x @ long_q4.decoded("long").T, rtol=1e-5, atol=1e-5)
+    call = long_q4.session(data_tiling=data_tiling)
+    np.testing.assert_allclose(call("long", x), x @ long_q4.decoded("long").T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(call("wide", x), x @ long_q4.decoded("wide").T, rtol=1e-5, atol=1e-5)
 
 
 def test_a_compile_failure_reads_in_a_few_lines_and_logs_the_rest(long_q4, tmp_path, monkeypatch):

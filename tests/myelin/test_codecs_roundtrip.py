@@ -183,6 +183,26 @@ def test_q4_matmul_weight_is_stored_k_major():
     np.testing.assert_array_equal(back, direct)
 
 
+@pytest.mark.parametrize(("n", "block"), [(512, 256), (384, 128), (192, 64)])
+def test_q4_matmul_weight_is_stored_in_blocks_of_outputs(n, block):
+    """Format 15: a K-major weight whose outputs a block of Q4_BLOCKS divides is stored
+    [N / B, K, B] (two outputs a byte along B), its group factors [N / B, K / g, B]: block b
+    holds outputs [b * B, (b + 1) * B), so a matvec kernel streams one block contiguously."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((n, 64)) * 0.05).astype(np.float32)  # a torch Linear's [N, K]
+    k_at, n_at = 33, block + 2  # block 1, its output 2 (even: a low nibble)
+    w[n_at, k_at] = 1.0
+    layout, (data, scale8, offset8, rs, ro), back = roundtrip_ordered("q4", w, (1,), (1, 0))
+    assert layout.blocked == (0, block) and layout.parts[0].storage_shape == (n // block, 64, block)
+    assert scale8.shape == offset8.shape == (n // block, 2, block) and rs.shape == ro.shape == (n,)
+    codes = unpack(data, n * 64).reshape(n // block, 64, block)
+    assert codes[1, k_at, 2] == 15  # the group's largest value
+    assert data[(1 * 64 * block + k_at * block + 2) // 2] & 0x0F == 15
+    assert codes.transpose(1, 0, 2).reshape(64, n)[k_at, n_at] == 15  # [K, N] once unblocked
+    # within half the largest group step (the outlier's group: about 1.15 / 15)
+    assert np.abs(back - w).max() < 0.045
+
+
 @pytest.mark.parametrize("axes, order", [((1,), (1, 0)), ((0,), (0, 1))])
 def test_q4_rows_encoded_apart_give_the_encode_bytes(axes, order):
     """Each output row is fitted on its own, so a parallel encode that cuts the rows anywhere

@@ -180,7 +180,8 @@ from myelin.kernels import _q4
 from myelin.kernels._q4_triton import plex_q4_matmul
 rng = np.random.default_rng(0)
 t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-for m, n, k in [(5, 128, 256), (8, 256, 384)]:  # splits 2 and 3 (12 groups: not a power of 2)
+# blocks of 128, 256 and 64 outputs; splits 2, 3 (12 groups: not a power of 2) and 2
+for m, n, k in [(5, 128, 256), (8, 256, 384), (3, 192, 256)]:
     w = rng.normal(0, 0.02, (n, k)).astype(np.float32)
     layout = q4.layout((n, k), "float32", (1,), {"group": 32, "order": (1, 0)})
     parts = q4.encode(w, layout)
@@ -212,4 +213,8 @@ def test_the_kernel_source_computes_the_q4_product():
         [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [line.split()[:2] for line in done.stdout.splitlines()] == [["ok", "2"], ["ok", "3"]]
+    assert [line.split()[:2] for line in done.stdout.splitlines()] == [
+        ["ok", "2"],
+        ["ok", "3"],
+        ["ok", "2"],
+    ]

@@ -72,6 +72,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "finalize": ("myelin.codecs._finalize", "finalize"),
     # the q4 kernel contract the kernel library (myelin.kernels) implements
     "Q4_KERNEL_GROUP": ("myelin.codecs._q4_gpu", "KERNEL_GROUP"),
+    "Q4_BLOCKS": ("myelin.codecs._cpu_kernels", "Q4_BLOCKS"),  # the stored blocks it reads
     "Q4_KERNEL_MAX_M": ("myelin.codecs._q4_gpu", "KERNEL_MAX_M"),
     "Q4_MATMUL_ATTRIBUTE": ("myelin.codecs._q4_gpu", "Q4_MATMUL_ATTRIBUTE"),
     "q4_kernel_covers": ("myelin.codecs._q4_gpu", "kernel_covers"),

@@ -1,6 +1,6 @@
 """Blocked weights in a contraction: the contraction over the stored blocks.
 
-fp16 and int8 store a K-major weight in blocks of outputs, [N / B][K][B] (`Layout.blocked`),
+fp16, int8 and q4 store a K-major weight in blocks of outputs, [N / B][K][B] (`Layout.blocked`),
 so that the CPU matvec kernel's walk of one block is one contiguous stream. Decoding the blocks
 and collapsing (N / B, B) back into N before the consumer leaves a reshape between the decode
 and the contraction that IREE 3.13 cannot tile through: the decode is then vectorized whole
@@ -21,11 +21,17 @@ from iree.compiler import ir
 
 from myelin.codecs._contract import Layout
 from myelin.codecs._emit import DECODE_ATTRIBUTE, decode_ops, parse_template, remap, template_body
-from myelin.codecs._matvec import mark_cpu_matvec, matvec_loops, matvec_tiles, set_cpu_tiles
+from myelin.codecs._matvec import (
+    mark_blocked_matvec,
+    mark_cpu_matvec,
+    matvec_loops,
+    matvec_tiles,
+)
 from myelin.codecs._regions import wrap_in_dispatch_region
 from myelin.codecs._uses import indexing_maps, map_dims, reduction_loops
 
 _CONSUMERS = ("linalg.matmul", "linalg.batch_matmul")
+_INPUTS = ("f32", "f16", "bf16")  # the element types a contraction over the blocks reads
 
 
 def _expanded(shape: list[int], at: int, block: int) -> tuple[list[int], list[list[int]]]:
@@ -47,34 +53,45 @@ def _map(loops: int, names: list[str]) -> str:
 def emit_blocked(
     chain, layout: Layout, parts: list[ir.Value], what: str, context, *, scaled: bool = False
 ) -> bool:
-    """Replace `chain.consumer` (a matmul reading a blocked weight, f32 throughout) by the same
+    """Replace `chain.consumer` (a matmul reading a blocked weight, an f32 result) by the same
     contraction over the blocks, in its own dispatch region; a matvec's is marked for the CPU
     kernel and given the matvec tiles. `scaled` (int8's matvec, `Layout.scaled`): the codes
     contracted as floats, then each output times its scale. False (nothing changed) for any
     other consumer."""
+    return blocked_contraction(chain, layout, parts, what, context, scaled=scaled) is not None
+
+
+def blocked_contraction(
+    chain, layout: Layout, parts: list[ir.Value], what: str, context, *, scaled: bool = False
+) -> ir.Value | None:
+    """`emit_blocked`'s work; returns the value that replaced the consumer's result (the
+    collapse of the blocks, after the dispatch region), None if nothing changed."""
     if layout.blocked is None or (scaled and layout.scaled is None):
-        return False
+        return None
     consumer = chain.consumer
     maps = indexing_maps(consumer)
     if consumer.name not in _CONSUMERS or maps is None or len(consumer.operands) != 3:
-        return False
+        return None
     dims = [map_dims(m) for m in maps]
     types = [ir.RankedTensorType(v.type) for v in consumer.operands]
     if any(d is None for d in dims) or any(not t.has_static_shape for t in types):
-        return False
-    if any(str(t.element_type) != "f32" for t in types):
-        return False
+        return None
+    elements = [str(t.element_type) for t in types]
+    if elements[2] != "f32" or any(e not in _INPUTS for e in elements[:2]):
+        return None  # the products are summed in f32 (16-bit inputs extended first)
+    if scaled and elements != ["f32"] * 3:
+        return None
     reductions = reduction_loops(consumer)
     if reductions is None or len(reductions) != 1:
-        return False
+        return None
     matvec = matvec_loops(consumer, chain.operand)
     if scaled and matvec is None:
-        return False  # the scaled form is a matvec's (as emit_scaled's)
+        return None  # the scaled form is a matvec's (as emit_scaled's)
     activation_at = 1 - chain.operand
     axis, block = layout.blocked
     n = dims[chain.operand][chain.src[axis]]  # the loop of the weight's outputs
     if n in dims[activation_at] or n not in dims[2]:
-        return False  # only the weight and the result carry the outputs (a matmul's do)
+        return None  # only the weight and the result carry the outputs (a matmul's do)
     loops = maps[0].n_dims
     e = n + 1  # the new loop, the output's place in its block, right after the block's
 
@@ -89,7 +106,7 @@ def emit_blocked(
     if scaled:
         decoded_layout = replace(layout, parts=layout.parts[:1], decode=layout.scaled)
     target = ir.RankedTensorType(chain.value.type)
-    decode, collapse = decode_ops(
+    decode = decode_ops(
         decoded_layout,
         parts[: len(decoded_layout.parts)],
         target,
@@ -98,9 +115,9 @@ def emit_blocked(
         consumer,
         what,
         context,
+        keep_blocks=True,
     )
-    collapse.erase()
-    decoded = decode.results[0]
+    decoded = decode[-1].results[0]
 
     activation = consumer.operands[activation_at]
     init = consumer.operands[2]
@@ -120,12 +137,18 @@ def emit_blocked(
         f"{loop_dims(dims[2])}], iterator_types = [{iterators}]}} "
         f"ins({ins[0][0]}, {ins[1][0]} : {ins[0][1]}, {ins[1][1]})"
     )
-    contract_body = """{
-    ^bb0(%a: f32, %b: f32, %acc: f32):
-      %m = arith.mulf %a, %b : f32
+    widen = "".join(
+        f"\n      {v}f = arith.extf {v} : {e} to f32"
+        for v, e in zip(("%a", "%b"), elements[:2], strict=True)
+        if e != "f32"
+    )
+    a, b = (f"{v}f" if e != "f32" else v for v, e in zip(("%a", "%b"), elements[:2], strict=True))
+    contract_body = f"""{{
+    ^bb0(%a: {elements[0]}, %b: {elements[1]}, %acc: f32):{widen}
+      %m = arith.mulf {a}, {b} : f32
       %s = arith.addf %acc, %m : f32
       linalg.yield %s : f32
-  }"""
+  }}"""
     rank = len(oe_shape)
     identity = _map(rank, [f"d{i}" for i in range(rank)])
     if scaled:
@@ -181,26 +204,12 @@ func.func private @blocked(%x: {types[activation_at]}, %w: {decoded.type},
         in_region = [expand, empty, fill, contraction, last]
     else:
         in_region = [body[0], contraction]
-    wrap_in_dispatch_region([decode, *in_region], context)
-    tiles = matvec_tiles(block) if matvec is not None else None
+    wrap_in_dispatch_region([*decode, *in_region], context)
+    # the matvec tiles and the kernels: f32 matvecs (the tiles' config fails IREE's pipeline
+    # on 16-bit inputs); int8's kernel takes its scaled form, q4's its grouped matvec (_matvec)
+    tiles = matvec_tiles(block) if matvec is not None and elements == ["f32"] * 3 else None
     if tiles is not None:
-        _mark_matvec(contraction, n, e, moved(matvec[1]), tiles, loops + 1, context)
-        mark_cpu_matvec(last, "int8" if scaled else "fp16", layout, context)
-    return True
-
-
-def _mark_matvec(
-    op: ir.Operation,
-    n: int,
-    e: int,
-    k: int,
-    tiles: tuple[int, int],
-    loops: int,
-    context: ir.Context,
-) -> None:
-    """The matvec tiles (myelin.codecs._matvec.mark_matvec) on the blocked contraction: one
-    block at a time, the tiles along the outputs within it."""
-    distribution = [tiles[0] if d == e else 1 if d == n else 0 for d in range(loops)]
-    vector = [tiles[1] if d == e else 0 if d == k else 1 for d in range(loops)]
-    reduction = [1 if d == k else 0 for d in range(loops)]
-    set_cpu_tiles(op, distribution, vector, reduction, context)
+        mark_blocked_matvec(contraction, n, e, moved(matvec[1]), tiles, loops + 1, context)
+        if scaled or (layout.scaled is None and layout.split is None):
+            mark_cpu_matvec(last, "int8" if scaled else "fp16", layout, context)
+    return flat.results[0]

@@ -4,9 +4,12 @@ then fits IREE's 32 KiB stack limit)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from iree.compiler import ir
 from iree.compiler.dialects import linalg
 
+from myelin.codecs._blocked import blocked_contraction
 from myelin.codecs._contract import Layout
 from myelin.codecs._emit import (
     decode_ops,
@@ -137,6 +140,9 @@ def emit_chunked(
         next((i for i, e in enumerate(p.index) if e == f"d{axis} floordiv {group}"), None)
         for p in layout.parts
     ]
+    # blocks of outputs decoded in place (through `floordiv` / `mod`) unless the chunk's
+    # contraction can read them as blocks
+    plain = replace(layout, blocked=None)
     results = []
     for c, (first, count) in enumerate(_chunks(layout)):
         chunk_parts = [
@@ -149,7 +155,7 @@ def emit_chunked(
             shape, target.element_type, loc=ir.Location.unknown(context)
         )
         placed = decode_ops(
-            layout, chunk_parts, chunk_target, chain.src, sized, consumer, what, context
+            plain, chunk_parts, chunk_target, chain.src, sized, consumer, what, context
         )
         piece = _slice(activation, k_dim, first * group, count * group, consumer, context)
         start = init if c == 0 else zeros(init, consumer, context)
@@ -157,6 +163,15 @@ def emit_chunked(
         clone.operands[chain.operand] = placed[-1].results[0]
         clone.operands[other] = piece
         clone.operands[len(clone.operands) - 1] = start
+        if layout.blocked is not None:
+            # the chunk's contraction over the blocks, with its own decode (myelin.codecs._blocked)
+            chunk = Chain(placed[-1].results[0], clone, chain.operand, chain.src, [])
+            result = blocked_contraction(chunk, layout, chunk_parts, what, context)
+            if result is not None:
+                for op in reversed(placed):
+                    op.erase()
+                results.append(result)
+                continue
         wrap_in_dispatch_region([*placed, clone], context)
         results.append(clone.parent.operation.results[0])
     total = _elementwise(results, _sum_body(len(results), element), consumer, context)

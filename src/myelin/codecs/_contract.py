@@ -43,7 +43,7 @@ def _kernels_key(devices: tuple[Any, ...]) -> str:
 
 
 # Bump when a codec's stored bytes or its IR decode change: build caches key on it.
-FORMAT_VERSION = 14
+FORMAT_VERSION = 15
 # How codec names read in messages: the options each codec takes, after ':'.
 CODEC_FORMS = ("fp32", "fp16", "bf16", "int8", "q4", "q4:g<group size>")
 
@@ -99,9 +99,10 @@ class Layout:
     # `%p0`, so that `decode` equals `%r * %p1`; a matvec then scales each output once, after
     # the dot product (myelin.codecs._matvec.emit_scaled).
     scaled: tuple[str, ...] | None = None
-    # (logical axis, block size) when the data part stores that axis in blocks outermost (fp16's
-    # K-major weights: [N / B][K][B]), so that a block of outputs is one contiguous stream: the
-    # decode iterates the axis as (block, element in block), like `split`.
+    # (logical axis, block size) when the data part stores that axis in blocks outermost (the
+    # K-major weights of fp16, int8 and q4: [N / B][K][B]), so that a block of outputs is one
+    # contiguous stream: the decode iterates the axis as (block, element in block), like
+    # `split` (q4 splits both axes).
     blocked: tuple[int, int] | None = None
 
     @property

@@ -81,6 +81,10 @@ CFLAGS = (
 # kernel's 64).
 FLOAT_BLOCKS = (256, 128)
 INT8_BLOCKS = (256, 64)
+# q4's (codes [N / B][K][B], two per byte along B; the group factors [N / B][K / g][B]): the
+# AVX-512 kernel's 128 divides the first two, the AVX2 kernel's 64 all three, and the Hopper
+# kernel's program takes one block (myelin.kernels._q4: its BN is the same first divisor).
+Q4_BLOCKS = (256, 128, 64)
 
 
 @dataclass(frozen=True)
@@ -92,9 +96,9 @@ class Kernel:
     features: tuple[str, ...]  # the CPU features it needs, as LLVM names them (gcc: -m<name>)
     block: int  # outputs per kernel block: N must be a multiple
     quantizes: bool  # the activation to 8 bits per group: K a multiple of GROUP, <= MAX_K
-    # Outputs of the weight's stored blocks where N is a multiple of it, else `block` (fp16's
-    # and int8's blocked layouts, `Layout.blocked`: `FLOAT_BLOCKS`, `INT8_BLOCKS`; 0: none):
-    # workgroups take whole stored blocks.
+    # Outputs of the weight's stored blocks where N is a multiple of it, else smaller ones
+    # (the blocked layouts, `Layout.blocked`: `FLOAT_BLOCKS`, `INT8_BLOCKS`, `Q4_BLOCKS`; 0:
+    # none): workgroups take whole stored blocks.
     wide_block: int = 0
 
     @property
@@ -120,8 +124,10 @@ class Kernel:
 _AVX512_VNNI = ("avx512f", "avx512bw", "avx512vnni", "avx2", "fma")
 # Per form, in order of preference (measured: benchmarks/probes/cpu_matvec.py).
 KERNELS = (
-    Kernel("q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True),
-    Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True),
+    Kernel(
+        "q4", "q4_matvec_avx512vnni", _AVX512_VNNI, 128, quantizes=True, wide_block=Q4_BLOCKS[0]
+    ),
+    Kernel("q4", "q4_matvec_avx2", ("avx2", "fma"), 64, quantizes=True, wide_block=Q4_BLOCKS[0]),
     Kernel(
         "int8",
         "int8_matvec_avx512vnni",
@@ -239,7 +245,7 @@ class Matvec:
     k: int
     n: int
     operands: list[tuple[str, ir.Value, str, int]]  # (binding, value, element type, elements)
-    block: int = 0  # outputs of the weight's stored blocks (fp16), 0: not blocked
+    block: int = 0  # outputs of the weight's stored blocks, 0: not blocked
 
     def granule(self, kernel: Kernel) -> int:
         """Outputs a workgroup's share is counted in: whole stored blocks, else the kernel's."""
@@ -247,9 +253,10 @@ class Matvec:
 
 
 def _q4_matvec(total: ir.Operation) -> Matvec | None:
-    """From the grouped matvec's sum op (myelin.codecs._matvec.emit_grouped): the activation,
-    the codes, the four factor parts and the init; None if the IR is not the one emit_grouped
-    builds or a shape the kernels do not take."""
+    """From the grouped matvec's sum op over the stored blocks (myelin.codecs._matvec.
+    emit_grouped): the activation, the codes, the four factor parts and the init before its
+    expansion; None if the IR is not the one emit_grouped builds or a shape the kernels do not
+    take."""
     if len(total.operands) != 7:
         return None
     p_op, xs_op = _producer(total.operands[0]), _producer(total.operands[1])
@@ -259,15 +266,19 @@ def _q4_matvec(total: ir.Operation) -> Matvec | None:
     expand = _producer(xs_op.operands[0])
     if unpack is None or expand is None or expand.name != "tensor.expand_shape":
         return None
-    x, codes, init = expand.operands[0], unpack.operands[0], total.operands[6]
+    x, codes, init = expand.operands[0], unpack.operands[0], _unexpanded(total.operands[6])
     dims = _dims(codes)
-    if len(dims) != 3 or dims[1] != GROUP:
+    if len(dims) != 4 or dims[2] != GROUP or init is None:
         return None
-    groups, _, n = dims
-    k = groups * GROUP
-    if any(_dims(total.operands[i]) != [groups, n] for i in (2, 3)):
+    count, groups, _, block = dims  # [N / B, K / 32, 32, B]
+    n, k = count * block, groups * GROUP
+    if block != next((b for b in Q4_BLOCKS if n % b == 0), None):
         return None
-    if any(_dims(total.operands[i]) != [n] for i in (4, 5)):
+    if any(_dims(total.operands[i]) != [count, groups, block] for i in (2, 3)):
+        return None
+    if any(_dims(total.operands[i]) != [count, block] for i in (4, 5)):
+        return None
+    if math.prod(_dims(init) or [0]) != n:
         return None
     return Matvec(
         k,
@@ -281,6 +292,7 @@ def _q4_matvec(total: ir.Operation) -> Matvec | None:
             ("ro", total.operands[5], "f32", n),
             ("init", init, "f32", n),
         ],
+        block,
     )
 
 

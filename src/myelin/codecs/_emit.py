@@ -9,8 +9,6 @@ module's context and their ops moved before the consumer (`parse_template`, `tem
 
 from __future__ import annotations
 
-import re
-
 from iree.compiler import ir
 
 from myelin.codecs._contract import Layout
@@ -75,18 +73,27 @@ def load_part(part_global: str, part_type: ir.Type, before: ir.Operation) -> ir.
     return op.results[0]
 
 
-def _split_expr(expr: str, src: list[int], axis: int, group: int, at: int) -> str:
+def _split_expr(expr: str, src: list[int], splits: dict[int, tuple[int, int]]) -> str:
     """A part's index expression over logical dims, rewritten over the dims of the consumer's
-    operand with its dim `at` (the logical `axis`) split in two: (group, element in group)."""
-    expr = expr.replace(f"d{axis} floordiv {group}", "G").replace(f"d{axis} mod {group}", "B")
-    if f"d{axis}" in DIM.sub(lambda m: m.group(0) + " ", expr).split():
-        raise CompileError(f"internal error: split decode reads d{axis} whole in {expr!r}")
+    operand with each dim `at` of `splits` (at -> (logical axis, size)) split in two: (group,
+    element in group) for q4's groups, (block, element in block) for blocks of outputs."""
+    marks: dict[str, tuple[int, int]] = {}
+    for at, (axis, size) in splits.items():
+        for half, op in enumerate(("floordiv", "mod")):
+            mark = f"@{at}_{half}@"
+            expr = expr.replace(f"d{axis} {op} {size}", mark)
+            marks[mark] = (at, half)
+    for axis, _ in splits.values():
+        if f"d{axis}" in DIM.sub(lambda m: m.group(0) + " ", expr).split():
+            raise CompileError(f"internal error: split decode reads d{axis} whole in {expr!r}")
 
-    def dim(m: re.Match) -> str:
-        d = src[int(m.group(1))]
-        return f"d{d if d < at else d + 1}"
+    def moved(d: int) -> int:  # the operand's dim d after the split dims before it
+        return d + sum(1 for at in splits if at < d)
 
-    return DIM.sub(dim, expr).replace("G", f"d{at}").replace("B", f"d{at + 1}")
+    expr = DIM.sub(lambda m: f"d{moved(src[int(m.group(1))])}", expr)
+    for mark, (at, half) in marks.items():
+        expr = expr.replace(mark, f"d{moved(at) + half}")
+    return expr
 
 
 def emit_tensor_decode(
@@ -97,7 +104,7 @@ def emit_tensor_decode(
     placed (the decode, and the reshape after it for a split layout)."""
     target = ir.RankedTensorType(chain.value.type)
     reuse = None
-    if chain.ops and decode_split(layout) is None:
+    if chain.ops and not decode_splits(layout):
         last = chain.ops[-1]
         reuse = last.operands[len(last.operands) - 1]  # a layout op's init has the result's type
     placed = decode_ops(
@@ -137,30 +144,29 @@ def decode_ops(
     context: ir.Context,
     *,
     init: ir.Value | None = None,
+    keep_blocks: bool = False,
 ) -> list[ir.Operation]:
     """The decode of `parts` into `target` (the consumer's operand, logical dim l at dim
     src[l]), placed before `before`: a linalg.generic, then for a split layout the reshape.
 
-    A layout with `split` (q4: the contracted axis in groups) or `blocked` (fp16: the outputs
-    in blocks) decodes over an iteration space with that axis as two dims, (group, element),
-    then collapses them: every part is then read
+    A layout with `split` (q4: the contracted axis in groups) or `blocked` (fp16, int8, q4: the
+    outputs in blocks), or both, decodes over an iteration space with each such axis as two
+    dims, (group, element) and (block, element), then collapses them: every part is then read
     through a plain projection of the loop dims, which IREE's vectorizer needs; a per-group
-    scale read at `k floordiv g` inside a 2-D decode compiled to a scalar loop."""
+    scale read at `k floordiv g` inside a 2-D decode compiled to a scalar loop. `keep_blocks`:
+    the result keeps the blocks of outputs as two dims (a contraction over the blocks reads
+    it, myelin.codecs._blocked); only the groups are collapsed."""
     element = str(target.element_type)
     shape = [target.get_dim_size(d) for d in range(target.rank)]
-    split = decode_split(layout)
-    if split is not None:
-        axis, group = split
-        at = src[axis]
-        decoded_shape = [*shape[:at], shape[at] // group, group, *shape[at + 1 :]]
+    splits = {src[axis]: (axis, size) for axis, size in decode_splits(layout)}
+    decoded_shape = [
+        x
+        for d, size in enumerate(shape)
+        for x in ((size // splits[d][1], splits[d][1]) if d in splits else (size,))
+    ]
 
-        def index(e: str) -> str:
-            return _split_expr(e, src, axis, group, at)
-    else:
-        decoded_shape = shape
-
-        def index(e: str) -> str:
-            return substitute(e, src)
+    def index(e: str) -> str:
+        return _split_expr(e, src, splits) if splits else substitute(e, src)
 
     rank = len(decoded_shape)
     decoded = ir.RankedTensorType.get(
@@ -177,16 +183,30 @@ def decode_ops(
     body = "\n".join(f"      {line}" for line in decode_lines(layout, element))
     result = f"%out : {decoded}"
     tail = ""
-    if split is not None:
-        groups = (
-            [[d] for d in range(at)]
-            + [[at, at + 1]]
-            + [[d + 1] for d in range(at + 1, target.rank)]
+    kept = layout.blocked[0] if keep_blocks and layout.blocked is not None else None
+    groups: list[list[int]] = []
+    result_shape: list[int] = []
+    for d, size in enumerate(shape):
+        first = sum(len(g) for g in groups)
+        if d in splits and splits[d][0] != kept:
+            groups.append([first, first + 1])
+            result_shape.append(size)
+        elif d in splits:
+            groups += [[first], [first + 1]]
+            result_shape += [size // splits[d][1], splits[d][1]]
+        else:
+            groups.append([first])
+            result_shape.append(size)
+    if len(groups) != rank:
+        result_t = ir.RankedTensorType.get(
+            result_shape, target.element_type, loc=ir.Location.unknown(context)
         )
-        tail = f"  %flat = tensor.collapse_shape %out {groups} : {decoded} into {target}\n"
-        result = f"%flat : {target}"
+        tail = f"  %flat = tensor.collapse_shape %out {groups} : {decoded} into {result_t}\n"
+        result = f"%flat : {result_t}"
+    else:
+        result_t = decoded
     text = f"""
-func.func private @decode({args}, %init: {decoded}) -> {target} {{
+func.func private @decode({args}, %init: {decoded}) -> {result_t} {{
   %out = linalg.generic {{indexing_maps = [{", ".join(maps)}],
       iterator_types = [{", ".join(['"parallel"'] * rank)}]}}
       ins({", ".join(f"%a{i}" for i in range(len(parts)))} : {", ".join(part_types)})
@@ -274,7 +294,7 @@ def split_of(layout: Layout) -> tuple[int, int] | None:
     return layout.split if layout.logical_shape[1 - axis] >= _SPLIT_MIN_OUTPUTS else None
 
 
-def decode_split(layout: Layout) -> tuple[int, int] | None:
-    """(logical axis, size) the decode iterates as two dims: q4's groups where `split_of`
-    keeps them, fp16's blocks of outputs."""
-    return split_of(layout) or layout.blocked
+def decode_splits(layout: Layout) -> list[tuple[int, int]]:
+    """(logical axis, size) of each axis the decode iterates as two dims: q4's groups where
+    `split_of` keeps them, the blocks of outputs (fp16, int8, q4)."""
+    return [s for s in (split_of(layout), layout.blocked) if s is not None]

@@ -197,7 +197,12 @@ def _generic(maps: list[str], iterators: str, ins: list[tuple[str, str]], out: t
 
 def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, context) -> bool:
     """Replace a q4 matvec (`chain.consumer`, see matvec_loops) by the grouped matvec (module
-    docstring). False (nothing changed) if the consumer is not one."""
+    docstring). False (nothing changed) if the consumer is not one.
+
+    Over a blocked weight (`Layout.blocked`, [N / B][K][B]) the output loop runs as two,
+    (block, element in block), like myelin.codecs._blocked's contraction: the init expanded to
+    [..., N / B, B] inside the dispatch region, the result collapsed after it, so every part
+    is read through plain loop dims."""
 
     if layout.grouped is None or split_of(layout) is None:
         return False
@@ -214,14 +219,29 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
     if str(ir.RankedTensorType(activation.type).element_type) != "f32":
         return False  # the sums below are f32 throughout (an f16 model takes the chunked form)
     a_shape, o_shape = _static(activation), _static(init)
+    last = len(o_shape) - 1
+    block = layout.blocked[1] if layout.blocked is not None else None
+    if block is not None and o_dims[last] != n_loop:
+        return False  # the blocks expand the result's last dim, its outputs
     target = ir.RankedTensorType(chain.value.type)
     at = chain.src[axis]  # the weight operand's contracted dim
+    at_n = chain.src[1 - axis]  # its outputs'
     kd = a_dims.index(k)  # the activation's
     groups = target.get_dim_size(at) // group
-    loops = maps[0].n_dims  # P's loops: the consumer's, k standing for the group, and e
+    # the sum's loops: the consumer's (k standing for the group), with the element in the block
+    # right after n where blocked; P's add e, the element in the group, last
+    wide = 1 if block is not None else 0
+
+    def moved(d: int) -> int:
+        return d if d <= n_loop else d + wide
+
+    b = n_loop + 1  # the element in the block (blocked only)
+    kk = moved(k)  # the contracted loop, here the group's
+    loops = maps[0].n_dims + wide
     e = loops
 
     # 1. the 4-bit codes as floats, over the weight operand's dims with K as (group, element)
+    #    (and N as (block, element) where blocked)
     codes = replace(layout, parts=layout.parts[:1], decode=layout.grouped[0])
     unpack, collapse = decode_ops(
         codes, parts[:1], target, chain.src, chain.value, consumer, what, context
@@ -229,30 +249,36 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
     collapse.erase()
     codes_value = unpack.results[0]
 
-    def split(dims: list[int], at: int) -> list[str]:
-        return [
-            x
-            for j, loop in enumerate(dims)
-            for x in ([f"d{k}", f"d{e}"] if j == at else [f"d{loop}"])
-        ]
+    def split(dims: list[int], at_k: int, at_out: int | None = None) -> list[str]:
+        out: list[str] = []
+        for j, loop in enumerate(dims):
+            if j == at_k:
+                out += [f"d{kk}", f"d{e}"]
+            elif j == at_out and block is not None:
+                out += [f"d{n_loop}", f"d{b}"]
+            else:
+                out.append(f"d{moved(loop)}")
+        return out
 
     a_split = [*a_shape[:kd], groups, group, *a_shape[kd + 1 :]]
     xs_shape = [*a_shape[:kd], groups, *a_shape[kd + 1 :]]
-    last = len(o_shape) - 1
-    p_shape = [*o_shape[:last], groups, o_shape[last]]
-    p_index = [f"d{x}" for x in o_dims[:last]] + [f"d{k}", f"d{o_dims[last]}"]
+    out_shape = o_shape if block is None else [*o_shape[:last], o_shape[last] // block, block]
+    out_index = [f"d{moved(x)}" for x in o_dims[:last]]
+    out_index += [f"d{o_dims[last]}"] if block is None else [f"d{n_loop}", f"d{b}"]
+    p_shape = [*o_shape[:last], groups, *out_shape[last:]]
+    p_index = [*out_index[:last], f"d{kk}", *out_index[last:]]
     reassoc = [[i] for i in range(kd)] + [[kd, kd + 1]]
     reassoc += [[i + 1] for i in range(kd + 1, len(a_shape))]
     a_t, xs_t, p_t = _f32(a_split), _f32(xs_shape), _f32(p_shape)
-    codes_t, init_t = str(codes_value.type), str(init.type)
+    codes_t, init_t, out_t = str(codes_value.type), str(init.type), _f32(out_shape)
     # the group factors' parts, read per (group, output): logical dims -> the sum's loops
-    loop_of = {f"d{i}": f"d{w_dims[s]}" for i, s in enumerate(chain.src)}
-    by_group = f"d{axis} floordiv {group}"
+    loop_of = {f"d{i}": f"d{moved(w_dims[s])}" for i, s in enumerate(chain.src)}
+    loop_of[f"d{axis} floordiv {group}"] = f"d{kk}"
+    if block is not None:
+        loop_of[f"d{1 - axis} floordiv {block}"] = f"d{n_loop}"
+        loop_of[f"d{1 - axis} mod {block}"] = f"d{b}"
     factors = [(f"%f{i}", str(v.type)) for i, v in enumerate(parts[1:])]
-    factor_maps = [
-        _map(loops, [f"d{k}" if x == by_group else loop_of[x] for x in p.index])
-        for p in layout.parts[1:]
-    ]
+    factor_maps = [_map(loops, [loop_of[x] for x in p.index]) for p in layout.parts[1:]]
     factor_args = ", ".join(f"{v}: {t}" for v, t in factors)
     factor_block = ", ".join(f"%p{i + 1}: {p.element}" for i, p in enumerate(layout.parts[1:]))
     group_lines = "\n".join(f"      {line}" for line in layout.grouped[1])
@@ -270,23 +296,33 @@ def emit_grouped(chain, layout: Layout, parts: list[ir.Value], what: str, contex
     p_head = _generic(
         [
             _map(loops + 1, split(a_dims, kd)),
-            _map(loops + 1, split(w_dims, at)),
+            _map(loops + 1, split(w_dims, at, at_n)),
             _map(loops + 1, p_index),
         ],
         _iterators(loops + 1, e),
         [("%xe", a_t), ("%codes", codes_t)],
         ("%p_init", p_t),
     )
+    expand = collapse_back = ""
+    out_name, result = "%init", "%out"
+    if block is not None:
+        expanded = [[i] for i in range(last)] + [[last, last + 1]]
+        expand = (
+            f"  %ie = tensor.expand_shape %init {expanded} output_shape {out_shape}"
+            f" : {init_t} into {out_t}\n"
+        )
+        collapse_back = f"  %flat = tensor.collapse_shape %out {expanded} : {out_t} into {init_t}\n"
+        out_name, result = "%ie", "%flat"
     sum_head = _generic(
         [
             _map(loops, p_index),
-            _map(loops, [f"d{x}" for x in a_dims]),
+            _map(loops, [f"d{moved(x)}" for x in a_dims]),
             *factor_maps,
-            _map(loops, [f"d{x}" for x in o_dims]),
+            _map(loops, out_index),
         ],
-        _iterators(loops, k),
+        _iterators(loops, kk),
         [("%p", p_t), ("%xs", xs_t), *factors],
-        ("%init", init_t),
+        (out_name, out_t),
     )
     text = f"""
 func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_args},
@@ -309,7 +345,7 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
       %s = arith.addf %acc, %m : f32
       linalg.yield %s : f32
   }} -> {p_t}
-  %out = {sum_head} {{
+{expand}  %out = {sum_head} {{
     ^bb0(%part: f32, %xsum: f32, {factor_block}, %acc: f32):
 {group_lines}
       %t1 = arith.mulf %part, %s : f32
@@ -317,27 +353,51 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
       %t3 = arith.addf %t1, %t2 : f32
       %t4 = arith.addf %acc, %t3 : f32
       linalg.yield %t4 : f32
-  }} -> {init_t}
-  return %out : {init_t}
+  }} -> {out_t}
+{collapse_back}  return {result} : {init_t}
 }}"""
     template = parse_template(context, text)  # owns the ops until they are moved
-    block, ops = template_body(template)
+    block_, ops = template_body(template)
     body = ops[:-1]  # without the return
     for op in body:
         op.move_before(consumer)
-    remap(body, [*zip(block.arguments, [activation, codes_value, *parts[1:], init], strict=True)])
-    total = body[-1]
+    remap(body, [*zip(block_.arguments, [activation, codes_value, *parts[1:], init], strict=True)])
+    result_op = body[-1]
+    total = body[-2] if block is not None else result_op
     total.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
-    mark_matvec(total, n_loop, k, context)
+    if block is None:
+        mark_matvec(total, n_loop, kk, context)
+    else:
+        tiles = matvec_tiles(block)
+        assert tiles is not None  # every q4 block is a multiple of 64
+        mark_blocked_matvec(total, n_loop, b, kk, tiles, loops, context)
     mark_cpu_matvec(total, "q4", layout, context)
-    consumer.results[0].replace_all_uses_with(total.results[0])
-    # all but the constant and the activation's reshape: one dispatch (xs in it is recomputed
-    # per workgroup, K additions, cheaper than a dispatch of its own)
-    wrap_in_dispatch_region([*body[2:5], unpack, *body[5:]], context)
+    consumer.results[0].replace_all_uses_with(result_op.results[0])
+    # all but the constant, the activation's reshape (and the result's): one dispatch (xs in
+    # it is recomputed per workgroup, K additions, cheaper than a dispatch of its own)
+    in_region = body[5:] if block is None else body[5:-1]
+    wrap_in_dispatch_region([*body[2:5], unpack, *in_region], context)
     consumer.erase()
     for op in reversed(chain.ops):
         op.erase()
     return True
+
+
+def mark_blocked_matvec(
+    op: ir.Operation,
+    n: int,
+    e: int,
+    k: int,
+    tiles: tuple[int, int],
+    loops: int,
+    context: ir.Context,
+) -> None:
+    """The matvec tiles (`mark_matvec`) on a contraction over stored blocks of outputs (loop n
+    the block, e the output in it): one block at a time, the tiles along the outputs within it."""
+    distribution = [tiles[0] if d == e else 1 if d == n else 0 for d in range(loops)]
+    vector = [tiles[1] if d == e else 0 if d == k else 1 for d in range(loops)]
+    reduction = [1 if d == k else 0 for d in range(loops)]
+    set_cpu_tiles(op, distribution, vector, reduction, context)
 
 
 def emit_scaled(chain, layout: Layout, parts: list[ir.Value], what: str, context) -> bool:

@@ -100,6 +100,16 @@ def kernel_shape(chain, layout: Layout) -> tuple[int, int, int] | None:
     return m, n_size, k_size
 
 
+def _loops_of(index: tuple[str, ...], axis: int, group: int) -> str:
+    """A part's index over the kernel form's loops (rows d0, outputs d1, group d2, element in
+    group d3): the codec's expressions with the contracted axis as (d2, d3) and the outputs as
+    d1 (a blocked part reads `d1 floordiv B`, `d1 mod B`)."""
+    out = 1 - axis
+    text = ", ".join(index)
+    text = text.replace(f"d{axis} floordiv {group}", "G").replace(f"d{axis} mod {group}", "E")
+    return text.replace(f"d{out}", "d1").replace("G", "d2").replace("E", "d3")
+
+
 def emit_kernel_form(
     chain, layout: Layout, parts: list[ir.Value], what: str, context: ir.Context
 ) -> bool:
@@ -110,7 +120,7 @@ def emit_kernel_form(
     if shape is None:
         return False
     m, n, k = shape
-    _, group = layout.split  # type: ignore[misc]
+    axis, group = layout.split  # type: ignore[misc]
     groups = k // group
     consumer = chain.consumer
     x, init = consumer.operands[0], consumer.operands[2]
@@ -140,11 +150,7 @@ def emit_kernel_form(
     loops = "(d0, d1, d2, d3)"  # rows, outputs, group, element in group
     maps = [
         f"affine_map<{loops} -> (d0, d2, d3)>",
-        f"affine_map<{loops} -> (d2, d3, d1)>",
-        f"affine_map<{loops} -> (d2, d1)>",
-        f"affine_map<{loops} -> (d2, d1)>",
-        f"affine_map<{loops} -> (d1)>",
-        f"affine_map<{loops} -> (d1)>",
+        *(f"affine_map<{loops} -> ({_loops_of(p.index, axis, group)})>" for p in layout.parts),
         f"affine_map<{loops} -> (d0, d1)>",
     ]
     part_types = [str(v.type) for v in parts]

@@ -81,19 +81,6 @@ static inline void quantize_q8_avx512(const float* x, size_t k, int8_t* xq, floa
   }
 }
 
-/* Software prefetch of the rows the next steps read: the 4 rows `AHEAD` rows past the ones at
- * `row` (stride bytes apart), `bytes` from each (whole 64-byte lines). A kernel that reads 4
- * rows at a time across a chunk of outputs moves to the next rows 4 * stride bytes on, a new
- * page every step or two; the hardware prefetchers follow that late, and a cold weight then
- * streams below the core's sequential read rate (docs/codecs.md, "CPU matvec kernels"). A
- * prefetch past the weight's end is harmless (prefetches do not fault). */
-#define AHEAD 16
-static inline void prefetch_rows(const void* row, size_t stride, size_t bytes) {
-  const char* p = (const char*)row + AHEAD * stride;
-  for (int i = 0; i < 4; ++i, p += stride)
-    for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-}
-
 /* out lane m of vector c = in lane c of vector m, for 4 vectors of 4 128-bit lanes. */
 static inline void transpose_lanes(__m512i v[4]) {
   const __m512i t0 = _mm512_shuffle_i32x4(v[0], v[1], 0x44);

@@ -6,7 +6,11 @@ two values per byte along the innermost stored axis (the even element in the low
 
 - a matmul weight is stored [K, N]: the consumer walks the contraction axis K and reads a
   contiguous run of output columns N at each step, so the 4-bit unpacking is a vector load plus
-  shifts and masks (a torch Linear's [N, K] weight is stored transposed);
+  shifts and masks (a torch Linear's [N, K] weight is stored transposed); since format 15 in
+  blocks of outputs, [N / B][K][B] (B the first of Q4_BLOCKS dividing N, as fp16 and int8), its
+  group factors [N / B][K / g][B] and its output factors still [N] (read as [N / B, B]): the
+  CPU matvec kernels then stream one block contiguously (docs/codecs.md, "CPU matvec
+  kernels");
 - a gathered table (an embedding, [rows, columns], its columns "contracted") keeps its rows
   contiguous: [rows, columns], so a lookup decodes only the rows it reads.
 
@@ -18,10 +22,11 @@ fp32 on the Llama decode step). A format-4 .mln still runs as it is (its module 
 layout); `decode` reads its parts through `format4_layout` (their recorded data shape is rank 3:
 [output, group, block]; format 7 records the rank-2 stored shape).
 
-The IR sees the data as [..., groups, group, ...] (the same bytes) and decodes over those two
-loop dims, so every part is read through a plain projection and IREE vectorizes the unpacking
-(myelin.codecs._emit: `Layout.split`; myelin.codecs._chunked: the chunks a long contracted
-axis is cut into).
+The IR sees the data as [..., groups, group, ...] (the same bytes; blocked: [N / B, groups,
+group, B]) and decodes over those loop dims, so every part is read through a plain projection
+and IREE vectorizes the unpacking (myelin.codecs._emit: `Layout.split`, `Layout.blocked`;
+myelin.codecs._chunked: the chunks a long contracted axis is cut into; myelin.codecs._blocked:
+a contraction over the blocks).
 
 The group scales and offsets are themselves quantized (as in llama.cpp's k-quants): an unsigned
 8-bit scale and a signed 8-bit offset per group, each times a float32 factor per output. Per
@@ -37,13 +42,23 @@ integer zero) to 0.981 with format 11's wider search (docs/codecs.md).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
-from myelin.codecs._contract import Layout, StoredPart, from_storage, permuted, to_storage
+from myelin.codecs._contract import (
+    Layout,
+    StoredPart,
+    from_storage,
+    output_block,
+    permuted,
+    to_storage,
+)
+from myelin.codecs._cpu_kernels import Q4_BLOCKS
 
 NAME = "q4"
 DEFAULT_GROUP = 32
@@ -109,15 +124,30 @@ def layout(
         for x in ((f"{e} floordiv {group}", f"{e} mod {group}") if a == axis else (e,))
     )
     d_out = f"d{out}"
+    data_storage = stored
+    row_shape, row_index = (n,), (d_out,)
+    by_block = output_block(shape, reduce_axes, order, Q4_BLOCKS)
+    if by_block is not None:
+        # K-major in blocks of outputs: [N / B][K][B] bytes, read as [N / B, K / g, g, B]
+        block = by_block[1]
+        blocks, within = f"{d_out} floordiv {block}", f"{d_out} mod {block}"
+        data_storage = (n // block, k, block)
+        split_shape = (n // block, k // group, group, block)
+        split_index = (blocks, *split_index[:2], within)
+        grouped = (n // block, k // group, block)
+        by_group = (blocks, by_group[0], within)
+        row_shape, row_index = (n // block, block), (blocks, within)
     parts = (
-        StoredPart("data", "", "i4", split_shape, split_index, "uint4", stored),
+        StoredPart("data", "", "i4", split_shape, split_index, "uint4", data_storage),
         StoredPart("scale", ".scale", "i8", grouped, by_group, "uint8", grouped),
         StoredPart("offset", ".offset", "i8", grouped, by_group, "int8", grouped),
-        StoredPart("row_scale", ".row_scale", "f32", (n,), (d_out,), "float32", (n,)),
-        StoredPart("row_offset", ".row_offset", "f32", (n,), (d_out,), "float32", (n,)),
+        StoredPart("row_scale", ".row_scale", "f32", row_shape, row_index, "float32", (n,)),
+        StoredPart("row_offset", ".row_offset", "f32", row_shape, row_index, "float32", (n,)),
     )
     names = {axis: "K", out: "N"} if order[0] == axis else {axis: "columns", out: "rows"}
     axes = ", ".join(names[a] for a in order)
+    if by_block is not None:
+        axes = f"N / {by_block[1]}, K, {by_block[1]}"
     return Layout(
         f"{NAME}:g{group}",
         dtype,
@@ -130,12 +160,13 @@ def layout(
             "%qs = arith.mulf %code, %s : f32",
             "%r = arith.addf %qs, %b : f32",
         ),
-        f"4-bit values stored [{axes}] (format 7), two per byte along {names[order[-1]]}, "
+        f"4-bit values stored [{axes}], two per byte along {names[order[-1]]}, "
         f"groups of {group} along {names[axis]}; per group an 8-bit scale and an 8-bit offset "
         "(each times a float32 factor per output)",
         {"group": group},
         order=order,
         split=(axis, group),
+        blocked=by_block,
         grouped=((_CODE[0], "%r = arith.uitofp %qi : i32 to f32"), _GROUP_FACTORS),
     )
 
@@ -147,8 +178,12 @@ def _stored(output_major: np.ndarray, layout: Layout) -> np.ndarray:
 
 
 def _output_major(stored: np.ndarray, layout: Layout) -> np.ndarray:
-    """Inverse of `_stored`."""
-    logical = from_storage(stored, layout)
+    """Inverse of `_stored` (`stored` in its stored shape: blocks of outputs unblocked here,
+    since the parts' blocks differ in their middle axis)."""
+    if layout.blocked is not None:
+        blocks, outer, block = stored.shape
+        stored = stored.transpose(1, 0, 2).reshape(outer, blocks * block)
+    logical = from_storage(stored, replace(layout, blocked=None))
     return logical.T if layout.reduce_axes[0] == 0 else logical
 
 
@@ -360,11 +395,11 @@ def encode(array: np.ndarray, layout: Layout) -> list[np.ndarray]:
 def decode(parts: list[np.ndarray], layout: Layout) -> np.ndarray:
     packed, scale8, offset8, row_scale, row_offset = parts
     stored = layout.parts[0].storage_shape
-    grouped = layout.parts[1].shape
-    codes = unpack(packed, stored[0] * stored[1]).reshape(stored)
+    grouped = layout.parts[1].storage_shape
+    codes = unpack(packed, math.prod(stored)).reshape(stored)
     q = _output_major(codes, layout).astype(np.float32)
     n, k = q.shape
-    group = k // _output_major(np.empty(grouped, np.uint8), layout).shape[1]
+    group = layout.options["group"]
     scale = _output_major(np.asarray(scale8).reshape(grouped), layout).astype(np.float32)
     offset = _output_major(np.asarray(offset8).reshape(grouped), layout).astype(np.float32)
     scale *= np.asarray(row_scale, dtype=np.float32)[:, None]

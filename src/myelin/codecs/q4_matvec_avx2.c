@@ -2,9 +2,11 @@
  * Built and linked into IREE's executables by myelin.codecs._cpu_kernels (docs/codecs.md,
  * "CPU matvec kernels").
  *
- * The weight is the codec's format-7 storage, read in place from the parameters:
- *   codes  [K][N/2] bytes: w[k][n] in the low nibble of byte n/2 for even n, the high for odd n
- *   scale  [K/32][N] u8, offset [K/32][N] i8, row_scale [N] f32, row_offset [N] f32
+ * The weight is the codec's storage, read in place from the parameters: K-major in blocks of B
+ * outputs (myelin.codecs._cpu_kernels.Q4_BLOCKS: B = 256, 128 or 64, the first dividing N)
+ *   codes  [N/B][K][B/2] bytes: w[k][n] in the low nibble of byte (n % B) / 2 of row k of block
+ *          n / B for even n, the high for odd n
+ *   scale  [N/B][K/32][B] u8, offset [N/B][K/32][B] i8, row_scale [N] f32, row_offset [N] f32
  *   w[k][n] = codes * scale[g][n] * row_scale[n] + offset[g][n] * row_offset[n], g = k / 32
  * out[n] = init[n] + sum_k x[k] * w[k][n].
  *
@@ -18,19 +20,24 @@
  * the group. |P| per 16 rows <= 16 * 15 * 127 = 30480 fits in 16 bits. */
 #include "cpu_matvec.h"
 
-#define BLOCK 64 /* outputs per inner block: 32 bytes of codes per row */
-CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
+#define BLOCK 64       /* outputs per inner block: 32 bytes of codes per row */
+#define WIDE_BLOCK 256 /* outputs per stored block where N is a multiple (else 128, else 64) */
+CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
+#if defined(PLEX_WIDE_BLOCK) && PLEX_WIDE_BLOCK != WIDE_BLOCK
+#error "WIDE_BLOCK differs from the Python table's (Kernel.wide_block)"
+#endif
 
-/* Outputs n0 .. n0 + 63 over every group. */
+/* Outputs n0 .. n0 + 63 over every group: the 64 at `local` of the stored block of `width`
+ * outputs whose codes start at `codes` and group factors at `scale`, `offset`. */
 static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
                     const float* row_scale, const float* row_offset, const float* init,
-                    float* out, size_t k, size_t n, size_t n0, const int8_t* xq,
-                    const float* d, const float* xs) {
+                    float* out, size_t k, size_t width, size_t local, size_t n0,
+                    const int8_t* xq, const float* d, const float* xs) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc_s[8], acc_o[8];
   for (int j = 0; j < 8; ++j) acc_s[j] = acc_o[j] = _mm256_setzero_ps();
-  const size_t stride = n / 2;
+  const size_t stride = width / 2;
   for (size_t g = 0; g < k / GROUP; ++g) {
     /* half[h][m]: 16-bit sums over rows 16h .. 16h + 15 of the group; m selects low/high
      * nibbles (even/odd outputs) and the unpack's low/high bytes (see the order below). */
@@ -40,7 +47,7 @@ static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* of
 #pragma GCC unroll 2
       for (int p = 0; p < 8; ++p) {
         const size_t row = g * GROUP + h * 16 + 2 * p;
-        const uint8_t* r0 = codes + row * stride + n0 / 2;
+        const uint8_t* r0 = codes + row * stride + local / 2;
         const __m256i v0 = _mm256_loadu_si256((const __m256i*)r0);
         const __m256i v1 = _mm256_loadu_si256((const __m256i*)(r0 + stride));
         const __m256i l0 = _mm256_and_si256(v0, nibble);
@@ -77,8 +84,8 @@ static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* of
     }
     const __m256 dg = _mm256_set1_ps(d[g]);
     const __m256 xg = _mm256_set1_ps(xs[g]);
-    const uint8_t* sg = scale + g * n + n0;
-    const int8_t* og = offset + g * n + n0;
+    const uint8_t* sg = scale + g * width + local;
+    const int8_t* og = offset + g * width + local;
     for (int j = 0; j < 8; ++j) {
       const int first = 8 * j; /* p[j]: outputs n0 + 8j .. n0 + 8j + 7 */
       const __m128i s8 = _mm_loadl_epi64((const __m128i*)(sg + first));
@@ -98,7 +105,7 @@ static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* of
   }
 }
 
-/* One workgroup's share: outputs [n_begin, n_begin + n_count), n_count a multiple of 64.
+/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks.
  * Arguments are IREE's bare-pointer memrefs (base pointer, element offset). Returns nothing:
  * the caller checked K <= MAX_K, K % 32 == 0 and N % 64 == 0 when it chose this kernel. */
 void plex_q4_matvec_avx2(const float* x, size_t x_off, const uint8_t* codes, size_t codes_off,
@@ -111,9 +118,14 @@ void plex_q4_matvec_avx2(const float* x, size_t x_off, const uint8_t* codes, siz
   float d[MAX_K / GROUP], xs[MAX_K / GROUP];
   int32_t xi[MAX_K / GROUP];
   quantize_q8(x + x_off, k, xq, d, xs, xi);
-  for (size_t n0 = n_begin; n0 < n_begin + n_count; n0 += BLOCK) {
-    block64(codes + codes_off, scale + scale_off, offset + offset_off,
-            row_scale + row_scale_off, row_offset + row_offset_off, init + init_off,
-            out + out_off, k, n, n0, xq, d, xs);
+  const size_t width = n % WIDE_BLOCK == 0 ? WIDE_BLOCK : n % 128 == 0 ? 128 : BLOCK;
+  for (size_t c0 = n_begin; c0 < n_begin + n_count; c0 += width) {
+    /* the stored block at c0: codes from c0 * K / 2 bytes, group factors from c0 * K / 32 */
+    const uint8_t* c = codes + codes_off + c0 * k / 2;
+    const uint8_t* s = scale + scale_off + c0 * (k / GROUP);
+    const int8_t* o = offset + offset_off + c0 * (k / GROUP);
+    for (size_t local = 0; local < width; local += BLOCK)
+      block64(c, s, o, row_scale + row_scale_off, row_offset + row_offset_off, init + init_off,
+              out + out_off, k, width, local, c0 + local, xq, d, xs);
   }
 }

@@ -1,8 +1,10 @@
 /* q4 x Q8 matrix-vector product for AVX-512 VNNI: the decode step of a q4 codec weight.
  *
- * The weight is the codec's format-7 storage, read in place from the parameters:
- *   codes  [K][N/2] bytes: w[k][n] in the low nibble of byte n/2 for even n, the high for odd n
- *   scale  [K/32][N] u8, offset [K/32][N] i8, row_scale [N] f32, row_offset [N] f32
+ * The weight is the codec's storage, read in place from the parameters: K-major in blocks of B
+ * outputs (myelin.codecs._cpu_kernels.Q4_BLOCKS: B = 256 where N is a multiple, else 128 here)
+ *   codes  [N/B][K][B/2] bytes: w[k][n] in the low nibble of byte (n % B) / 2 of row k of block
+ *          n / B for even n, the high for odd n
+ *   scale  [N/B][K/32][B] u8, offset [N/B][K/32][B] i8, row_scale [N] f32, row_offset [N] f32
  *   w[k][n] = codes * scale[g][n] * row_scale[n] + offset[g][n] * row_offset[n], g = k / 32
  * out[n] = init[n] + sum_k x[k] * w[k][n].
  *
@@ -15,23 +17,28 @@
  * the group. */
 #include "cpu_matvec.h"
 
-#define BLOCK 128 /* outputs per vpdpbusd step: one 64-byte line of codes per row */
-CHECK_BLOCK(BLOCK); /* the Python table's block (Kernel.block) */
-#define CHUNK 512 /* outputs per pass over the rows: their sums live in L1 (32 + 32 vectors) */
+#define BLOCK 128      /* outputs per vpdpbusd step: one 64-byte line of codes per row */
+#define WIDE_BLOCK 256 /* outputs per stored block where N is a multiple */
+CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
+#if defined(PLEX_WIDE_BLOCK) && PLEX_WIDE_BLOCK != WIDE_BLOCK
+#error "WIDE_BLOCK differs from the Python table's (Kernel.wide_block)"
+#endif
+#define AHEAD_BYTES 4096 /* the software prefetch's distance down the block's stream */
 
-/* Outputs c0 .. c0 + width - 1 (width a multiple of BLOCK, at most CHUNK). The rows are read 4
- * at a time, each across the whole chunk (256 contiguous bytes), so a cold weight streams from
- * memory (docs/codecs.md, "CPU matvec kernels": block by block down all rows reads it at about
- * half the rate); the rows 16 on are prefetched (cpu_matvec.h prefetch_rows). */
+/* The outputs c0 .. c0 + width - 1 of one stored block (width = B): its codes at `codes` (K rows
+ * of width / 2 bytes, back to back), its group factors at `scale` and `offset` (K / 32 rows of
+ * width). The rows are read 4 at a time, so the block is one contiguous stream, prefetched
+ * AHEAD_BYTES on: the weight streams from memory at the core's sequential rate (docs/codecs.md,
+ * "CPU matvec kernels": 1.48x the rate of the same steps over [K][N] rows in the harness). */
 static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
                   const float* row_scale, const float* row_offset, const float* init,
-                  float* out, size_t k, size_t n, size_t c0, size_t width, const int8_t* xq,
+                  float* out, size_t k, size_t c0, size_t width, const int8_t* xq,
                   const float* d, const float* xs) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const size_t blocks = width / BLOCK;
-  const size_t stride = n / 2;
-  __m512 acc[CHUNK / 16]; /* [8b + c]: outputs c0 + 128b + 16c .. + 15 */
-  __m512i p[CHUNK / 16];
+  const size_t stride = width / 2;
+  __m512 acc[WIDE_BLOCK / 16]; /* [8b + c]: outputs c0 + 128b + 16c .. + 15 */
+  __m512i p[WIDE_BLOCK / 16];
   for (size_t j = 0; j < 8 * blocks; ++j) acc[j] = _mm512_setzero_ps();
   for (size_t g = 0; g < k / GROUP; ++g) {
     /* p[8b + 4h + i], 128-bit lane L, element j: output c0 + 128b + 2 * (16L + 4i + j) + h */
@@ -41,8 +48,9 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
       int32_t quad;
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
-      const uint8_t* c = codes + row * stride + c0 / 2;
-      prefetch_rows(c, stride, width / 2);
+      const uint8_t* c = codes + row * stride;
+      for (size_t b = 0; b < 4 * stride; b += 64) /* past the end: no fault */
+        _mm_prefetch((const char*)c + AHEAD_BYTES + b, _MM_HINT_T0);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK / 2) {
         const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
         const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
@@ -79,7 +87,7 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
       }
       transpose_lanes(v);     /* v[0..3] -> outputs 0-15, 32-47, 64-79, 96-111 */
       transpose_lanes(v + 4); /* v[4..7] -> outputs 16-31, 48-63, 80-95, 112-127 */
-      const uint8_t* sg = scale + g * n + c0 + b * BLOCK;
+      const uint8_t* sg = scale + g * width + b * BLOCK;
       for (int a = 0; a < 4; ++a) {
         for (int s = 0; s < 2; ++s) {
           const int c = 2 * a + s;
@@ -91,11 +99,11 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
     }
   }
   /* the offsets' term: one pass over the group offsets (1/16 of the codes' bytes) */
-  __m512 acc_o[CHUNK / 16];
+  __m512 acc_o[WIDE_BLOCK / 16];
   for (size_t j = 0; j < 8 * blocks; ++j) acc_o[j] = _mm512_setzero_ps();
   for (size_t g = 0; g < k / GROUP; ++g) {
     const __m512 xg = _mm512_set1_ps(xs[g]);
-    const int8_t* og = offset + g * n + c0;
+    const int8_t* og = offset + g * width;
     for (size_t j = 0; j < 8 * blocks; ++j) {
       const __m128i o8 = _mm_loadu_si128((const __m128i*)(og + 16 * j));
       acc_o[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(o8)), xg, acc_o[j]);
@@ -110,8 +118,8 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
   }
 }
 
-/* One workgroup's share: outputs [n_begin, n_begin + n_count), n_count a multiple of 128.
- * Arguments are IREE's bare-pointer memrefs (base pointer, element offset). The caller checked
+/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks. Arguments
+ * are IREE's bare-pointer memrefs (base pointer, element offset). The caller checked
  * K <= MAX_K, K % 32 == 0 and N % 128 == 0 when it chose this kernel. */
 void plex_q4_matvec_avx512vnni(const float* x, size_t x_off, const uint8_t* codes,
                                size_t codes_off, const uint8_t* scale, size_t scale_off,
@@ -125,10 +133,11 @@ void plex_q4_matvec_avx512vnni(const float* x, size_t x_off, const uint8_t* code
   int32_t xi[MAX_K / GROUP];
   quantize_q8_avx512(x + x_off, k, xq, d, xs, xi);
   const size_t end = n_begin + n_count;
-  for (size_t c0 = n_begin; c0 < end; c0 += CHUNK) {
-    const size_t width = end - c0 < CHUNK ? end - c0 : CHUNK;
-    chunk(codes + codes_off, scale + scale_off, offset + offset_off, row_scale + row_scale_off,
-          row_offset + row_offset_off, init + init_off, out + out_off, k, n, c0, width, xq, d,
-          xs);
-  }
+  const size_t width = n % WIDE_BLOCK == 0 ? WIDE_BLOCK : BLOCK;
+  /* block b of `width` outputs: its codes start at b * K * width / 2 = c0 * K / 2 bytes, its
+   * group factors at b * (K / 32) * width = c0 * K / 32 */
+  for (size_t c0 = n_begin; c0 < end; c0 += width)
+    chunk(codes + codes_off + c0 * k / 2, scale + scale_off + c0 * (k / GROUP),
+          offset + offset_off + c0 * (k / GROUP), row_scale + row_scale_off,
+          row_offset + row_offset_off, init + init_off, out + out_off, k, c0, width, xq, d, xs);
 }

@@ -4,11 +4,12 @@ unpacking fused, for the encoded matmuls of a decode step.
 Without it, a CUDA variant decodes q4 into floats inside each contraction's dispatch (IREE
 codegen, the contracted axis cut into chunks of 256 and summed: myelin.codecs._chunked), which on a
 decode step reads the 4-bit weight through many small dispatches and spends its time decoding.
-This kernel reads the stored parts in place (format 7: codes [K, N] two per byte along N, group
-factors [K / g, N], output factors [N]) once per call:
+This kernel reads the stored parts in place (format 15: K-major in blocks of B outputs, codes
+[N / B, K, B] two per byte along B, group factors [N / B, K / g, B], output factors [N]) once per
+call:
 
-- per program, a block of BN outputs and a share KS of the contracted axis (split-K, so that a
-  4096-output projection still streams through every SM);
+- per program, one stored block of BN = B outputs and a share KS of the contracted axis
+  (split-K, so that a 4096-output projection still streams through every SM);
 - computed transposed, out^T = W^T x^T: the outputs on the dot's wide side (BN / 2 per nibble:
   the tensor cores' 64-row side on Hopper), the M <= 16 activation rows on its narrow side; the
   low nibbles (even outputs) and the high ones (odd outputs) are two dots, so the codes are
@@ -31,9 +32,9 @@ from dataclasses import dataclass
 
 from iree.compiler import ir
 
+from myelin.codecs import Q4_BLOCKS, Q4_MATMUL_ATTRIBUTE, q4_kernel_forms
 from myelin.codecs import Q4_KERNEL_GROUP as GROUP
 from myelin.codecs import Q4_KERNEL_MAX_M as MAX_M
-from myelin.codecs import Q4_MATMUL_ATTRIBUTE, q4_kernel_forms
 from myelin.codecs import q4_kernel_covers as covers  # noqa: F401  (the contract, here too)
 from myelin.kernels._triton import CompiledKernel, compile_triton
 
@@ -72,11 +73,12 @@ class Q4Config:
 
 
 def choose(dtype: str, n: int, k: int) -> Q4Config:
-    """256 outputs per program where N allows (128 bytes of codes per contracted row); the
+    """One stored block of outputs per program: 256 where N allows (128 bytes of codes per
+    contracted row; the codec's Q4_BLOCKS, which the kernel's indexing reads); the
     contracted axis split by the smallest divisor of its group count that gives
     _WANTED_PROGRAMS programs with at most _MAX_SHARE_GROUPS groups each (any divisor: 11008
     = 43 * 256 splits 43 ways), else the largest split that keeps _MIN_SHARE elements each."""
-    block_n = next(b for b in (256, 128, 64) if n % b == 0)
+    block_n = next(b for b in Q4_BLOCKS if n % b == 0)
     blocks, groups = n // block_n, k // GROUP
     splits = [d for d in range(1, groups + 1) if groups % d == 0 and k // d >= _MIN_SHARE]
     split = next(

@@ -13,16 +13,21 @@ def plex_q4_matmul(
     N: tl.constexpr, K: tl.constexpr, KS: tl.constexpr, G: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    # x [M, K] (f16/bf16); q [K, N / 2] bytes (the 4-bit codes, even column in the low nibble);
-    # s [K / G, N] u8 and o [K / G, N] i8 (the group factors); rs, ro [N] f32 (the outputs');
-    # part [K / KS, M, N] f32: this program's share of the contraction, summed by the caller.
+    # x [M, K] (f16/bf16); the codec's blocks of BN outputs (myelin.codecs._cpu_kernels.
+    # Q4_BLOCKS; this program reads block pid_n): q [N / BN, K, BN / 2] bytes (the 4-bit codes,
+    # even column in the low nibble), s [N / BN, K / G, BN] u8 and o [N / BN, K / G, BN] i8 (the
+    # group factors); rs, ro [N] f32 (the outputs'); part [K / KS, M, N] f32: this program's
+    # share of the contraction, summed by the caller.
     # Computed transposed, out^T = W^T x^T: the BN / 2 outputs of each nibble on the dot's wide
     # side, the few activation rows on its narrow side; the low nibbles (even outputs) and the
     # high ones (odd outputs) as two dots, so the codes are never interleaved.
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     H: tl.constexpr = BN // 2
-    offs_j = pid_n * H + tl.arange(0, H)  # byte columns: outputs 2j and 2j + 1
+    offs_b = tl.arange(0, H)  # byte columns of the block: its outputs 2j and 2j + 1
+    offs_j = pid_n * H + offs_b
+    q_block = q_ptr + pid_n * (K * H)
+    f_block = pid_n * ((K // G) * BN)
     offs_m = tl.arange(0, BM)
     rows = offs_m < M
     offs_e = tl.arange(0, G)
@@ -35,8 +40,8 @@ def plex_q4_matmul(
         xt = tl.load(
             x_ptr + offs_m[None, :] * K + (k0 + offs_e)[:, None], mask=rows[None, :], other=0.0
         )  # [G, BM]
-        b = tl.load(q_ptr + (k0 + offs_e)[None, :] * (N // 2) + offs_j[:, None])  # [H, G]
-        g = (k0 // G) * N + 2 * offs_j
+        b = tl.load(q_block + (k0 + offs_e)[None, :] * H + offs_b[:, None])  # [H, G]
+        g = f_block + (k0 // G) * BN + 2 * offs_b
         s_lo = tl.load(s_ptr + g).to(tl.float32)
         s_hi = tl.load(s_ptr + g + 1).to(tl.float32)
         o_lo = tl.load(o_ptr + g).to(tl.float32)
