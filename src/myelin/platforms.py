@@ -41,7 +41,8 @@ CUDA_SM_COUNT: dict[str, int] = {"sm_90a": 132}
 # target -> its options in a manifest's [devices.<name>] and their defaults (None: required)
 TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # data_tiling "host": the build chooses for the CPU it targets (compiler.targets)
-    # compute: "f32" (the model's own precision) or "bf16" (compiler.cpu_compute)
+    # compute "host": "f32" (the model's own precision) or "bf16" (compiler.cpu_compute), chosen
+    # for the weights' codecs and the CPU (compiler.targets.compute_choice)
     # matmul_tiles "host": "rows" or "iree", chosen for the CPU (compiler.cpu_matmul_tiles)
     # reductions "host": "vector" or "iree", chosen for the CPU (compiler.cpu_reductions)
     # relayout_tiles "host": "whole" or "iree", chosen for the CPU (compiler.cpu_relayout_tiles)
@@ -50,7 +51,7 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
         "cpu_features": "",
         "data_tiling": "host",
         "result_storage": False,
-        "compute": "f32",
+        "compute": "host",
         "matmul_tiles": "host",
         "reductions": "host",
         "relayout_tiles": "host",

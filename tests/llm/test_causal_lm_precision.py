@@ -14,6 +14,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("iree.turbine")
 
 import myelin
+from myelin.compiler.targets import compute_choice, data_tiling_choice
 from myelin.runtime.generation import Generator
 from tests.llm.builds import PROMPT, build_causal_lm
 
@@ -67,11 +68,13 @@ def measured(tmp_path_factory) -> dict:
     "cache" -> {name -> (cache bytes, cache dtype)}."""
     runs: dict[str, tuple[np.ndarray, list[int], int]] = {}
     dtypes: dict[str, str] = {}
+    devices: dict[str, dict] = {}
     for name, (codecs, dtype) in VARIANTS.items():
         root = tmp_path_factory.mktemp(name.replace(" ", "-"))
         model = myelin.Instance().load(
             build_causal_lm(root, graph=f'dtype = "{dtype}"' if dtype else "", app=codecs)
         )
+        devices[name] = model.manifest["variants"][0]["devices"][0]
         try:
             with Generator(model) as generator:
                 prompt = generator.encode(PROMPT)
@@ -87,7 +90,7 @@ def measured(tmp_path_factory) -> dict:
     return {
         name: (float(np.abs(logits - logits32).max()), first_divergence(tokens, tokens32))
         for name, (logits, tokens, _) in runs.items()
-    } | {"cache": {name: (runs[name][2], dtypes[name]) for name in runs}}
+    } | {"cache": {name: (runs[name][2], dtypes[name]) for name in runs}, "devices": devices}
 
 
 @pytest.mark.parametrize("name", list(TOLERANCES))
@@ -106,3 +109,17 @@ def test_the_cache_holds_the_models_dtype(measured):
     assert cache["int8"] == (fp32_bytes, "float32")  # a weight codec leaves compute float32
     assert cache["dtype float16"] == (fp32_bytes // 2, "float16")
     assert cache["dtype bfloat16"] == (fp32_bytes // 2, "bfloat16")
+
+
+def test_q4_weights_choose_bf16_matmul_inputs_where_the_cpu_has_bf16_dot_products(measured):
+    """Every weight q4, coarser than bf16: the build rounds matmul inputs to bf16 where the
+    packed kernels have AVX512-BF16 (recorded with its reason); any other codec keeps f32 and
+    records no choice."""
+    devices = measured["devices"]
+    want = compute_choice(data_tiling_choice("host", "").value, True, "host", "")
+    assert want is not None
+    assert devices["q4"]["host_chosen"]["compute"] == {"value": want.value, "reason": want.reason}
+    assert devices["q4"]["options"].get("compute", "f32") == want.value
+    for name in ("fp32", "fp16", "int8"):
+        assert "compute" not in devices[name].get("host_chosen", {})
+        assert "compute" not in devices[name]["options"]

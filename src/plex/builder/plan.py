@@ -25,8 +25,10 @@ from myelin.compiler.options import DEFAULT_MIN_PARAMETER_BYTES, variant_flags
 from myelin.compiler.phases import PhaseFile
 from myelin.compiler.scheduling import favor_attributes
 from myelin.compiler.targets import (
+    BF16_COMPUTE_CODECS,
     HostChoice,
     TargetDevice,
+    compute_choice,
     data_tiling_choice,
     matmul_tiles_choice,
     reductions_choice,
@@ -138,6 +140,22 @@ def relayout_tiles_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice
     return str(choice.value), choice
 
 
+def compute_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice | None]:
+    """A device's matmul input precision: the app's value where it pins one, else the host's
+    choice for the app's weight codecs (myelin.compiler.targets.compute_choice): "f32" unless
+    every codec the app names is coarser than bf16."""
+    if device.target != "llvm-cpu":
+        return "f32", None
+    if device.compute is not None:
+        return device.compute, None
+    policies = [codec_policy(app, graph) for graph in app.graphs]
+    named = {c for p in policies for c in (p.default, *(r.codec for r in p.rules))} - {NO_CODEC}
+    coarse = bool(named) and named <= set(BF16_COMPUTE_CODECS)
+    tiled = data_tiling_of(app, device)[0]
+    choice = compute_choice(tiled, coarse, device.cpu, device.cpu_features)
+    return (str(choice.value), choice) if choice is not None else ("f32", None)
+
+
 def reductions_of(device: DeviceSpec) -> tuple[str, HostChoice | None]:
     """A device's row reductions: the app's value where it pins one, else the host's choice
     (myelin.compiler.targets.reductions_choice)."""
@@ -155,6 +173,7 @@ def host_chosen(app: AppSpec, device: DeviceSpec) -> dict[str, dict]:
     for option, (_, choice) in (
         ("data_tiling", data_tiling_of(app, device)),
         ("matmul_tiles", matmul_tiles_of(app, device)),
+        ("compute", compute_of(app, device)),
         ("reductions", reductions_of(device)),
         ("relayout_tiles", relayout_tiles_of(app, device)),
     ):
@@ -167,6 +186,12 @@ def _rows(app: AppSpec, device: DeviceSpec) -> str | None:
     """ "rows" where a device's packed matmuls take PLeX's tiles (None: IREE's own)."""
     tiles = matmul_tiles_of(app, device)[0]
     return tiles if tiles == "rows" and data_tiling_of(app, device)[0] else None
+
+
+def _reduced(app: AppSpec, device: DeviceSpec) -> str | None:
+    """A device's compute mode where it is not the model's own precision (None: f32)."""
+    value = compute_of(app, device)[0]
+    return value if value != "f32" else None
 
 
 def _vector(device: DeviceSpec) -> str | None:
@@ -190,7 +215,7 @@ def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
         arch=device.arch,
         data_tiling=data_tiling_of(app, device)[0],
         result_storage=device.result_storage,
-        compute=device.compute,
+        compute=compute_of(app, device)[0],
         matmul_tiles=matmul_tiles_of(app, device)[0],
         reductions=reductions_of(device)[0],
         relayout_tiles=relayout_tiles_of(app, device)[0],
@@ -730,7 +755,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                             ("cpu_features", d.cpu_features),
                             ("data_tiling", data_tiling_of(app, d)[0]),
                             # recorded only when it is not the model's own precision
-                            ("compute", d.compute if d.compute != "f32" else None),
+                            ("compute", _reduced(app, d)),
                             # recorded only where it changes IREE's tiles
                             ("matmul_tiles", _rows(app, d)),
                             # recorded only where it changes IREE's reductions

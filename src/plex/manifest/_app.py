@@ -385,7 +385,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             cpu_features=value["cpu_features"],
             data_tiling=d.data_tiling,  # unset: chosen for the CPU at plan time
             result_storage=bool(value["result_storage"]),
-            compute=value["compute"] or "f32",
+            compute=d.compute,  # unset: chosen for the weights and the CPU at plan time
             matmul_tiles=d.matmul_tiles,  # unset: chosen for the CPU at plan time
             reductions=d.reductions,  # unset: chosen for the CPU at plan time
             relayout_tiles=d.relayout_tiles,  # unset: chosen for the CPU at plan time

@@ -50,8 +50,9 @@ class DeviceSpec:
     kernels: str | None = None  # cuda only: a kernel library (myelin.kernels), e.g. "triton"
     # cuda, llvm-cpu: storage twins: device results export DLPack (myelin.compiler.storage_twins)
     result_storage: bool = False
-    # llvm-cpu only: "f32", or "bf16": contraction inputs rounded to bf16 (myelin.compiler.targets)
-    compute: str = "f32"
+    # llvm-cpu only: "f32", or "bf16": contraction inputs rounded to bf16 (myelin.compiler.
+    # cpu_compute); None: the build chooses (plex.builder.plan.compute_of)
+    compute: str | None = None
     # llvm-cpu only: "rows" or "iree" (myelin.compiler.cpu_matmul_tiles); None: the build
     # chooses for the CPU it targets (plex.builder.plan.matmul_tiles_of)
     matmul_tiles: str | None = None
