@@ -258,17 +258,17 @@ def _split_by_image(conv: ir.Operation) -> None:
     conv.erase()
 
 
-def rewrite_cpu_convolutions(module: ir.Operation, *, data_tiling: bool = False) -> int:
-    """Rewrite every covered 1-D convolution of `module`, and with `data_tiling` (every device
-    of the variant packs its matmuls) every covered 2-D NCHW one of a batch; the number
-    rewritten."""
+def rewrite_cpu_convolutions(module: ir.Operation, *, by_image: bool = False) -> int:
+    """Rewrite every covered 1-D convolution of `module`, and with `by_image` (every device of
+    the variant packs its matmuls and takes `conv_batch = "images"`) every covered 2-D NCHW
+    one of a batch; the number rewritten."""
     found: list[ir.Operation] = []
     batches: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == CONV_1D and _covered(op):
             found.append(op)
-        elif op.name == CONV_2D and data_tiling and _covered(op) and 1 < _batch(op) <= MAX_SPLIT:
+        elif op.name == CONV_2D and by_image and _covered(op) and 1 < _batch(op) <= MAX_SPLIT:
             batches.append(op)
         return ir.WalkResult.ADVANCE
 

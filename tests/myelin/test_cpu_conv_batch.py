@@ -1,0 +1,114 @@
+"""A batch's 2-D convolutions on llvm-cpu under data tiling (`conv_batch`,
+myelin.compiler.cpu_convolution): "images" (chosen wherever data tiling is on) runs each
+convolution one image at a time, so that every product is packed for IREE's `mmt4d` kernels,
+with the batch norm, residual add and activation after it in each image's product dispatch;
+recorded in the .mln and shown by `plex inspect`; "iree" pinned keeps IREE's im2col over the
+whole batch. A real IREE compile of a small ResNet block, checked against torch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from myelin.compiler.targets import conv_batch_choice
+from plex.builder import build
+from plex.cli import app as plex_app
+from tests.models import runs_like_torch, write_torch_package
+
+# a ResNet bottleneck's shape, tiny: 1x1 convolution, batch norm, ReLU; 3x3 convolution, batch
+# norm, the residual add, ReLU
+MODEL = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(c, c, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+def build():
+    torch.manual_seed(0)
+    block = Block(16).eval()
+    for bn in (block.bn1, block.bn2):  # statistics of a trained model, not the identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    return block, (torch.randn({batch}, 16, 12, 12),)
+"""
+
+APP = (
+    '[app]\nname = "block"\npackages = ["{package}"]\n\n[devices.cpu]\ntarget = "llvm-cpu"\n'
+    "data_tiling = true\n"
+)
+DISPATCH = re.compile(r"flow\.dispatch\.workgroups.*?flow\.return", re.DOTALL)
+# f32 sums of 16 or 144 products, in another order than torch's
+TOLERANCE = 1e-5
+
+
+def _build(folder: Path, batch: int, pinned: str = "") -> tuple[Path, list[str], str]:
+    """The .mln of the block at `batch`, the op names of each of its dispatches (IREE's
+    dispatch-creation phase) and the source."""
+    source = MODEL.replace("{batch}", str(batch))
+    (folder / "package").mkdir()
+    package = write_torch_package(folder / "package", "block", source)
+    app = folder / "app.toml"
+    app.write_text(APP.format(package=package) + pinned)
+    phases = folder / "phases"
+    mln = build(app, folder / "block.mln", dump_phases=phases).output
+    (text,) = [p.read_text() for p in phases.rglob("*dispatch-creation.mlir")]
+    ops = [" ".join(re.findall(r"linalg\.\w+", d)) for d in DISPATCH.findall(text)]
+    return mln, ops, source
+
+
+@pytest.fixture(scope="module", params=[1, 4], ids=["batch1", "batch4"])
+def chosen(request, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, list[str], str]:
+    batch = request.param
+    return (batch, *_build(tmp_path_factory.mktemp(f"images{batch}"), batch))
+
+
+def test_each_image_runs_packed_with_its_batch_norm_add_and_relu_and_computes_like_torch(chosen):
+    batch, mln, dispatches, source = chosen
+    assert not any("linalg.conv_2d" in d for d in dispatches)
+    # two convolutions per image, each a packed product
+    assert sum("linalg.mmt4d" in d for d in dispatches) == 2 * batch
+    # each product's result unpacked with the ops after it: no pass over the whole batch
+    assert sum(d.startswith("linalg.unpack linalg.generic") for d in dispatches) == 2 * batch
+    runs_like_torch(mln, source, TOLERANCE)
+
+
+def test_the_choice_is_recorded_and_shown(chosen):
+    _, mln, _, source = chosen
+    _, manifest = runs_like_torch(mln, source, TOLERANCE)
+    device = manifest["variants"][0]["devices"][0]
+    choice = conv_batch_choice(True)
+    assert device["host_chosen"]["conv_batch"] == {"value": "images", "reason": choice.reason}
+    assert device["options"]["conv_batch"] == "images"
+    shown = " ".join(CliRunner().invoke(plex_app, ["inspect", str(mln)]).output.split())
+    assert "host-chosen [default/cpu]: conv_batch = images" in shown
+
+
+def test_without_data_tiling_nothing_is_split():
+    assert conv_batch_choice(False).value == "iree"
+    assert conv_batch_choice(True).value == "images"
+
+
+def test_a_pinned_iree_keeps_the_batch_in_one_product_and_computes_like_torch(tmp_path):
+    mln, dispatches, source = _build(tmp_path, 4, 'conv_batch = "iree"\n')
+    # IREE 3.13's im2col over a batch: products with the batch as a second dimension, which its
+    # data tiling leaves unpacked
+    assert not any("linalg.mmt4d" in d for d in dispatches)
+    _, manifest = runs_like_torch(mln, source, TOLERANCE)
+    device = manifest["variants"][0]["devices"][0]
+    assert "conv_batch" not in device.get("host_chosen", {})
+    assert "conv_batch" not in device.get("options", {})
