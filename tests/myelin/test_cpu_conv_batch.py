@@ -111,3 +111,38 @@ def test_a_pinned_iree_keeps_the_batch_in_one_product_and_computes_like_torch(tm
     device = manifest["variants"][0]["devices"][0]
     assert "conv_batch" not in device.get("host_chosen", {})
     assert "conv_batch" not in device.get("options", {})
+
+
+# Segformer's decode head: features joined along channels, then a 1x1 convolution
+JOINED_MODEL = """
+import torch
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 6, 1)
+        self.b = torch.nn.Conv2d(8, 6, 3, padding=1)
+        self.fuse = torch.nn.Conv2d(12, 5, 1)
+
+    def forward(self, x):
+        return self.fuse(torch.cat([self.a(x), torch.relu(self.b(x))], dim=1))
+
+
+def build():
+    torch.manual_seed(0)
+    return Head().eval(), (torch.randn(3, 8, 10, 10),)
+"""
+
+
+def test_features_joined_along_channels_are_joined_image_by_image(tmp_path):
+    """A batch's concat along channels puts each image's parts apart (IREE copies them, strided);
+    the convolution that reads it takes each image's parts joined, one contiguous block."""
+    package = write_torch_package(tmp_path, "head", JOINED_MODEL)
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(package=package))
+    phases = tmp_path / "phases"
+    mln = build(app, tmp_path / "head.mln", dump_phases=phases).output
+    (text,) = [p.read_text() for p in phases.rglob("*.input.mlir")]
+    assert len(re.findall(r"tensor\.concat dim\(1\) .* -> tensor<1x12x10x10xf32>", text)) == 3
+    runs_like_torch(mln, JOINED_MODEL, TOLERANCE)
