@@ -317,7 +317,7 @@ def _split_by_image(conv: ir.Operation) -> None:
         slices.append((value, image, sliced))
         return sliced
 
-    def image_value(value: ir.Value, image: int, done: list[tuple[ir.Value, ir.Value]]):
+    def image_value(value: ir.Value, image: int, done: list[tuple[ir.Value, ir.Value]]) -> ir.Value:
         """One image of `value`: the image's copy of the op that made it, else a slice."""
         return next((new for old, new in done if old == value), None) or image_of(value, image)
 

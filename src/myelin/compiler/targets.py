@@ -158,9 +158,10 @@ def relayout_tiles_choice(
 def conv_batch_choice(data_tiling: bool) -> HostChoice:
     """ "images" wherever data tiling packs the matmuls: IREE 3.13 packs an NCHW convolution's
     im2col product only at batch 1, so a batch runs one image at a time, each product packed
-    (ResNet-50 at batch 16, 1 thread: 2.3x faster, then 0.93x that time with the elementwise
-    ops after each convolution split with it; myelin.compiler.cpu_convolution). Without data
-    tiling no product is packed either way."""
+    (ResNet-50 at batch 16, 1 thread: 2.3x faster, then 0.89x that time with the elementwise
+    ops after each convolution split with it; Segformer-b0 0.80x with its depthwise ones
+    split too: myelin.compiler.cpu_convolution). Without data tiling no product is packed
+    either way."""
     if not data_tiling:
         return HostChoice("iree", "no data tiling: no packed convolutions")
     return HostChoice(
