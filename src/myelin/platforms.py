@@ -46,6 +46,7 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
     # matmul_tiles "host": "rows" or "iree", chosen for the CPU (compiler.cpu_matmul_tiles)
     # reductions "host": "vector" or "iree", chosen for the CPU (compiler.cpu_reductions)
     # relayout_tiles "host": "whole" or "iree", chosen for the CPU (compiler.cpu_relayout_tiles)
+    # conv_batch "host": "images" or "iree", chosen with data tiling (compiler.cpu_convolution)
     "llvm-cpu": {
         "cpu": "host",
         "cpu_features": "",
@@ -55,6 +56,7 @@ TARGET_OPTIONS: dict[str, dict[str, str | bool | None]] = {
         "matmul_tiles": "host",
         "reductions": "host",
         "relayout_tiles": "host",
+        "conv_batch": "host",
     },
     "vmvx": {},
     "cuda": {"arch": DEFAULT_CUDA_ARCH, "kernels": "", "result_storage": True},
@@ -74,6 +76,8 @@ CPU_MATMUL_TILES: tuple[str, ...] = ("rows", "iree")
 CPU_REDUCTIONS: tuple[str, ...] = ("vector", "iree")
 # llvm-cpu `relayout_tiles`: vector tiles of the relayouts between packed matmuls (platforms.md)
 CPU_RELAYOUT_TILES: tuple[str, ...] = ("whole", "iree")
+# llvm-cpu `conv_batch`: how a batch's 2-D convolutions are compiled (docs/platforms.md)
+CPU_CONV_BATCH: tuple[str, ...] = ("images", "iree")
 
 
 def default_driver(target: str) -> str:

@@ -254,8 +254,8 @@ def test_unknown_key_names_file_line_key_and_a_close_match(tmp_path):
     assert message.startswith(f"{app_toml}:{line_of(app_toml, 'targt')}: [devices.cpu] targt: ")
     assert "unknown key; did you mean 'target'?" in message
     assert (
-        "(accepted: arch, backend, compute, cpu, cpu_features, data_tiling, driver, kernels, "
-        "matmul_tiles, reductions, relayout_tiles, result_storage, target)" in message
+        "(accepted: arch, backend, compute, conv_batch, cpu, cpu_features, data_tiling, driver, "
+        "kernels, matmul_tiles, reductions, relayout_tiles, result_storage, target)" in message
     )
 
 
@@ -394,7 +394,7 @@ def test_target_options_must_fit_the_target(tmp_path):
     assert f":{line_of(app_toml, 'arch')}: [devices.cpu] arch: does not apply to target" in message
     assert (
         "(options of llvm-cpu: cpu, cpu_features, data_tiling, result_storage, compute, "
-        "matmul_tiles, reductions, relayout_tiles)" in message
+        "matmul_tiles, reductions, relayout_tiles, conv_batch)" in message
     )
 
     app_toml.write_text(APP_TOML + '\n[devices.amd]\ntarget = "rocm"\n')

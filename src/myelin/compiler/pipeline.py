@@ -392,8 +392,8 @@ def compile_module(
                 if any(d.target == "cuda" for d in devices):  # what the kernels step left
                     cuda_convolutions = half_convolutions(module)
                 if devices and all(d.target == "llvm-cpu" for d in devices):
-                    tiled = all(d.data_tiling for d in devices)
-                    rewrite_cpu_convolutions(module, data_tiling=tiled)
+                    images = all(d.data_tiling and d.conv_batch == "images" for d in devices)
+                    rewrite_cpu_convolutions(module, by_image=images)
                     rewrite_cpu_max_reductions(module)  # a written-out softmax's row maxima
                 # llvm-cpu `compute = "bf16"`: contraction inputs rounded to bf16, last, so
                 # that the matmuls of the rewrites above are covered too

@@ -29,6 +29,7 @@ from myelin.compiler.targets import (
     HostChoice,
     TargetDevice,
     compute_choice,
+    conv_batch_choice,
     data_tiling_choice,
     matmul_tiles_choice,
     reductions_choice,
@@ -156,6 +157,17 @@ def compute_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice | None
     return (str(choice.value), choice) if choice is not None else ("f32", None)
 
 
+def conv_batch_of(app: AppSpec, device: DeviceSpec) -> tuple[str, HostChoice | None]:
+    """How a device compiles a batch's 2-D convolutions: the app's value where it pins one,
+    else the build's choice with data tiling (myelin.compiler.targets.conv_batch_choice)."""
+    if device.target != "llvm-cpu":
+        return "iree", None
+    if device.conv_batch is not None:
+        return device.conv_batch, None
+    choice = conv_batch_choice(data_tiling_of(app, device)[0])
+    return str(choice.value), choice
+
+
 def reductions_of(device: DeviceSpec) -> tuple[str, HostChoice | None]:
     """A device's row reductions: the app's value where it pins one, else the host's choice
     (myelin.compiler.targets.reductions_choice)."""
@@ -176,6 +188,7 @@ def host_chosen(app: AppSpec, device: DeviceSpec) -> dict[str, dict]:
         ("compute", compute_of(app, device)),
         ("reductions", reductions_of(device)),
         ("relayout_tiles", relayout_tiles_of(app, device)),
+        ("conv_batch", conv_batch_of(app, device)),
     ):
         if choice is not None:
             chosen[option] = {"value": choice.value, "reason": choice.reason}
@@ -206,6 +219,12 @@ def _whole(app: AppSpec, device: DeviceSpec) -> str | None:
     return value if value == "whole" and data_tiling_of(app, device)[0] else None
 
 
+def _images(app: AppSpec, device: DeviceSpec) -> str | None:
+    """ "images" where a device splits a batch's convolutions by image (None: IREE's own)."""
+    value = conv_batch_of(app, device)[0]
+    return value if value == "images" and data_tiling_of(app, device)[0] else None
+
+
 def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
     return TargetDevice(
         name=device.name,
@@ -219,6 +238,7 @@ def target_device(app: AppSpec, device: DeviceSpec) -> TargetDevice:
         matmul_tiles=matmul_tiles_of(app, device)[0],
         reductions=reductions_of(device)[0],
         relayout_tiles=relayout_tiles_of(app, device)[0],
+        conv_batch=conv_batch_of(app, device)[0],
     )
 
 
@@ -761,6 +781,7 @@ def _link_job(app: AppSpec) -> LinkJob:
                             # recorded only where it changes IREE's reductions
                             ("reductions", _vector(d)),
                             ("relayout_tiles", _whole(app, d)),
+                            ("conv_batch", _images(app, d)),
                             ("arch", d.arch),
                             ("kernels", d.kernels),
                         )

@@ -351,6 +351,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             "matmul_tiles": d.matmul_tiles,
             "reductions": d.reductions,
             "relayout_tiles": d.relayout_tiles,
+            "conv_batch": d.conv_batch,
             "arch": d.arch,
             "kernels": d.kernels,
         }
@@ -389,6 +390,7 @@ def _devices(doc: TomlDocument, app: AppFile) -> dict[str, DeviceSpec]:
             matmul_tiles=d.matmul_tiles,  # unset: chosen for the CPU at plan time
             reductions=d.reductions,  # unset: chosen for the CPU at plan time
             relayout_tiles=d.relayout_tiles,  # unset: chosen for the CPU at plan time
+            conv_batch=d.conv_batch,  # unset: chosen with data tiling at plan time
             arch=value["arch"],
             kernels=value["kernels"] or None,
         )

@@ -16,6 +16,7 @@ from myelin.codecs import check_codec_name
 from myelin.compiler.scheduling import FAVORS
 from myelin.platforms import (
     CPU_COMPUTE,
+    CPU_CONV_BATCH,
     CPU_MATMUL_TILES,
     CPU_REDUCTIONS,
     CPU_RELAYOUT_TILES,
@@ -176,6 +177,7 @@ class DeviceTable(_Table):
     matmul_tiles: Literal[CPU_MATMUL_TILES] | None = None  # type: ignore[valid-type]
     reductions: Literal[CPU_REDUCTIONS] | None = None  # type: ignore[valid-type]
     relayout_tiles: Literal[CPU_RELAYOUT_TILES] | None = None  # type: ignore[valid-type]
+    conv_batch: Literal[CPU_CONV_BATCH] | None = None  # type: ignore[valid-type]
     arch: str | None = None
     backend: str | None = None  # "package:name" or "name" of an external backend: its device
     # a library, or "none" (IREE's codegen only: what a Hopper device, arch = "sm_90a", needs

@@ -62,6 +62,9 @@ class DeviceSpec:
     # llvm-cpu only: "whole" or "iree" (myelin.compiler.cpu_relayout_tiles); None: the build
     # chooses for the CPU it targets (plex.builder.plan.relayout_tiles_of)
     relayout_tiles: str | None = None
+    # llvm-cpu only: "images" or "iree" (myelin.compiler.cpu_convolution); None: the build
+    # chooses with data tiling (plex.builder.plan.conv_batch_of)
+    conv_batch: str | None = None
 
 
 @dataclass(frozen=True)
