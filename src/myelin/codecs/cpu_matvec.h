@@ -22,6 +22,12 @@
 #ifndef PLEX_BLOCK
 #define PLEX_BLOCK 0
 #endif
+/* The outputs of the weight's stored blocks where N is a multiple (Kernel.wide_block). */
+#define CHECK_WIDE_BLOCK(block) \
+  _Static_assert(!PLEX_WIDE_BLOCK || PLEX_WIDE_BLOCK == (block), "WIDE_BLOCK differs")
+#ifndef PLEX_WIDE_BLOCK
+#define PLEX_WIDE_BLOCK 0
+#endif
 
 /* xq[e] = round(x[e] / d[g]) (half away from zero), d[g] = max|x| / 127 over group g; xs[g] the
  * exact float sum of x over the group, xi[g] the sum of xq over it. The scalar form: every

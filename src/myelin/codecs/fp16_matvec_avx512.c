@@ -17,9 +17,7 @@
 #define WIDE_BLOCK 256 /* outputs per block where N is a multiple */
 #define AHEAD_BYTES 4096 /* the software prefetch's distance down the block's stream */
 CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
-#if defined(PLEX_WIDE_BLOCK) && PLEX_WIDE_BLOCK != WIDE_BLOCK
-#error "WIDE_BLOCK differs from the Python table's (Kernel.wide_block)"
-#endif
+CHECK_WIDE_BLOCK(WIDE_BLOCK);
 
 /* The walk of the block at w (its K rows of ACC x 16 outputs, back to back) for outputs n0.. */
 #define WALK(ACC)                                                                            \

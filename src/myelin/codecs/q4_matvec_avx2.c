@@ -23,9 +23,7 @@
 #define BLOCK 64       /* outputs per inner block: 32 bytes of codes per row */
 #define WIDE_BLOCK 256 /* outputs per stored block where N is a multiple (else 128, else 64) */
 CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
-#if defined(PLEX_WIDE_BLOCK) && PLEX_WIDE_BLOCK != WIDE_BLOCK
-#error "WIDE_BLOCK differs from the Python table's (Kernel.wide_block)"
-#endif
+CHECK_WIDE_BLOCK(WIDE_BLOCK);
 
 /* Outputs n0 .. n0 + 63 over every group: the 64 at `local` of the stored block of `width`
  * outputs whose codes start at `codes` and group factors at `scale`, `offset`. */

@@ -20,9 +20,7 @@
 #define BLOCK 128      /* outputs per vpdpbusd step: one 64-byte line of codes per row */
 #define WIDE_BLOCK 256 /* outputs per stored block where N is a multiple */
 CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
-#if defined(PLEX_WIDE_BLOCK) && PLEX_WIDE_BLOCK != WIDE_BLOCK
-#error "WIDE_BLOCK differs from the Python table's (Kernel.wide_block)"
-#endif
+CHECK_WIDE_BLOCK(WIDE_BLOCK);
 #define AHEAD_BYTES 4096 /* the software prefetch's distance down the block's stream */
 
 /* The outputs c0 .. c0 + width - 1 of one stored block (width = B): its codes at `codes` (K rows
