@@ -135,15 +135,21 @@ def build():
 """
 
 
-def test_features_joined_along_channels_are_joined_image_by_image(tmp_path):
-    """A batch's concat along channels puts each image's parts apart (IREE copies them, strided);
-    the convolution that reads it takes each image's parts joined, one contiguous block."""
-    package = write_torch_package(tmp_path, "head", JOINED_MODEL)
+def _build_with_input_ir(tmp_path: Path, name: str, model: str) -> tuple[Path, str]:
+    """The default app's build of `model` and its input-phase IR (after PLeX's rewrites)."""
+    package = write_torch_package(tmp_path, name, model)
     app = tmp_path / "app.toml"
     app.write_text(APP.format(package=package))
     phases = tmp_path / "phases"
-    mln = build(app, tmp_path / "head.mln", dump_phases=phases).output
+    mln = build(app, tmp_path / f"{name}.mln", dump_phases=phases).output
     (text,) = [p.read_text() for p in phases.rglob("*.input.mlir")]
+    return mln, text
+
+
+def test_features_joined_along_channels_are_joined_image_by_image(tmp_path):
+    """A batch's concat along channels puts each image's parts apart (IREE copies them, strided);
+    the convolution that reads it takes each image's parts joined, one contiguous block."""
+    mln, text = _build_with_input_ir(tmp_path, "head", JOINED_MODEL)
     assert len(re.findall(r"tensor\.concat dim\(1\) .* -> tensor<1x12x10x10xf32>", text)) == 3
     runs_like_torch(mln, JOINED_MODEL, TOLERANCE)
 
@@ -172,12 +178,7 @@ def build():
 def test_a_depthwise_convolution_runs_image_by_image_from_its_padded_image(tmp_path):
     """IREE's depthwise convolution over a batch took 1.7x the time of its images one at a
     time (Segformer-b0 at batch 16); each image is padded, and its bias broadcast, alone."""
-    package = write_torch_package(tmp_path, "mix", DEPTHWISE_MODEL)
-    app = tmp_path / "app.toml"
-    app.write_text(APP.format(package=package))
-    phases = tmp_path / "phases"
-    mln = build(app, tmp_path / "mix.mln", dump_phases=phases).output
-    (text,) = [p.read_text() for p in phases.rglob("*.input.mlir")]
+    mln, text = _build_with_input_ir(tmp_path, "mix", DEPTHWISE_MODEL)
     one_image = r" -> tensor<1x24x13x13xf32>"
     assert len(re.findall(r"linalg\.depthwise_conv_2d_nchw_chw .*" + one_image, text)) == 3
     assert "linalg.depthwise_conv_2d_nchw_chw" not in re.sub(r".*" + one_image, "", text)
