@@ -184,3 +184,23 @@ def test_a_depthwise_convolution_runs_image_by_image_from_its_padded_image(tmp_p
     assert "linalg.depthwise_conv_2d_nchw_chw" not in re.sub(r".*" + one_image, "", text)
     assert text.count("} : tensor<1x24x13x13xf32> to tensor<1x24x15x15xf32>") == 3  # padded
     runs_like_torch(mln, DEPTHWISE_MODEL, TOLERANCE)
+
+
+# A 1-D depthwise convolution written as 2-D (ONNX's causal convolutions import so): a window
+# of width 1
+DEPTHWISE_1D_MODEL = """
+import torch
+
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Conv2d(4, 4, (4, 1), groups=4).eval(), (torch.randn(2, 4, 11, 1),)
+"""
+
+
+def test_a_depthwise_convolution_with_a_window_of_width_1_keeps_its_batch(tmp_path):
+    """Split by image, IREE 3.13's compile of such a convolution fails; it keeps IREE's batch
+    form and computes as torch does."""
+    mln, text = _build_with_input_ir(tmp_path, "dw1d", DEPTHWISE_1D_MODEL)
+    assert re.search(r"linalg\.depthwise_conv_2d_nchw_chw .* -> tensor<2x4x8x1xf32>", text)
+    runs_like_torch(mln, DEPTHWISE_1D_MODEL, TOLERANCE)
