@@ -37,7 +37,8 @@ class TargetDevice:
     # storage twins `f$into` for DLPack-exportable device results (myelin.compiler.storage_twins)
     result_storage: bool = False
     # llvm-cpu: "f32" computes as the model is written; "bf16" rounds the inputs of every
-    # matmul to bf16 (myelin.compiler.cpu_compute), an explicit choice of the app
+    # matmul to bf16 (myelin.compiler.cpu_compute); apps leave it to the build, which chooses
+    # bf16 only for q4 weights on an AVX512-BF16 CPU (compute_choice)
     compute: str = "f32"
     # llvm-cpu under data tiling: the workgroup tiles of the packed f32 matmuls, "iree" (IREE's
     # own) or "rows" (all activation rows, two weight tiles: myelin.compiler.cpu_matmul_tiles);
