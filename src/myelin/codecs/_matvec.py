@@ -357,11 +357,14 @@ func.func private @grouped(%x: {activation.type}, %codes: {codes_t}, {factor_arg
 {collapse_back}  return {result} : {init_t}
 }}"""
     template = parse_template(context, text)  # owns the ops until they are moved
-    block_, ops = template_body(template)
+    template_block, ops = template_body(template)
     body = ops[:-1]  # without the return
     for op in body:
         op.move_before(consumer)
-    remap(body, [*zip(block_.arguments, [activation, codes_value, *parts[1:], init], strict=True)])
+    remap(
+        body,
+        [*zip(template_block.arguments, [activation, codes_value, *parts[1:], init], strict=True)],
+    )
     result_op = body[-1]
     total = body[-2] if block is not None else result_op
     total.attributes[DECODE_ATTRIBUTE] = ir.StringAttr.get(what, context)
