@@ -19,9 +19,11 @@ KV heads, FFN 5632, vocab 32000), seed 0, weights normal(0, 0.02), saved once wi
 
 Both sides get the same `--prompt` random token ids (no tokenizer in the loop), decode greedy
 for `--new` tokens and never stop at EOS. PLeX: the Generator's timings (prefill = prompt
-tokens over the prefill call; decode = decode calls over their time). llama.cpp: one `eval` of
-the prompt (n_batch = prompt), then one `eval` per token, argmax of the last logits; timed the
-same way. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
+tokens over the time to the first token; decode = the tokens after it over the wall clock from
+the first token's choice to the last's). llama.cpp: one `eval` of the prompt (n_batch =
+prompt), then one `eval` per token and the argmax of its last logits; timed the same way. The
+app names no driver, as a user's need not: the host's choice (`plex_drivers`) is the
+default's. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
 process of its own (llama.cpp gets n_threads = n_threads_batch = the same count; PLeX's is
 `set_host_threads`, on 1 thread the model then runs on local-sync: each case's
 `plex_drivers`). Within it, each pair's two models are loaded together (at most two models in
@@ -168,7 +170,6 @@ def build_plex(model: Path, folder: Path, codec: str, max_seq: int) -> Path:
 
             [devices.cpu]
             target = "llvm-cpu"
-            driver = "local-task"
             cpu = "host"
             """
         )

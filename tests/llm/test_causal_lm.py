@@ -63,6 +63,27 @@ def test_llama_greedy_tokens_equal_transformers_generate(llama, llama_model):
     assert result.decode_steps == NEW_TOKENS - 1
 
 
+def test_greedy_picks_on_the_device_equal_picks_on_the_host(llama_model):
+    """The device's picks, with each decode queued on the last step's tokens before they are
+    read, give the host's argmax tokens, batch rows of different lengths and stops included;
+    a stop leaves a queued step unused, and the next generation is unchanged by it."""
+    prompts = ["the quick brown fox jumps over", "a model"]
+    with Generator(llama_model, device_picks=False) as on_host:
+        assert not on_host.greedy_tokens
+        expected = on_host.generate(prompts, max_new_tokens=24, use_eos=False)
+    with Generator(llama_model) as on_device:
+        assert on_device.greedy_tokens  # the artifact returns them
+        assert on_device.generate(prompts, max_new_tokens=24, use_eos=False).tokens == (
+            expected.tokens
+        )
+        stop = expected.tokens[0][5]
+        stopped = on_device.generate(prompts, max_new_tokens=24, stop_tokens=[stop], use_eos=False)
+        assert stopped.tokens[0] == expected.tokens[0][: expected.tokens[0].index(stop) + 1]
+        assert stopped.stop_reasons[0] == "eos"
+        again = on_device.generate(prompts, max_new_tokens=24, use_eos=False)
+    assert again.tokens == expected.tokens
+
+
 def test_the_greedy_pick_of_float16_logits_is_numpys_argmax():
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((8, 32000)) * 4).astype(np.float16)

@@ -51,7 +51,8 @@ def first_decode_logits(generator: Generator, prompt: list[int], token: int) -> 
     generator.session.call("prefill", ids, positions, np.ones_like(ids))
     n = len(prompt)
     mask = np.ones((1, n + 1), dtype=np.int64)
-    return np.asarray(generator.session.call("decode", np.array([[token]]), np.array([[n]]), mask))
+    logits, _ = generator.session.call("decode", np.array([[token]]), np.array([[n]]), mask)
+    return np.asarray(logits)
 
 
 def first_divergence(tokens: list[int], reference: list[int]) -> int:

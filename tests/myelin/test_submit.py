@@ -48,6 +48,23 @@ def test_a_stream_of_submissions_gives_each_calls_results(model, mlp_weights):
             assert p.done() and p.result() is y  # read once, kept
 
 
+def test_a_result_ahead_and_a_read_give_the_calls_results(model, mlp_weights):
+    """`ahead` hands a result out before it is written (as the next call's input) and `read`
+    starts its copy to the host: once the call is done both hold the call's results."""
+    with model.session() as session:
+        forward = session.resolve("forward")
+        pending = forward.submit(INPUTS[2])
+        ahead, read = pending.ahead(0), pending.read(0)
+        assert isinstance(ahead, DeviceTensor)
+        pending.result()
+        expected = forward(INPUTS[2])
+        np.testing.assert_array_equal(read.result(), expected)
+        np.testing.assert_array_equal(np.asarray(ahead.to_host()), expected)
+        np.testing.assert_allclose(
+            expected, reference(INPUTS[2], mlp_weights), rtol=1e-5, atol=1e-5
+        )
+
+
 def test_numpy_results_and_plain_calls_in_between(model, mlp_weights):
     with model.session() as session:
         first = session.submit("forward", INPUTS[0], output="numpy")

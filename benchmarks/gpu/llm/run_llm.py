@@ -60,7 +60,7 @@ from benchmarks import results  # noqa: E402
 from benchmarks.causal_lm import rows_first_divergence, transformers_generation  # noqa: E402
 from benchmarks.gpu import payload  # noqa: E402
 
-RUNNERS = ("PLeX", "transformers eager", "transformers compiled")
+RUNNERS = ("PLeX", "PLeX, host picks", "transformers eager", "transformers compiled")
 # The results' token check: every row's first AGREE_FIRST greedy tokens equal on both sides.
 # Both compute in float16 with different kernels, so later tokens may differ where two logits
 # are within rounding of each other (the raw output has each row's first divergence).
@@ -117,6 +117,11 @@ def _rebuild_family(
             status[b["name"]] = {"weights_as_built": False, "error": f"{type(e).__name__}: {e}"}
         status[b["name"]]["mln"] = str(mln)
         print(f"{b['name']}: {status[b['name']]}", flush=True)
+
+
+# The runner of PLeX's Generator with greedy picks on the host (`device_picks=False`): what the
+# device's picks, and the decode queued ahead on them, gain.
+HOST_PICKS = RUNNERS[1]
 
 
 def plex_runner(generator, prompts: list[list[int]], new: int):
@@ -200,11 +205,15 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
     # length that holds the prompt (build.py asks for the prompt's), else the dynamic one
     fits = [n for n in generator.prefill_lengths if n >= args.prompt]
     row["plex_prefill"] = f"prefill_{fits[0]}" if fits else "prefill"
-    runners = {
-        "PLeX": plex_runner(generator, prompt.tolist(), new),
-        "transformers eager": transformers_generation(hf, ids, new, sync),
-    }
-    warmups = {"PLeX": 1, "transformers eager": 1}
+    runners = {"PLeX": plex_runner(generator, prompt.tolist(), new)}
+    warmups = {"PLeX": 1}
+    host_picks = None
+    if generator.greedy_tokens:  # the same model, greedy picks on the host, one call at a time
+        host_picks = Generator(loaded, device_picks=False)
+        runners[HOST_PICKS] = plex_runner(host_picks, prompt.tolist(), new)
+        warmups[HOST_PICKS] = 1
+    runners["transformers eager"] = transformers_generation(hf, ids, new, sync)
+    warmups["transformers eager"] = 1
     if not args.compile:
         row["compiled_skipped"] = "not asked (--no-compile)"
     else:
@@ -235,7 +244,9 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
             samples[name]["step"].append(decode_s / (new - 1) * 1e3)
             tokens[name] = toks
     generator.close()
-    del generator, loaded, instance, hf
+    if host_picks is not None:
+        host_picks.close()
+    del generator, host_picks, loaded, instance, hf
     gc.collect()
     if on_gpu:
         torch.cuda.empty_cache()
@@ -258,6 +269,8 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
         if name != "PLeX"
     }
     others = [name for name in tokens if name != "PLeX"]
+    if HOST_PICKS in tokens:  # the same computation: any difference is a defect, not a tie
+        row["host_picks_equal"] = tokens[HOST_PICKS] == tokens["PLeX"]
     row["first_divergence"] = {
         name: rows_first_divergence(tokens["PLeX"], tokens[name]) for name in others
     }
@@ -298,7 +311,8 @@ def to_results(out: dict, settings: dict) -> dict:
             }
             for runner in RUNNERS:
                 if runner not in row["samples_ms"]:
-                    reason = row.get("compiled_skipped", "not run")
+                    compiled = runner == "transformers compiled"
+                    reason = row.get("compiled_skipped", "not run") if compiled else "not run"
                     case["rows"].append({"runner": runner, "skipped": reason})
                     continue
                 entry: dict = {"runner": runner, "samples": row["samples_ms"][runner][key]}

@@ -4,7 +4,8 @@
 
 For each build in benchmarks/gpu/artifacts/llm: rebuild the .mln from the seed, prefill a
 512-token prompt, then time decode calls three ways (the Generator's own call, output to
-numpy; output left on the device; inputs already on the device) and trace a few with
+numpy; output left on the device; submitted back to back, waiting for none or for the call
+before the last) and trace a few with
 torch.profiler (CUPTI): per call the GPU-busy time, the GPU idle between kernels, the time to
 the first kernel and after the last, and the kernels by total time. Prints one JSON object.
 
@@ -68,6 +69,22 @@ def profile_build(build: dict, mln: Path, steps: int = 24) -> dict:
             "p50": round(statistics.median(times), 3),
             "min": round(min(times), 3),
         }
+    # Submitted back to back (PendingCall), as a pipelined generator would: the device's step
+    # throughput when the host does not wait for each step before recording the next.
+    for behind in (None, 1):
+        kv = prompt
+        pendings = []
+        t0 = time.perf_counter()
+        for i in range(steps):
+            kv += 1
+            m = np.ones((b, kv), dtype=np.int64)
+            p = np.full((b, 1), kv - 1, dtype=np.int64)
+            pendings.append(gen._decode.submit(token, p, m, output="device"))
+            if behind is not None and i >= behind:
+                pendings[i - behind].result()
+        pendings[-1].result()
+        label = "decode_ms_submitted" if behind is None else "decode_ms_submitted_read_behind"
+        out[label] = round((time.perf_counter() - t0) * 1e3 / steps, 3)
     # prefill again, timed, on a fresh sequence
     kv = prompt
     t0 = time.perf_counter()

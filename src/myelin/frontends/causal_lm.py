@@ -2,8 +2,15 @@
 *.safetensors, tokenizer.json) becomes a module with two entrypoints that share the weights and a
 KV cache kept in the module's own state (plus `prefill_<n>` per static prefill length):
 
-    prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s]) -> logits[b, vocab]
-    decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv]) -> logits[b, vocab]
+    prefill(input_ids[b, s], position_ids[b, s], attention_mask[b, s])
+        -> logits[b, vocab], greedy_tokens[b, 1]
+    decode(input_ids[b, 1], position_ids[b, 1], attention_mask[b, kv])
+        -> logits[b, vocab], greedy_tokens[b, 1]
+
+`greedy_tokens` is each row's most likely next token, picked on the device (`greedy_tokens`):
+a greedy generator reads b integers instead of b x vocab logits, and, where calls can be
+submitted ahead (CUDA), passes them straight to the next `decode` without waiting for them
+(myelin.runtime.generation).
 
 The model runs through its own code (`AutoModelForCausalLM`, local files only), in the manifest's
 `dtype` (float32 unless it says float16 or bfloat16). Only the cache is ours: `DeviceKVCache`
@@ -318,21 +325,22 @@ class CausalLMModule(torch.nn.Module):
             logits_to_keep=1,
         )
         # float32 whatever the compute dtype: the host samples from them (numpy has no bfloat16).
-        return out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :].float()
+        return logits, greedy_tokens(logits)
 
     def prefill(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._step(input_ids, position_ids, attention_mask)
 
     def decode(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._step(input_ids, position_ids, attention_mask)
 
     def prefill_static(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A first call at a static length n (`prefill_<n>`), prompts padded on the right.
 
         The mask given to the model depends on no input: torch's causal mask (0 on and below
@@ -363,7 +371,23 @@ class CausalLMModule(torch.nn.Module):
                 logits_to_keep=last,
             )
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        return out.logits[rows, rows, :].float()
+        logits = out.logits[rows, rows, :].float()
+        return logits, greedy_tokens(logits)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's greedy token, [b, 1] int64 (the shape of `decode`'s input_ids): the first
+    index of the row's largest logit, as numpy's and torch's argmax pick it. Written as a max
+    and a min of the indices where it is reached, two float32 reductions, rather than
+    `torch.argmax`, whose value-and-index reduction is one IREE may not give a GPU's reduction
+    strategy, or an integer min: IREE 3.13's CUDA code for that one returned -1 for every row
+    (on an H100). Indices are exact in float32 below 2^24, far above any vocabulary. A row
+    without a largest value (NaN) gives the last token, never an index past the vocabulary."""
+    vocab = logits.shape[-1]
+    best = logits.amax(dim=-1, keepdim=True)
+    index = torch.arange(vocab, dtype=torch.float32, device=logits.device)
+    first = torch.where(logits == best, index, float(vocab)).amin(dim=-1, keepdim=True)
+    return first.clamp(max=vocab - 1).to(torch.int64)
 
 
 def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
@@ -386,6 +410,8 @@ def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:
         "model_type": model.config.model_type,
         # static prefill lengths: entrypoint `prefill_<n>` takes prompts right-padded to n
         "prefill_lengths": list(options.prefill_lengths),
+        # every entrypoint's second result is `greedy_tokens` (artifacts built before have none)
+        "greedy_tokens": True,
     }
 
 

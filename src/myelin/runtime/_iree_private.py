@@ -18,6 +18,8 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
+import iree.runtime as rt
+import numpy as np
 from iree.runtime._binding import (  # the wheel is pinned: iree-base-runtime==3.13.0
     ArgumentPacker,
     InvokeContext,
@@ -28,6 +30,7 @@ from iree.runtime.array_interop import map_dtype_to_element_type
 
 __all__ = [
     "InvokeContext",
+    "accepted_element_types",
     "argument_packer",
     "buffer_view_of",
     "device_of",
@@ -51,6 +54,20 @@ def is_device_array(value: object) -> bool:
 # getters (C calls), not Python functions: a call's fast check reads them once per input.
 buffer_view_of: Callable[[Any], Any] = attrgetter("_buffer_view")
 device_of: Callable[[Any], Any] = attrgetter("_device")
+
+
+def accepted_element_types(dtype: Any) -> tuple[int, ...] | None:
+    """The HAL element types a buffer view may report for an input of numpy `dtype`: its own,
+    and for an integer dtype the signless type of its width, which IREE gives the results of
+    integer ops (a causal LM's greedy tokens, int64, come back INT_64, not SINT_64) and which
+    a function reads the same. None where IREE has no element type for `dtype`."""
+    own = element_type_of(dtype)
+    if own is None:
+        return None
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return (own, int(getattr(rt.HalElementType, f"INT_{8 * dtype.itemsize}")))
+    return (own,)
 
 
 def element_type_of(dtype: Any) -> int | None:

@@ -112,11 +112,14 @@ class Generator:
         spin_us: float = 0.0,
         wait_for_memory: float = 0.0,
         static_prefill: bool = True,
+        device_picks: bool = True,
     ) -> None:
         """`wait_for_memory`: seconds to wait, under a memory budget, for other generators or
         calls to give back the bytes this generator's KV cache needs (0: fail at once).
         `static_prefill=False` always calls the dynamic `prefill`, even where the artifact has
-        a static-length one that fits (to compare the two)."""
+        a static-length one that fits (to compare the two). `device_picks=False` makes greedy
+        picks on the host from the logits, one call at a time, as sampling does, even where
+        the artifact picks on the device (to compare the two)."""
         self.model = model
         try:
             reflection = model.reflection(PREFILL)
@@ -142,6 +145,9 @@ class Generator:
         # static prefill lengths (`prefill_<n>`); artifacts built before them have none
         lengths = record.get("prefill_lengths", []) if static_prefill else []
         self.prefill_lengths: tuple[int, ...] = tuple(sorted(lengths))
+        # `prefill*` and `decode` return each row's greedy token too (artifacts built before
+        # return logits only)
+        self.greedy_tokens: bool = device_picks and record.get("greedy_tokens", False)
         self.tokenizer = _tokenizer(reflection.get(TOKENIZER_KEY), model.path.name)
         # The cache is allocated when the session's VM context starts: count it first.
         self._reservation = None
@@ -356,18 +362,38 @@ class GenerationStream:
         room = g.max_seq - width  # decode calls that fit after the prompt
 
         greedy = s.temperature == 0 and s.repetition_penalty == 1.0
+        # Greedy picks made on the device: each step reads b token ids, not b x vocab logits,
+        # and the next decode is queued on them before the host reads them (`_Picks`).
+        picks_on_device = greedy and g.greedy_tokens
         # Timing is wall clock as the stream's reader sees it: the first token is out once the
         # prefill ran and it was chosen; decode time runs from there to the last token's choice
         # (calls, sampling, text), as a streamer stamping tokens measures any runtime.
         start = time.perf_counter()
-        logits = self._call(prefill, ids, positions, mask)
+        if picks_on_device:
+            steps = _Picks(g, prefill, ids, positions, mask, self.timeout)
+            logits = None
+        else:
+            logits = self._call(prefill, ids, positions, mask)
         prefill_s = time.perf_counter() - start
         first = last = start
         decode_steps = 0
         calls_s = 0.0
         for step in range(self.max_new_tokens):
+            more = step < self.max_new_tokens - 1 and step < room  # another decode follows
+            if picks_on_device:
+                t0 = time.perf_counter()
+                if more:  # the next decode goes to the device before this step's tokens are read
+                    mask = np.concatenate([mask, np.ones((g.max_batch, 1), np.int64)], axis=1)
+                    steps.queue(next_position[:, None].copy(), mask)
+                    next_position = next_position + 1
+                picks = steps.tokens()
+                if step == 0:
+                    prefill_s = time.perf_counter() - start
+                else:
+                    calls_s += time.perf_counter() - t0
+            else:
+                picks = argmax_rows(logits[:rows]) if greedy else None
             chosen = np.zeros(g.max_batch, dtype=np.int64)
-            picks = argmax_rows(logits[:rows]) if greedy else None
             for r in range(rows):
                 if reasons[r] is not None:
                     continue
@@ -395,6 +421,9 @@ class GenerationStream:
             if step >= room:  # the next decode would hold max_seq + 1 tokens
                 reasons = [x or "max_seq" for x in reasons]
                 break
+            decode_steps += 1
+            if picks_on_device:
+                continue  # queued above
             # One more slot per row; finished rows keep running (their tokens are ignored).
             mask = np.concatenate([mask, np.ones((g.max_batch, 1), dtype=np.int64)], axis=1)
             t0 = time.perf_counter()
@@ -404,7 +433,6 @@ class GenerationStream:
                 reasons = [x or "cancelled" for x in reasons]
                 break
             calls_s += time.perf_counter() - t0
-            decode_steps += 1
             next_position = next_position + 1
         reasons = [x or "max_new_tokens" for x in reasons]
         prompt_tokens = sum(len(p) for p in self.prompts)  # the real ones, not padding
@@ -434,7 +462,9 @@ class GenerationStream:
         return 0
 
     def _call(self, call: Any, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> Any:
-        return call(ids, positions, mask, output="numpy", timeout=self.timeout)
+        """The logits of a call (of an artifact built with greedy tokens, the first result)."""
+        out = call(ids, positions, mask, output="numpy", timeout=self.timeout)
+        return out[0] if isinstance(out, tuple) else out
 
     def _text(self, row: int, tokens: list[int]) -> tuple[str, bool]:
         """The row's text so far, cut before a stop string (and whether one was found). A
@@ -457,6 +487,39 @@ class GenerationStream:
             default=0,
         )
         return text[: len(text) - held], False
+
+
+class _Picks:
+    """The calls of a greedy generation whose picks are made on the device (the artifact's
+    `greedy_tokens` result), one decode queued ahead: `queue` submits the next decode on the
+    current call's tokens while they are still on the device, with a read of its own tokens
+    right behind it; `tokens` then waits for the current call's tokens and makes the queued
+    call current. Where the device runs a session's submissions in order with nothing
+    waiting on the host between them (CUDA: myelin.runtime.pending), the device runs step
+    n + 1 while the host turns step n's tokens into text, instead of idling for a round trip
+    each step. Elsewhere submissions wait as calls do, and the order is the same."""
+
+    def __init__(
+        self, g: Generator, prefill: Any, ids: Any, positions: Any, mask: Any, timeout: float | None
+    ) -> None:
+        self._decode = g._decode
+        self._timeout = timeout
+        self._current = prefill.submit(ids, positions, mask)
+        self._read = self._current.read(1)
+        self._queued: tuple[Any, Any] | None = None
+
+    def queue(self, positions: np.ndarray, mask: np.ndarray) -> None:
+        pending = self._decode.submit(self._current.ahead(1), positions, mask)
+        self._queued = (pending, pending.read(1))
+
+    def tokens(self) -> np.ndarray:
+        """The current call's tokens, one per row; the queued call becomes current."""
+        self._current.result(self._timeout)  # a timeout or a failed call is reported here
+        picks = self._read.result()[:, 0]
+        if self._queued is not None:
+            self._current, self._read = self._queued
+            self._queued = None
+        return picks
 
 
 def argmax_rows(logits: np.ndarray) -> np.ndarray:

@@ -87,22 +87,59 @@ def read_to_host(
     """A fresh numpy array (`dtype`) holding `view`'s contents, owning its memory: it outlives
     the HAL buffer and its device (at interpreter exit, or after the model is closed).
     `staging`: where to take (and give back) the staging buffer a device-local read needs."""
-    if host_mappable(view.get_buffer()):
-        mapped = view.map()
+    return HostRead(device, view, dtype, staging).result()
+
+
+class HostRead:
+    """A read of `view` into host memory, started when made and finished by `result()`: a
+    buffer the host can map is read then; any other is copied on the device's queue into a
+    staging buffer at once, and `result()` waits for that copy. Started behind queued work on a
+    queue that runs in submission order (a CUDA device's), the copy reads what that work
+    wrote, and the host can queue more before waiting for it (myelin.runtime.pending)."""
+
+    __slots__ = ("_dtype", "_entry", "_shape", "_size", "_staging", "_value", "_view")
+
+    def __init__(
+        self,
+        device: rt.HalDevice,
+        view: rt.HalBufferView,
+        dtype: Any,
+        staging: StagingBuffers | None = None,
+    ) -> None:
+        self._view, self._dtype, self._shape = view, dtype, view.shape
+        self._staging = staging
+        self._entry: _Staging | None = None
+        self._value: np.ndarray | None = None
+        self._size = 0
+        if host_mappable(view.get_buffer()):
+            return
+        source = view.get_buffer()
+        self._size = size = source.byte_length()
+        entry = staging.take(size) if staging is not None else _Staging(device, size)
+        entry.value += 1
+        device.queue_copy(source, entry.buffer, [], [(entry.semaphore, entry.value)])
+        self._entry = entry
+
+    def result(self) -> np.ndarray:
+        """The contents as a fresh numpy array (waiting for the copy, if one was queued)."""
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    def _read(self) -> np.ndarray:
+        entry = self._entry
+        if entry is None:
+            mapped = self._view.map()
+            try:
+                return np.array(mapped.asarray(self._shape, self._dtype), copy=True)
+            finally:
+                del mapped
+        entry.semaphore.wait(entry.value)
+        mapped = entry.buffer.map()
         try:
-            return np.array(mapped.asarray(view.shape, dtype), copy=True)
+            return np.array(mapped.asarray(self._shape, self._dtype), copy=True)
         finally:
             del mapped
-    source = view.get_buffer()
-    size = source.byte_length()
-    entry = staging.take(size) if staging is not None else _Staging(device, size)
-    entry.value += 1
-    device.queue_copy(source, entry.buffer, [], [(entry.semaphore, entry.value)])
-    entry.semaphore.wait(entry.value)
-    mapped = entry.buffer.map()
-    try:
-        return np.array(mapped.asarray(view.shape, dtype), copy=True)
-    finally:
-        del mapped
-        if staging is not None:
-            staging.give(entry, size)
+            self._entry = None
+            if self._staging is not None:
+                self._staging.give(entry, self._size)

@@ -30,9 +30,13 @@ from collections import deque
 from typing import Any
 
 import iree.runtime as rt
+import numpy as np
 
 from myelin.errors import DeadlineExceeded, MyelinError
+from myelin.runtime._iree_private import buffer_view_of
 from myelin.runtime.deadline import Deadline
+from myelin.runtime.host_transfer import HostRead, read_to_host
+from myelin.runtime.sinks import converted
 from myelin.runtime.waiting import FenceWait
 
 # Most submissions of one session in flight at once: enough to keep a GPU fed many calls ahead
@@ -51,6 +55,7 @@ class PendingCall:
     written."""
 
     __slots__ = (
+        "_ahead",
         "_call",
         "_error",
         "_keep",
@@ -77,6 +82,7 @@ class PendingCall:
         self._results = results
         self._keep = keep  # arguments and inputs the device reads until the signal
         self._value: Any = _NOT_YET
+        self._ahead: list[Any] | None = None  # `ahead`'s DeviceTensors
         self._error: MyelinError | None = None
         # Two threads may read one result (the caller and a closing session): one converts.
         self._lock = threading.Lock()
@@ -109,6 +115,31 @@ class PendingCall:
             raise self._error
         return self._value
 
+    def ahead(self, index: int) -> Any:
+        """Result `index` (a DeviceTensor) now, before the device has written it, to pass as
+        an input to a later call or submission of the same session: the device runs them
+        after this one, in the order they were submitted (the module's docstring), so it reads
+        the result written. Read it on the host only through `read` or `result()`."""
+        if self._value is not _NOT_YET or self._error is not None or self._signal is None:
+            value = self.result()
+            return value[index] if isinstance(value, tuple) else value
+        if self._ahead is None:
+            self._ahead = converted(self._call, self._results, False)
+        return self._ahead[index]
+
+    def read(self, index: int) -> Any:
+        """Start reading result `index` to the host; the returned read's `result()` gives it
+        as a numpy array. On a CUDA submission that waits for nothing the copy is queued now,
+        right behind the call, so the host can submit more work before it waits: a generator
+        reads step n's tokens while the device runs step n + 1. Elsewhere the read waits for
+        this call first. Call `result()` on this PendingCall before the read's, so that a
+        timeout or a failed call is reported as a call's are."""
+        call = self._call
+        if self._value is _NOT_YET and self._signal is not None and call._unchained:
+            view = self._results.get_as_object(index, rt.HalBufferView)
+            return HostRead(call._device, view, call._out_dtypes[index], call._staging)
+        return _ReadAfterCall(self, index)
+
     def _wait(self, timeout: float | None) -> None:
         """Wait as the session's calls do (FenceWait: polling first under `spin_us`), in
         blocking slices checking a Deadline, until `timeout`."""
@@ -140,6 +171,7 @@ class PendingCall:
     def _release(self) -> None:
         self._signal = None
         self._results = None
+        self._ahead = None
         self._keep = ()
 
     def _settle(self) -> None:
@@ -150,6 +182,31 @@ class PendingCall:
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<PendingCall {self.name}: {state}>"
+
+
+class _ReadAfterCall:
+    """`PendingCall.read` where no copy can be queued behind the call: waits for the call,
+    then reads the result (mapped where the host can map it, else through a staging copy)."""
+
+    __slots__ = ("_index", "_pending", "_value")
+
+    def __init__(self, pending: PendingCall, index: int) -> None:
+        self._pending, self._index = pending, index
+        self._value: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        if self._value is None:
+            value = self._pending.result()
+            value = value[self._index] if isinstance(value, tuple) else value
+            if isinstance(value, np.ndarray):
+                self._value = value
+            else:
+                call = self._pending._call
+                dtype = call._out_dtypes[self._index]
+                self._value = read_to_host(
+                    call._device, buffer_view_of(value), dtype, call._staging
+                )
+        return self._value
 
 
 class InFlight:

@@ -38,10 +38,10 @@ from myelin.dtypes import numpy_dtype
 from myelin.errors import Cancelled, MyelinError
 from myelin.runtime._iree_private import (
     InvokeContext,
+    accepted_element_types,
     argument_packer,
     buffer_view_of,
     device_of,
-    element_type_of,
 )
 from myelin.runtime.admission import Reservation
 from myelin.runtime.deadline import CHECK_INTERVAL_S, Deadline
@@ -284,7 +284,8 @@ class ResolvedCall:
                 numpy_dtype(t.dtype),
                 len(t.shape or ()),
                 tuple((a, d) for a, d in enumerate(t.shape or ()) if d is not None),
-                element_type_of(numpy_dtype(t.dtype)),  # None: no element type; full check
+                # HAL element types taken; None: no element type, the full check
+                accepted_element_types(numpy_dtype(t.dtype)),
             )
             for i, t in enumerate(self.signature.inputs)
         ]
@@ -505,7 +506,7 @@ class ResolvedCall:
                 if device_of(value) is not self._device:
                     return None
                 view = buffer_view_of(value)
-                if hal is None or view.element_type != hal:
+                if hal is None or view.element_type not in hal:
                     return None
                 shape = view.shape
                 if len(shape) != rank:
