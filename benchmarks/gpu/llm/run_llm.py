@@ -233,9 +233,17 @@ def run_build(build: dict, mln: Path, folder: Path, args: Settings) -> dict:
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             row["compiled_skipped"] = f"{type(e).__name__}: {first}"
     tokens: dict[str, list[list[int]]] = {}
-    for name, run in runners.items():
-        for _ in range(warmups[name]):
-            _, _, tokens[name] = run()
+    for name, run in list(runners.items()):
+        try:
+            for _ in range(warmups[name]):
+                _, _, tokens[name] = run()
+        except Exception as e:
+            if name != "PLeX" or HOST_PICKS not in runners:
+                raise
+            # the device's picks failed: say so, and time the host's picks as PLeX
+            row["device_picks_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            runners["PLeX"] = runners.pop(HOST_PICKS)
+            _, _, tokens["PLeX"] = runners["PLeX"]()
     samples: dict[str, dict[str, list[float]]] = {n: {"ttft": [], "step": []} for n in runners}
     for _ in range(args.rounds):
         for name, run in runners.items():

@@ -382,12 +382,14 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     `torch.argmax`, whose value-and-index reduction is one IREE may not give a GPU's reduction
     strategy, or an integer min: IREE 3.13's CUDA code for that one returned -1 for every row
     (on an H100). Indices are exact in float32 below 2^24, far above any vocabulary. A row
-    without a largest value (NaN) gives the last token, never an index past the vocabulary."""
+    without a largest value (NaN) gives the last token: the result is clamped to the
+    vocabulary, so that the next decode, which takes it without the host's index check,
+    never reads outside its embedding table."""
     vocab = logits.shape[-1]
     best = logits.amax(dim=-1, keepdim=True)
     index = torch.arange(vocab, dtype=torch.float32, device=logits.device)
     first = torch.where(logits == best, index, float(vocab)).amin(dim=-1, keepdim=True)
-    return first.clamp(max=vocab - 1).to(torch.int64)
+    return first.clamp(0, vocab - 1).to(torch.int64)
 
 
 def describe(model: Any, options: CausalLMOptions) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from myelin.errors import (
 )
 from myelin.runtime.admission import CallNeed, format_bytes
 from myelin.runtime.deadline import Deadline
+from myelin.runtime.session import CallError
 
 # Names shared with the frontend (myelin.frontends.causal_lm), which the runtime must not import.
 PREFILL = "prefill"
@@ -504,6 +505,7 @@ class _Picks:
     ) -> None:
         self._decode = g._decode
         self._timeout = timeout
+        self._vocab = g.vocab
         self._current = prefill.submit(ids, positions, mask)
         self._read = self._current.read(1)
         self._queued: tuple[Any, Any] | None = None
@@ -516,6 +518,12 @@ class _Picks:
         """The current call's tokens, one per row; the queued call becomes current."""
         self._current.result(self._timeout)  # a timeout or a failed call is reported here
         picks = self._read.result()[:, 0]
+        if picks.min() < 0 or picks.max() >= self._vocab:
+            raise CallError(
+                f"{self._current.name}: the device's greedy tokens {picks.tolist()} are outside "
+                f"the vocabulary (0 .. {self._vocab - 1}); pick on the host with "
+                "Generator(model, device_picks=False), and report the device"
+            )
         if self._queued is not None:
             self._current, self._read = self._queued
             self._queued = None
