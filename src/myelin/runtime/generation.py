@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -383,14 +384,15 @@ class GenerationStream:
             more = step < self.max_new_tokens - 1 and step < room  # another decode follows
             if picks_on_device:
                 t0 = time.perf_counter()
+                if step == 0:
+                    picks = steps.tokens()
+                    prefill_s = time.perf_counter() - start
                 if more:  # the next decode goes to the device before this step's tokens are read
                     mask = np.concatenate([mask, np.ones((g.max_batch, 1), np.int64)], axis=1)
                     steps.queue(next_position[:, None].copy(), mask)
                     next_position = next_position + 1
-                picks = steps.tokens()
-                if step == 0:
-                    prefill_s = time.perf_counter() - start
-                else:
+                if step > 0:
+                    picks = steps.tokens()
                     calls_s += time.perf_counter() - t0
             else:
                 picks = argmax_rows(logits[:rows]) if greedy else None
@@ -492,13 +494,14 @@ class GenerationStream:
 
 class _Picks:
     """The calls of a greedy generation whose picks are made on the device (the artifact's
-    `greedy_tokens` result), one decode queued ahead: `queue` submits the next decode on the
-    current call's tokens while they are still on the device, with a read of its own tokens
-    right behind it; `tokens` then waits for the current call's tokens and makes the queued
-    call current. Where the device runs a session's submissions in order with nothing
-    waiting on the host between them (CUDA: myelin.runtime.pending), the device runs step
-    n + 1 while the host turns step n's tokens into text, instead of idling for a round trip
-    each step. Elsewhere submissions wait as calls do, and the order is the same."""
+    `greedy_tokens` result), in submission order: `queue` submits the next decode on the
+    latest call's tokens while they are still on the device, with a read of its own tokens
+    queued right behind it; `tokens` waits for the oldest call's tokens. The generator queues
+    step n + 1 before it reads step n (after the prefill's, which it reads first: the first
+    token is not held behind a submission). Where the device runs a session's submissions in
+    order with nothing waiting on the host between them (CUDA: myelin.runtime.pending), it
+    runs step n + 1 while the host turns step n's tokens into text, instead of idling for a
+    round trip each step. Elsewhere submissions wait as calls do, and the order is the same."""
 
     def __init__(
         self, g: Generator, prefill: Any, ids: Any, positions: Any, mask: Any, timeout: float | None
@@ -506,27 +509,25 @@ class _Picks:
         self._decode = g._decode
         self._timeout = timeout
         self._vocab = g.vocab
-        self._current = prefill.submit(ids, positions, mask)
-        self._read = self._current.read(1)
-        self._queued: tuple[Any, Any] | None = None
+        self._latest = prefill.submit(ids, positions, mask)
+        self._calls = deque([(self._latest, self._latest.read(1))])
 
     def queue(self, positions: np.ndarray, mask: np.ndarray) -> None:
-        pending = self._decode.submit(self._current.ahead(1), positions, mask)
-        self._queued = (pending, pending.read(1))
+        pending = self._decode.submit(self._latest.ahead(1), positions, mask)
+        self._calls.append((pending, pending.read(1)))
+        self._latest = pending
 
     def tokens(self) -> np.ndarray:
-        """The current call's tokens, one per row; the queued call becomes current."""
-        self._current.result(self._timeout)  # a timeout or a failed call is reported here
-        picks = self._read.result()[:, 0]
+        """The oldest unread call's tokens, one per row."""
+        pending, read = self._calls.popleft()
+        pending.result(self._timeout)  # a timeout or a failed call is reported here
+        picks = read.result()[:, 0]
         if picks.min() < 0 or picks.max() >= self._vocab:
             raise CallError(
-                f"{self._current.name}: the device's greedy tokens {picks.tolist()} are outside "
+                f"{pending.name}: the device's greedy tokens {picks.tolist()} are outside "
                 f"the vocabulary (0 .. {self._vocab - 1}); pick on the host with "
                 "Generator(model, device_picks=False), and report the device"
             )
-        if self._queued is not None:
-            self._current, self._read = self._queued
-            self._queued = None
         return picks
 
 
