@@ -384,10 +384,10 @@ class GenerationStream:
             more = step < self.max_new_tokens - 1 and step < room  # another decode follows
             if picks_on_device:
                 t0 = time.perf_counter()
-                if step == 0:
+                if step == 0:  # the first token waits behind no submission
                     picks = steps.tokens()
                     prefill_s = time.perf_counter() - start
-                if more:  # the next decode goes to the device before this step's tokens are read
+                if more:  # the next decode is queued before this step's tokens are read
                     mask = np.concatenate([mask, np.ones((g.max_batch, 1), np.int64)], axis=1)
                     steps.queue(next_position[:, None].copy(), mask)
                     next_position = next_position + 1
