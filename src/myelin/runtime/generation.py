@@ -424,9 +424,9 @@ class GenerationStream:
             if step >= room:  # the next decode would hold max_seq + 1 tokens
                 reasons = [x or "max_seq" for x in reasons]
                 break
-            decode_steps += 1
             if picks_on_device:
-                continue  # queued above
+                decode_steps += 1  # queued above
+                continue
             # One more slot per row; finished rows keep running (their tokens are ignored).
             mask = np.concatenate([mask, np.ones((g.max_batch, 1), dtype=np.int64)], axis=1)
             t0 = time.perf_counter()
@@ -436,6 +436,7 @@ class GenerationStream:
                 reasons = [x or "cancelled" for x in reasons]
                 break
             calls_s += time.perf_counter() - t0
+            decode_steps += 1
             next_position = next_position + 1
         reasons = [x or "max_new_tokens" for x in reasons]
         prompt_tokens = sum(len(p) for p in self.prompts)  # the real ones, not padding

@@ -128,18 +128,14 @@ class HostRead:
 
     def _read(self) -> np.ndarray:
         entry = self._entry
-        if entry is None:
-            mapped = self._view.map()
-            try:
-                return np.array(mapped.asarray(self._shape, self._dtype), copy=True)
-            finally:
-                del mapped
-        entry.semaphore.wait(entry.value)
-        mapped = entry.buffer.map()
+        if entry is not None:
+            entry.semaphore.wait(entry.value)
+        mapped = (self._view if entry is None else entry.buffer).map()
         try:
             return np.array(mapped.asarray(self._shape, self._dtype), copy=True)
         finally:
             del mapped
-            self._entry = None
-            if self._staging is not None:
-                self._staging.give(entry, self._size)
+            if entry is not None:
+                self._entry = None
+                if self._staging is not None:
+                    self._staging.give(entry, self._size)
