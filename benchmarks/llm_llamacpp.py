@@ -1,10 +1,11 @@
 """Prefill and decode tokens/s of a TinyLlama-1.1B-shaped model on this CPU: PLeX (the
-Generator of `plex generate`) against llama.cpp (llama-cpp-python), per bit width and thread
-count, on the same seeded weights and the same token ids, interleaved.
+Generator of `plex generate`) against llama.cpp (llama-cpp-python) and onnxruntime-genai, per
+bit width and thread count, on the same seeded weights and the same token ids, interleaved.
 
     pip install -e '.[llm,llm-bench]'   # llama-cpp-python from source, see docs/benchmarks.md
     python benchmarks/llm_llamacpp.py --llama-cpp-src DIR [--cache DIR] [--threads 1 2]
                                       [--pairs fp32:F16 int8:Q8_0 q4:Q4_0] [--rounds 3]
+                                      [--runners plex llama.cpp onnxruntime-genai]
 
 The model: LlamaForCausalLM with TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads / 4
 KV heads, FFN 5632, vocab 32000), seed 0, weights normal(0, 0.02), saved once with
@@ -15,21 +16,37 @@ KV heads, FFN 5632, vocab 32000), seed 0, weights normal(0, 0.02), saved once wi
   time of each build step and the peak RSS, is kept beside its .mln;
 - llama.cpp's own `convert_hf_to_gguf.py` (in the llama-cpp-python sdist, under
   vendor/llama.cpp: --llama-cpp-src) writes GGUF F16, and `llama_model_quantize` (the
-  library's C API) makes Q8_0 and Q4_0 from it.
+  library's C API) makes Q8_0 and Q4_0 from it;
+- onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder -e cpu`)
+  writes an ONNX model per precision (ORT_PRECISIONS): PLeX's float codecs meet its fp32 model,
+  as ONNX Runtime's CPU provider has no fast fp16 MatMul (one row through a 2048 x 5632 fp16
+  MatMul takes longer than through fp32's, docs/llm.md); int8 and q4 meet its int8
+  and int4, weight-only MatMulNBits in blocks of 32 along the input (as Q8_0 and Q4_0) with
+  int8 activations (accuracy level 4, as llama.cpp's quantized dot products); it quantizes
+  every MatMul, the LM head included, and keeps the embedding table fp32. Built once per
+  precision under --cache/ortgenai, its log and seconds beside it.
 
-Both sides get the same `--prompt` random token ids (no tokenizer in the loop), decode greedy
-for `--new` tokens and never stop at EOS. PLeX: the Generator's timings (prefill = prompt
-tokens over the time to the first token; decode = the tokens after it over the wall clock from
-the first token's choice to the last's). llama.cpp: one `eval` of the prompt (n_batch =
-prompt), then one `eval` per token and the argmax of its last logits; timed the same way. The
-app names no driver, as a user's need not: the host's choice (`plex_drivers`) is the
-default's. Thread counts: IREE's task topology is process-wide, so each thread count runs in a
-process of its own (llama.cpp gets n_threads = n_threads_batch = the same count; PLeX's is
+Every runner gets the same `--prompt` random token ids (no tokenizer in the loop), decodes
+greedy for `--new` tokens and never stops at EOS. PLeX: the Generator's timings (prefill =
+prompt tokens over the time to the first token; decode = the tokens after it over the wall
+clock from the first token's choice to the last's; the app names no driver, as a user's need
+not: the host's choice, `plex_drivers`, is the default's). llama.cpp: one `eval` of the prompt
+(n_batch = prompt), then one `eval` per token and the argmax of its last logits; timed the
+same way. onnxruntime-genai: `og.Generator` greedy (do_sample off), `append_tokens` of the
+prompt, then `generate_next_token` per token; timed the same way. Its search stops at EOS
+(its config's eos_token_id must be a token of the vocabulary), so min_length = max_length keeps
+it going: that masks EOS, which changes a pick only where token 2 was the argmax (the
+`same leading tokens` check shows where).
+
+Thread counts: IREE's task topology is process-wide, so each thread count runs in a process of
+its own (llama.cpp gets n_threads = n_threads_batch = the same count; onnxruntime-genai its
+session's intra_op_num_threads, through a `og.Config` overlay of genai_config.json; PLeX's is
 `set_host_threads`, on 1 thread the model then runs on local-sync: each case's
-`plex_drivers`). Within it, each pair's two models are loaded together (at most two models in
+`plex_drivers`). Within it, each pair's models are loaded together (at most one per runner in
 memory), warmed up, and timed in alternation for `--rounds` rounds. Prints a table of medians
-with the spread of the per-round ratios (PLeX / llama.cpp: above 1 means PLeX is faster), the
-CPU and the load, and writes benchmarks/results/llm/<date>_<machine>.json.
+with the spread of the per-round ratios (PLeX / each other runner: above 1 means PLeX is
+faster), the CPU and the load, and writes benchmarks/results/llm/<date>_<machine>.json; each
+other runner's row records how many leading greedy tokens it shares with PLeX.
 
 Why convert_hf_to_gguf runs with its BPE pre-tokenizer check answered "gpt-2": the seeded
 model's tokenizer is a small byte-level BPE trained here, whose hash llama.cpp does not know;
@@ -39,14 +56,18 @@ the pre-tokenizer only matters for text, and this benchmark feeds token ids.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +95,13 @@ PAIRS = ("fp32:F16", "int8:Q8_0", "q4:Q4_0")
 # llama.cpp's file types (enum llama_ftype) for the quantizations made here.
 FTYPES = {"Q8_0": 7, "Q4_0": 2}
 PLEX_BUILD = [sys.executable, "-m", "plex", "build"]
+# What --runners may name, and each one's name in the result file; PLeX is every ratio's baseline.
+RUNNERS = {"plex": "PLeX", "llama.cpp": "llama.cpp", "onnxruntime-genai": "onnxruntime-genai"}
+# onnxruntime-genai's builder precision for each PLeX codec (the module docstring says why).
+ORT_PRECISIONS = {"fp32": "fp32", "fp16": "fp32", "bf16": "fp32", "int8": "int8", "q4": "int4"}
+# Blocks of 32 like Q8_0 / Q4_0; accuracy level 4: int8 activations (the builder's CPU default).
+ORT_QUANT_OPTIONS = ["block_size=32", "accuracy_level=4"]
+ORT_BUILD = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-e", "cpu"]
 DEFAULT_CACHE = Path(os.environ.get("PLEX_BENCH_CACHE", Path.home() / ".cache" / "plex-bench"))
 
 
@@ -190,6 +218,32 @@ def build_plex(model: Path, folder: Path, codec: str, max_seq: int) -> Path:
     return mln
 
 
+def build_ortgenai(model: Path, folder: Path, precision: str) -> Path:
+    """onnxruntime-genai's model builder on the same folder, once per precision (later runs
+    reuse it, as they do the GGUF files); its log and seconds go to build.log and build.json
+    in it. Written under another name and renamed when done, so that a stopped build is not
+    taken for a finished one."""
+    target = folder / precision
+    if (target / "genai_config.json").exists():
+        return target
+    partial, scratch = folder / f"{precision}.partial", folder / f"{precision}.scratch"
+    for path in (partial, scratch):
+        shutil.rmtree(path, ignore_errors=True)
+    partial.mkdir(parents=True)
+    extra = [] if precision == "fp32" else ORT_QUANT_OPTIONS
+    command = [*ORT_BUILD, "-i", str(model), "-o", str(partial), "-p", precision]
+    command += ["-c", str(scratch), *(["--extra_options", *extra] if extra else [])]
+    start = time.perf_counter()
+    with open(partial / "build.log", "w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    seconds = time.perf_counter() - start
+    record = {"seconds": seconds, "precision": precision, "extra_options": extra}
+    (partial / "build.json").write_text(json.dumps(record) + "\n")
+    shutil.rmtree(scratch, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
 def plex_run(generator, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
     r = generator.generate(prompt, max_new_tokens=new, use_eos=False)
     return r.prefill_tokens_per_s, r.decode_tokens_per_s, list(r.tokens[0])
@@ -219,6 +273,67 @@ def llama_run(llm, prompt: list[int], new: int) -> tuple[float, float, list[int]
     return len(prompt) / prefill, (new - 1) / decode, tokens
 
 
+def ortgenai_run(model, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    # min_length = max_length masks EOS: its greedy search would otherwise stop there
+    length = len(prompt) + new
+    params.set_search_options(do_sample=False, max_length=length, min_length=length)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(prompt)
+    generator.generate_next_token()
+    tokens = [int(generator.get_next_tokens()[0])]
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(new - 1):
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    decode = time.perf_counter() - start
+    return len(prompt) / prefill, (new - 1) / decode, tokens
+
+
+class Unavailable(Exception):
+    """A runner has no model for a pair; the message says why, and goes into its row."""
+
+
+# One generation: (prefill tok/s, decode tok/s, tokens).
+Run = Callable[[list[int], int], tuple[float, float, list[int]]]
+
+
+def open_llama_cpp(args: argparse.Namespace, pair: str, stack: contextlib.ExitStack) -> Run:
+    import llama_cpp
+
+    threads = args.threads[0]
+    llm = llama_cpp.Llama(
+        str(args.cache / "gguf" / f"model-{pair.split(':')[1]}.gguf"),
+        n_ctx=args.prompt + args.new,
+        n_batch=args.prompt,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    stack.callback(llm.close)
+    return functools.partial(llama_run, llm)
+
+
+def open_ortgenai(args: argparse.Namespace, pair: str, stack: contextlib.ExitStack) -> Run:
+    import onnxruntime_genai as og
+
+    codec = pair.split(":")[0]
+    if codec not in ORT_PRECISIONS:
+        raise Unavailable(f"no onnxruntime-genai precision for PLeX's {codec} codec")
+    config = og.Config(str(args.cache / "ortgenai" / ORT_PRECISIONS[codec]))
+    threads = {"intra_op_num_threads": args.threads[0]}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": threads}}}))
+    model = og.Model(config)
+    return functools.partial(ortgenai_run, model)
+
+
+OPENERS = {"llama.cpp": open_llama_cpp, "onnxruntime-genai": open_ortgenai}
+
+
 def worker(args: argparse.Namespace) -> None:
     """One thread count: every pair, rounds interleaved; one JSON line per pair on stdout."""
     import numpy as np
@@ -227,45 +342,47 @@ def worker(args: argparse.Namespace) -> None:
 
     # IREE's worker count, and the host's driver choice for a causal LM (local-sync on 1)
     set_host_threads(args.threads[0])
-    import llama_cpp
-
     import myelin
     from myelin.runtime.generation import Generator
 
-    threads = args.threads[0]
     prompt = np.random.default_rng(0).integers(3, 32000, args.prompt).tolist()
     instance = myelin.Instance()
     for pair in args.pairs:
-        codec, kind = pair.split(":")
-        model = instance.load(args.cache / "plex" / codec / "lm.mln")
-        llm = llama_cpp.Llama(
-            str(args.cache / "gguf" / f"model-{kind}.gguf"),
-            n_ctx=args.prompt + args.new,
-            n_batch=args.prompt,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-        )
-        rows: dict[str, list] = {"plex": [], "llama.cpp": []}
-        with Generator(model) as generator:
-            plex_run(generator, prompt, 4)  # warm up both
-            llama_run(llm, prompt, 4)
+        runs: dict[str, Run] = {}
+        skipped: dict[str, str] = {}
+        with contextlib.ExitStack() as stack:
+            model = instance.load(args.cache / "plex" / pair.split(":")[0] / "lm.mln")
+            stack.callback(model.close)
+            drivers = model.drivers
+            runs["plex"] = functools.partial(plex_run, stack.enter_context(Generator(model)))
+            for name in args.runners:
+                if name != "plex":
+                    try:
+                        runs[name] = OPENERS[name](args, pair, stack)
+                    except Unavailable as why:
+                        skipped[name] = str(why)
+            for run in runs.values():
+                run(prompt, 4)  # warm up each
+            samples: dict[str, list] = {name: [] for name in runs}
             for _ in range(args.rounds):
-                rows["plex"].append(plex_run(generator, prompt, args.new))
-                rows["llama.cpp"].append(llama_run(llm, prompt, args.new))
-        llm.close()
-        drivers = model.drivers
-        model.close()
-        same = leading_agreement(rows["plex"][0][2], rows["llama.cpp"][0][2])
+                for name, run in runs.items():
+                    samples[name].append(run(prompt, args.new))
+            runs.clear()  # onnxruntime-genai's model has no close: this drops it
+        plex_tokens = samples["plex"][0][2]
         print(
             json.dumps(
                 {
                     "pair": pair,
-                    "threads": threads,
+                    "threads": args.threads[0],
                     "load": os.getloadavg()[0],
-                    "same_leading_tokens": same,
                     "plex_drivers": drivers,
-                    **{name: [list(v[:2]) for v in values] for name, values in rows.items()},
+                    "samples": {name: [list(v[:2]) for v in got] for name, got in samples.items()},
+                    "same_leading_tokens": {
+                        name: leading_agreement(plex_tokens, got[0][2])
+                        for name, got in samples.items()
+                        if name != "plex"
+                    },
+                    "skipped": skipped,
                 }
             ),
             flush=True,
@@ -281,6 +398,12 @@ def leading_agreement(a: list[int], b: list[int]) -> int:
     )
 
 
+def ratio_cell(plex: list[float], other: list[float]) -> str:
+    # tok/s: the ratio is plex / other, so above 1 means PLeX is faster
+    each = spread(ratios(other, plex))
+    return f"{each.median:.2f}x ({each.low:.2f}-{each.high:.2f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
@@ -290,29 +413,48 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if "plex" not in args.runners:
+        parser.error("--runners must include plex: every ratio is PLeX's over another runner's")
     if args.worker:
         worker(args)
         return
 
     model = args.cache / "tinyllama-1.1b"
     write_model(model)
+    ort_builds = {}
     for pair in args.pairs:
         codec, kind = pair.split(":")
         build_plex(model, args.cache / "plex", codec, args.prompt + args.new)
-        write_gguf(model, args.cache / "gguf", args.llama_cpp_src, kind)
+        if "llama.cpp" in args.runners:
+            write_gguf(model, args.cache / "gguf", args.llama_cpp_src, kind)
+        if "onnxruntime-genai" not in args.runners:
+            continue
+        if codec in ORT_PRECISIONS:
+            built = build_ortgenai(model, args.cache / "ortgenai", ORT_PRECISIONS[codec])
+            ort_builds[built.name] = json.loads((built / "build.json").read_text())
+        else:
+            print(f"onnxruntime-genai: no precision for PLeX's {codec}, its cells are left out")
 
+    others = [name for name in args.runners if name != "plex"]
     run = new_run(
         "llm",
-        {"rounds": args.rounds, "prompt": args.prompt, "new": args.new, "threads": args.threads},
+        {
+            "rounds": args.rounds,
+            "prompt": args.prompt,
+            "new": args.new,
+            "threads": args.threads,
+            "runners": args.runners,
+        },
     )
     results = []
     for threads in args.threads:
         command = [sys.executable, __file__, "--worker", "--cache", str(args.cache)]
         command += ["--threads", str(threads), "--pairs", *args.pairs]
         command += ["--prompt", str(args.prompt), "--new", str(args.new)]
-        command += ["--rounds", str(args.rounds)]
+        command += ["--rounds", str(args.rounds), "--runners", *args.runners]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
@@ -321,41 +463,56 @@ def main() -> None:
         f"median of {args.rounds} interleaved rounds; {run['machine']['cpu']}, "
         f"{run['machine']['cores']} cores; load {run['machine']['load_before'][0]:.1f} before"
     )
+    vs = " | ".join(f"PLeX / {RUNNERS[name]} (min-max)" for name in others)
     print(
-        "| PLeX / llama.cpp | threads | prefill tok/s | ratio (min-max) | decode tok/s "
-        "| ratio (min-max) | load |"
+        f"| {' / '.join(RUNNERS[name] for name in args.runners)} | threads "
+        f"| prefill tok/s | {vs} | decode tok/s | {vs} | load |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|" + "---:|" * (2 + 2 * len(others)) + "---:|")
     for r in results:
+        samples = r["samples"]
+        codec, kind = r["pair"].split(":")
+        names = {"plex": codec, "llama.cpp": kind, "onnxruntime-genai": ORT_PRECISIONS.get(codec)}
+        options = {"plex_drivers": r["plex_drivers"]}
+        if "onnxruntime-genai" in others:
+            options["onnxruntime_genai_precision"] = ORT_PRECISIONS.get(codec)
         cells = []
         for i in (0, 1):
-            plex = [v[i] for v in r["plex"]]
-            llama = [v[i] for v in r["llama.cpp"]]
-            # tok/s: the ratio is plex / llama.cpp, so above 1 means PLeX is faster
-            each = spread(ratios(llama, plex))
-            cells.append(
-                f"{statistics.median(plex):.1f} / {statistics.median(llama):.1f} "
-                f"| {each.median:.2f}x ({each.low:.2f}-{each.high:.2f})"
-            )
+            plex = [v[i] for v in samples["plex"]]
+            rates = [
+                f"{statistics.median(v[i] for v in samples[name]):.1f}" if name in samples else "-"
+                for name in args.runners
+            ]
+            cells.append(" / ".join(rates))
+            for name in others:
+                got = samples.get(name)
+                cells.append(ratio_cell(plex, [v[i] for v in got]) if got else "-")
         print(
-            f"| {r['pair'].replace(':', ' / ')} | {r['threads']} | {' | '.join(cells)} "
-            f"| {r['load']:.1f} |"
+            f"| {' / '.join(names[name] or '-' for name in args.runners)} | {r['threads']} "
+            f"| {' | '.join(cells)} | {r['load']:.1f} |"
         )
         for i, metric in enumerate(("prefill", "decode")):
+            rows = [{"runner": RUNNERS["plex"], "samples": [v[i] for v in samples["plex"]]}]
+            for name in others:
+                if name in r["skipped"]:
+                    rows.append({"runner": RUNNERS[name], "skipped": r["skipped"][name]})
+                    continue
+                check = {
+                    "metric": "same leading tokens as PLeX",
+                    "value": r["same_leading_tokens"][name],
+                    "limit": "recorded only",
+                    "passed": None,
+                }
+                got = [v[i] for v in samples[name]]
+                rows.append({"runner": RUNNERS[name], "samples": got, "check": check})
             run["cases"].append(
                 {
                     "id": f"{r['pair'].replace(':', '-').lower()}-t{r['threads']}-{metric}",
                     "title": f"{metric} tok/s, {r['pair']}, {r['threads']} threads",
                     "unit": "tok/s",
-                    "baseline": "PLeX",
-                    "options": {
-                        "same_leading_tokens": r["same_leading_tokens"],
-                        "plex_drivers": r.get("plex_drivers"),
-                    },
-                    "rows": [
-                        {"runner": "PLeX", "samples": [v[i] for v in r["plex"]]},
-                        {"runner": "llama.cpp", "samples": [v[i] for v in r["llama.cpp"]]},
-                    ],
+                    "baseline": RUNNERS["plex"],
+                    "options": options,
+                    "rows": rows,
                 }
             )
     builds = {
@@ -364,6 +521,7 @@ def main() -> None:
         if (args.cache / "plex" / codec / "build.json").exists()
     }
     run["builds"] = builds
+    run["ortgenai_builds"] = ort_builds
     print(f"wrote {write(run)}")
 
 

@@ -149,6 +149,7 @@ def versions() -> dict:
         "transformers": _version("transformers"),
         "openvino": _version("openvino"),
         "llama-cpp-python": _version("llama_cpp_python"),
+        "onnxruntime-genai": _version("onnxruntime-genai"),
     }
     return {k: v for k, v in found.items() if v is not None}
 
