@@ -3,6 +3,7 @@ builds of the same model (issue 33: the step around the matvecs).
 
     python benchmarks/probes/llm_step.py profile A.mln [B.mln ...] [--rounds 5] [--repeat 3]
     python benchmarks/probes/llm_step.py time A.mln B.mln [...] [--rounds 5] [--new 32]
+                                         [--threads 2] [--iree-flag=--task_worker_spin_us=50]
 
 `profile`: IREE's HAL profile (myelin.runtime.profiling.capture, as `plex profile`) of one
 `prefill` of --prompt tokens and one `decode` at --prompt + 1 tokens held, on ONE worker
@@ -12,7 +13,8 @@ and share of the call's dispatch time, the builds interleaved round by round (me
 min-max of the rounds). The decomposed attention's softmax is elementwise ops and reductions,
 counted under those.
 
-`time`: the builds loaded together in one process on one thread, `Generator.generate` of the
+`time`: the builds loaded together in one process on --threads threads (IREE runtime flags
+given by --iree-flag apply to every build), `Generator.generate` of the
 same --prompt random token ids (greedy, --new tokens, no EOS) in alternation for --rounds
 rounds; prints each build's median prefill and decode tok/s with min-max, and the load.
 """
@@ -111,12 +113,17 @@ def profile(paths: list[Path], prompt: int, repeat: int, rounds: int, top: int) 
             print(f"  {s.total_ns / repeat / 1e6:8.3f} ms x{s.count // repeat:3d}  {s.name}")
 
 
-def time_builds(paths: list[Path], prompt: int, new: int, rounds: int) -> None:
+def time_builds(
+    paths: list[Path], prompt: int, new: int, rounds: int, threads: int, iree_flags: list[str]
+) -> None:
+    import iree.runtime as rt
     import numpy as np
 
     from myelin.runtime.devices import set_host_threads
 
-    set_host_threads(1)  # the causal LMs then run on local-sync (host_drivers)
+    set_host_threads(threads)  # on 1 the causal LMs run on local-sync (host_drivers)
+    if iree_flags:  # before the first model: the task executor reads them when it starts
+        rt.flags.parse_flags(*iree_flags)
     import myelin
     from myelin.runtime.generation import Generator
 
@@ -135,7 +142,8 @@ def time_builds(paths: list[Path], prompt: int, new: int, rounds: int) -> None:
             tokens[p] = list(r.tokens[0])
         loads.append(os.getloadavg()[0])
     print(
-        f"prompt {prompt}, {new} new tokens, {rounds} interleaved rounds, 1 thread, "
+        f"prompt {prompt}, {new} new tokens, {rounds} interleaved rounds, {threads} thread(s) "
+        f"{' '.join(iree_flags)}, drivers {generators[0].model.drivers}, "
         f"load {min(loads):.1f}-{max(loads):.1f}"
     )
     print("| build | prefill tok/s | decode tok/s | decode ms/step | same tokens as first |")
@@ -161,11 +169,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=1, help="time: the host thread count")
+    parser.add_argument(
+        "--iree-flag", action="append", default=[], help="time: an IREE runtime flag"
+    )
     args = parser.parse_args()
     if args.mode == "profile":
         profile(args.paths, args.prompt, args.repeat, args.rounds, args.top)
     else:
-        time_builds(args.paths, args.prompt, args.new, args.rounds)
+        time_builds(args.paths, args.prompt, args.new, args.rounds, args.threads, args.iree_flag)
 
 
 if __name__ == "__main__":

@@ -390,6 +390,33 @@ def test_a_long_q4_contraction_runs_in_chunks(long_q4, data_tiling):
     np.testing.assert_allclose(call("wide", x), x @ long_q4.decoded("wide").T, rtol=1e-5, atol=1e-5)
 
 
+# More chunks than one sum may read (_chunked.SUM_FAN_IN): 40 chunks of 256, summed as 16 + 16 + 8.
+MANY_K = 40 * 256
+MANY = LONG.split("  util.global private @v")[0].replace(str(LONG_K), str(MANY_K)) + "}\n"
+
+
+def test_many_q4_chunks_are_summed_in_dispatches_cuda_can_load(tmp_path):
+    """IREE 3.13's CUDA HAL refuses an executable of more than 64 push constants, and a sum
+    reads each chunk at an offset (two constants each): a 7B model's 43 chunks in one sum failed
+    to load on an H100. Each sum reads at most 16; the result is still the whole contraction."""
+    graph = Encoded(MANY, [("long", "q4")])
+    dump = tmp_path / "executables"
+    compile_imported(
+        graph.graph.module_bytecode,
+        phase="input",
+        devices=[TargetDevice("gpu", target="cuda")],
+        extra_flags=(f"--iree-hal-dump-executable-sources-to={dump}",),
+    )
+    constants = [
+        int(n) for f in dump.glob("*.mlir") for n in re.findall(r"constants = (\d+)", f.read_text())
+    ]
+    assert constants and max(constants) <= 64, max(constants)
+    x = np.random.default_rng(5).standard_normal((2, MANY_K)).astype(np.float32)
+    np.testing.assert_allclose(
+        graph.session()("long", x), x @ graph.decoded("long").T, rtol=1e-4, atol=1e-4
+    )
+
+
 def test_a_compile_failure_reads_in_a_few_lines_and_logs_the_rest(long_q4, tmp_path, monkeypatch):
     """IREE's own diagnostics run to hundreds of lines (each failing dispatch repeats the CPU
     feature string and its IR); the error names the graph, the op, where it came from and the

@@ -32,6 +32,12 @@ from myelin.errors import CompileError
 # keeps the tile at 32 KiB for output tiles of up to 32 floats (AVX-512 batch matmuls). A
 # matvec (one activation row) takes q4's grouped form instead: no such tile (codecs._matvec).
 CHUNK_K = 256
+# The chunks' sum reads every chunk's result, and IREE passes each as an offset into one buffer:
+# a pair of push constants per input. IREE 3.13's CUDA HAL refuses an executable of more than 64
+# ("constant_count 90 exceeds maximum of 64" when a 7B model's 11008-long axis, 43 chunks, was
+# summed in one dispatch), so at most this many are summed at once, each partial sum a dispatch of
+# its own (IREE would fuse elementwise sums back into one), then the partial sums.
+SUM_FAN_IN = 16
 
 
 def _chunks(layout: Layout) -> list[tuple[int, int]]:
@@ -174,12 +180,30 @@ def emit_chunked(
                 continue
         wrap_in_dispatch_region([*placed, clone], context)
         results.append(clone.parent.operation.results[0])
-    total = _elementwise(results, _sum_body(len(results), element), consumer, context)
+    total = _sum(results, element, consumer, context)
     consumer.results[0].replace_all_uses_with(total)
     consumer.erase()
     for op in reversed(chain.ops):
         op.erase()
     return True
+
+
+def _sum(
+    values: list[ir.Value], element: str, before: ir.Operation, context: ir.Context
+) -> ir.Value:
+    """values[0] + values[1] + ..., at most SUM_FAN_IN in one dispatch."""
+    while len(values) > SUM_FAN_IN:
+        partial = []
+        for start in range(0, len(values), SUM_FAN_IN):
+            group = values[start : start + SUM_FAN_IN]
+            if len(group) == 1:
+                partial.append(group[0])
+                continue
+            total = _elementwise(group, _sum_body(len(group), element), before, context)
+            wrap_in_dispatch_region([total.owner], context)
+            partial.append(total.owner.parent.operation.results[0])
+        values = partial
+    return _elementwise(values, _sum_body(len(values), element), before, context)
 
 
 def _sum_body(n: int, element: str) -> list[str]:
