@@ -64,15 +64,17 @@ def inputs(prompt: int, kv: int | None):
     return [ids, np.array([[kv - 1]], np.int64), np.ones((1, kv), np.int64)]
 
 
-def profile(paths: list[Path], prompt: int, repeat: int, rounds: int, top: int) -> None:
+def profile(
+    paths: list[Path], prompt: int, repeat: int, rounds: int, top: int, threads: int
+) -> None:
     from myelin.runtime import profiling
 
     command = profiling._command
 
-    def one_worker(*args, **kwargs):  # the comparison's thread count
-        return [*command(*args, **kwargs), "--task_topology_group_count=1"]
+    def workers(*args, **kwargs):  # the comparison's thread count
+        return [*command(*args, **kwargs), f"--task_topology_group_count={threads}"]
 
-    profiling._command = one_worker
+    profiling._command = workers
     calls = (("prefill", None), ("decode", prompt + 1))
     # (path, function) -> category -> ms per call, one value per round
     ms: dict[tuple[Path, str], dict[str, list[float]]] = {}
@@ -94,7 +96,7 @@ def profile(paths: list[Path], prompt: int, repeat: int, rounds: int, top: int) 
                 hottest[(path, function)] = result.dispatches[:top]
                 loads.append(os.getloadavg()[0])
     print(
-        f"{rounds} interleaved rounds of {repeat} calls each, 1 worker, prompt {prompt} "
+        f"{rounds} interleaved rounds of {repeat} calls each, {threads} worker(s), prompt {prompt} "
         f"(decode at {prompt + 1} held), load {min(loads):.1f}-{max(loads):.1f}; "
         "ms per call: median [min-max] of the rounds; share of the median total"
     )
@@ -169,13 +171,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--threads", type=int, default=1, help="time: the host thread count")
+    parser.add_argument("--threads", type=int, default=1, help="the host thread count (profile: IREE workers)")
     parser.add_argument(
         "--iree-flag", action="append", default=[], help="time: an IREE runtime flag"
     )
     args = parser.parse_args()
     if args.mode == "profile":
-        profile(args.paths, args.prompt, args.repeat, args.rounds, args.top)
+        profile(args.paths, args.prompt, args.repeat, args.rounds, args.top, args.threads)
     else:
         time_builds(args.paths, args.prompt, args.new, args.rounds, args.threads, args.iree_flag)
 
