@@ -175,24 +175,3 @@ def test_a_causal_lm_with_encoded_weights_records_why_it_data_tiles(tmp_path):
         if name == "default":
             assert chosen["data_tiling"] == {"value": True, "reason": CAUSAL_LM_TILING}
     assert tokens["default"] == tokens["untiled"]
-
-
-def test_a_decode_step_is_not_cut_into_a_submission_per_layer(tmp_path):
-    """Stream makes the host wait for a `util.optimization_barrier`'s operand, so a barrier in
-    each attention (the mask's, once) made every layer an execution region of its own: a 1.1B
-    decode step was 24 queue submissions, each a hand-off between the host and the workers. The
-    regions of a decode step no longer grow with the layers."""
-    regions = {}
-    for layers in (2, 4):
-        root = tmp_path / f"layers-{layers}"
-        package = _package(root)
-        write_model(package / "model", "llama", num_hidden_layers=layers)
-        app = root / "app.toml"
-        app.write_text(APP.format(pinned="data_tiling = false"))
-        ir = root / "ir"
-        build(app, ir, compile_to="stream")
-        text = "\n".join(p.read_text() for p in Path(ir).rglob("*.mlir"))
-        decode = text[text.index("util.func public @decode(") :]
-        decode = decode[: decode.index("\n  }")]
-        regions[layers] = decode.count("stream.cmd.execute")
-    assert regions[2] == regions[4] <= 2, regions

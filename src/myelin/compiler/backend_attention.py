@@ -95,12 +95,14 @@ def _function_text(name: str, op: ir.Operation) -> str:
     if mask_t is not None:
         element = str(ir.RankedTensorType(ins[4].type).element_type)
         mask_dyn = f"tensor<?x?x?x{element}>"
-        # No util.optimization_barrier on the mask: one kept its producer (a broadcast over the
-        # heads) out of the softmax dispatches in an earlier IREE, but Stream makes the host
-        # await a barrier's operand, so every attention ended an execution region (a 1.1B
-        # decode step was 24 submissions, each a hand-off between the host and the workers:
-        # MiniLM at 2 threads 1.10x slower). Without it the dispatches are the same.
-        mask_cast = f"%maskd = tensor.cast %mask : {mask_t} to {mask_dyn}"
+        # the barrier keeps the mask's producer (a broadcast over the heads, in MiniLM) out of
+        # the softmax dispatches: fused there, its index arithmetic made them ~15x slower
+        mask_cast = (
+            f"%maskc = tensor.cast %mask : {mask_t} to {mask_dyn}\n"
+            + "".join(f"  %md{i} = tensor.dim %maskc, %c{i} : {mask_dyn}\n" for i in range(3))
+            + f"  %maskb = util.optimization_barrier %maskc : {mask_dyn}\n"
+            f"  %maskd = flow.tensor.tie_shape %maskb : {mask_dyn}{{%md0, %md1, %md2}}"
+        )
         mask_in, mask_ty, mask_block = ", %maskd", f", {mask_dyn}", f", %keep: {element}"
         mask_map = ", #all"
         combine = (

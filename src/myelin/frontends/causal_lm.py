@@ -181,11 +181,7 @@ def _cache_classes() -> tuple[type, type]:
             block = states.to(rows.dtype).permute(2, 0, 1, 3).reshape(q, rows.shape[1])
             rows[first_row + end - q : first_row + end] = block
             held = rows[first_row : first_row + end]
-            # head_dim by value, not -1: -1 exports as a size computed at run time, a
-            # `tensor.reshape` that IREE runs as a copy of every held row (per layer and step)
-            return held.view(end, self.batch_size, self.num_heads, self.k_head_dim).permute(
-                1, 2, 0, 3
-            )
+            return held.view(end, self.batch_size, self.num_heads, -1).permute(1, 2, 0, 3)
 
         def update(self, key_states, value_states, *args, **kwargs):
             return (
