@@ -96,7 +96,8 @@ def _header(case_unit: str, baseline: str) -> list[str]:
 
 def run_heading(run: dict) -> str:
     m, v = run["machine"], run["versions"]
-    device = m["gpu"] or f"{m['cpu']}, {m['cores']} cores"
+    generation = f" ({m['cpu_generation']})" if m.get("cpu_generation") else ""
+    device = m["gpu"] or f"{m['cpu']}{generation}, {m['cores']} cores"
     load = ""
     if m.get("load_before") is not None:
         load = f", load {m['load_before'][0]}"

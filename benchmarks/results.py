@@ -91,6 +91,25 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 
 
+def _cpu_generation() -> str | None:
+    """x86's family and model numbers: a VM's model name can be a bare "AMD EPYC", and the
+    same name has covered Zen 4 (family 25) and Zen 5 (family 26) hosts, whose AVX-512 units
+    differ (Zen 4 runs 512-bit operations in two halves)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip():
+                break
+    except OSError:
+        return None
+    if len(fields) < 2:
+        return None
+    return f"family {fields['cpu family']}, model {fields['model']}"
+
+
 def machine(gpu: bool = False) -> dict:
     """What the numbers depend on: the CPU (or GPU) model, the cores, the load when it ran."""
     cpu = _cpu_model()
@@ -100,6 +119,7 @@ def machine(gpu: bool = False) -> dict:
     return {
         "name": name,
         "cpu": cpu,
+        "cpu_generation": _cpu_generation(),
         "cores": cores,
         "gpu": gpu_name,
         "load_before": [round(x, 2) for x in os.getloadavg()],
