@@ -5,7 +5,7 @@ bit width and thread count, on the same seeded weights and the same token ids, i
     pip install -e '.[llm,llm-bench]'   # llama-cpp-python from source, see docs/benchmarks.md
     python benchmarks/llm_llamacpp.py --llama-cpp-src DIR [--cache DIR] [--threads 1 2]
                                       [--pairs fp32:F16 int8:Q8_0 q4:Q4_0] [--rounds 3]
-                                      [--runners plex llama.cpp onnxruntime-genai]
+                                      [--runners llama.cpp onnxruntime-genai]
 
 The model: LlamaForCausalLM with TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads / 4
 KV heads, FFN 5632, vocab 32000), seed 0, weights normal(0, 0.02), saved once with
@@ -95,7 +95,8 @@ PAIRS = ("fp32:F16", "int8:Q8_0", "q4:Q4_0")
 # llama.cpp's file types (enum llama_ftype) for the quantizations made here.
 FTYPES = {"Q8_0": 7, "Q4_0": 2}
 PLEX_BUILD = [sys.executable, "-m", "plex", "build"]
-# What --runners may name, and each one's name in the result file; PLeX is every ratio's baseline.
+# Each runner's name in the result file; PLeX, every ratio's baseline, always runs, and
+# --runners names the others.
 RUNNERS = {"plex": "PLeX", "llama.cpp": "llama.cpp", "onnxruntime-genai": "onnxruntime-genai"}
 # onnxruntime-genai's builder precision for each PLeX codec (the module docstring says why).
 ORT_PRECISIONS = {"fp32": "fp32", "fp16": "fp32", "bf16": "fp32", "int8": "int8", "q4": "int4"}
@@ -413,11 +414,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS))
+    others = [name for name in RUNNERS if name != "plex"]
+    parser.add_argument(
+        "--runners", nargs="+", choices=others, default=others, help="beside PLeX (always run)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if "plex" not in args.runners:
-        parser.error("--runners must include plex: every ratio is PLeX's over another runner's")
+    args.runners = ["plex", *dict.fromkeys(args.runners)]
     if args.worker:
         worker(args)
         return
@@ -454,7 +457,7 @@ def main() -> None:
         command = [sys.executable, __file__, "--worker", "--cache", str(args.cache)]
         command += ["--threads", str(threads), "--pairs", *args.pairs]
         command += ["--prompt", str(args.prompt), "--new", str(args.new)]
-        command += ["--rounds", str(args.rounds), "--runners", *args.runners]
+        command += ["--rounds", str(args.rounds), "--runners", *args.runners[1:]]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         results += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 

@@ -171,7 +171,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--threads", type=int, default=1, help="the host thread count (profile: IREE workers)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="the host thread count (profile: IREE workers)"
+    )
     parser.add_argument(
         "--iree-flag", action="append", default=[], help="time: an IREE runtime flag"
     )
