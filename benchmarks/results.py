@@ -65,14 +65,23 @@ def ratios(baseline: list[float], other: list[float]) -> list[float]:
     return [o / b for b, o in zip(baseline, other, strict=True) if b > 0]
 
 
-def _cpu_model() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (none where there is no such file)."""
+    fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return fields
+    for line in lines:
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpu_model() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def _gpu_name() -> str | None:
@@ -95,17 +104,8 @@ def _cpu_generation() -> str | None:
     """x86's family and model numbers: a VM's model name can be a bare "AMD EPYC", and the
     same name has covered Zen 4 (family 25) and Zen 5 (family 26) hosts, whose AVX-512 units
     differ (Zen 4 runs 512-bit operations in two halves)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if not line.strip():
-                break
-    except OSError:
-        return None
-    if len(fields) < 2:
+    fields = _cpuinfo()
+    if "cpu family" not in fields or "model" not in fields:
         return None
     return f"family {fields['cpu family']}, model {fields['model']}"
 
