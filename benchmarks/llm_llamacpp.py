@@ -356,12 +356,11 @@ def worker(args: argparse.Namespace) -> None:
             stack.callback(model.close)
             drivers = model.drivers
             runs["plex"] = functools.partial(plex_run, stack.enter_context(Generator(model)))
-            for name in args.runners:
-                if name != "plex":
-                    try:
-                        runs[name] = OPENERS[name](args, pair, stack)
-                    except Unavailable as why:
-                        skipped[name] = str(why)
+            for name in args.runners[1:]:
+                try:
+                    runs[name] = OPENERS[name](args, pair, stack)
+                except Unavailable as why:
+                    skipped[name] = str(why)
             for run in runs.values():
                 run(prompt, 4)  # warm up each
             samples: dict[str, list] = {name: [] for name in runs}
@@ -420,7 +419,7 @@ def main() -> None:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.runners = ["plex", *dict.fromkeys(args.runners)]
+    args.runners = ["plex", *dict.fromkeys(args.runners)]  # PLeX first: every ratio's baseline
     if args.worker:
         worker(args)
         return
@@ -441,7 +440,7 @@ def main() -> None:
         else:
             print(f"onnxruntime-genai: no precision for PLeX's {codec}, its cells are left out")
 
-    others = [name for name in args.runners if name != "plex"]
+    others = args.runners[1:]
     run = new_run(
         "llm",
         {
