@@ -33,6 +33,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from myelin import hostinfo
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 SCHEMA = 1
@@ -65,23 +67,8 @@ def ratios(baseline: list[float], other: list[float]) -> list[float]:
     return [o / b for b, o in zip(baseline, other, strict=True) if b > 0]
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (none where there is no such file)."""
-    fields: dict[str, str] = {}
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return fields
-    for line in lines:
-        if not line.strip():
-            break
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    return fields
-
-
 def _cpu_model() -> str:
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+    return hostinfo.cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def _gpu_name() -> str | None:
@@ -104,10 +91,12 @@ def _cpu_generation() -> str | None:
     """x86's family and model numbers: a VM's model name can be a bare "AMD EPYC", and the
     same name has covered Zen 4 (family 25) and Zen 5 (family 26) hosts, whose AVX-512 units
     differ (Zen 4 runs 512-bit operations in two halves)."""
-    fields = _cpuinfo()
+    fields = hostinfo.cpuinfo()
     if "cpu family" not in fields or "model" not in fields:
         return None
-    return f"family {fields['cpu family']}, model {fields['model']}"
+    named = hostinfo.llvm_cpu()
+    generation = f"family {fields['cpu family']}, model {fields['model']}"
+    return f"{generation} ({named})" if named else generation
 
 
 def machine(gpu: bool = False) -> dict:

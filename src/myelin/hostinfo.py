@@ -23,19 +23,53 @@ _X86_CODEGEN_FLAGS = frozenset(
 
 
 @functools.cache
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (none where there is no such file)."""
+    fields: dict[str, str] = {}
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return fields
+    for line in lines:
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """Codegen-relevant CPU flags of this machine (empty where they cannot be read)."""
+    fields = cpuinfo()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    if platform.machine() in ("x86_64", "AMD64"):
+        return frozenset(flags & _X86_CODEGEN_FLAGS)
+    return frozenset(flags)
+
+
+# AMD's x86 family 25 models that are Zen 4 (the family's others are Zen 3), as LLVM's host
+# detection tells them apart.
+_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x75), range(0x78, 0x7C), range(0xA0, 0xB0))
+
+
+def llvm_cpu() -> str | None:
+    """LLVM's name for this machine's CPU where the build tunes for the generation: AMD Zen 3,
+    Zen 4 and Zen 5 ("znver3" ... "znver5"), by x86 family and model as LLVM's host detection
+    names them; None for any other. A VM can report a bare "AMD EPYC" for all three, and Zen 4
+    runs a 512-bit operation in two halves where Zen 5 has whole 512-bit units."""
+    fields = cpuinfo()
+    if fields.get("vendor_id") != "AuthenticAMD":
+        return None
     try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags = set(line.split(":", 1)[1].split())
-            if platform.machine() in ("x86_64", "AMD64"):
-                return frozenset(flags & _X86_CODEGEN_FLAGS)
-            return frozenset(flags)
-    return frozenset()
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return None
+    if family == 26:
+        return "znver5"
+    if family == 25:
+        return "znver4" if any(model in r for r in _ZEN4_MODELS) else "znver3"
+    return None
 
 
 def machine() -> str:

@@ -32,6 +32,7 @@ Only one activation row (M = 1, a decode step of batch 1): the encode step marks
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import shutil
@@ -59,6 +60,12 @@ MAX_WORKGROUPS = 32
 # So such kernels get one workgroup per this many weight bytes (at least one).
 BYTES_PER_QUANTIZING_WORKGROUP = 1 << 20
 HEADER = Path(__file__).with_name("cpu_matvec.h")
+# The kernels' software prefetch distance down a weight's stream, in bytes, by the LLVM CPU the
+# build targets; every other CPU gets 0, the hardware prefetchers alone. A decode step's weights
+# read from memory on one core (docs/codecs.md, "Software prefetch by CPU"): on Zen 5, 4 KiB
+# ahead took one-thread decode from 9.8 to 10.8 tok/s (fp16), 16.9 to 19.2 (int8) and 21.8 to
+# 29.9 (q4); on Zen 4 the same prefetch made the step 1.29x (q4) to 1.50x (int8) slower.
+PREFETCH_AHEAD_BYTES = {"znver5": 4096}
 # Freestanding: the object is linked into an embedded ELF (no libc, no unwind tables, no
 # stack protector, no loops turned into memset/memcpy calls).
 CFLAGS = (
@@ -100,6 +107,7 @@ class Kernel:
     # (the blocked layouts, `Layout.blocked`: `FLOAT_BLOCKS`, `INT8_BLOCKS`, `Q4_BLOCKS`; 0:
     # none): workgroups take whole stored blocks.
     wide_block: int = 0
+    ahead_bytes: int = 0  # the software prefetch's distance (PREFETCH_AHEAD_BYTES; 0: none)
 
     @property
     def source(self) -> Path:
@@ -117,6 +125,7 @@ class Kernel:
             f"-DPLEX_GROUP={GROUP}",
             f"-DPLEX_MAX_K={MAX_K}",
             f"-DPLEX_WIDE_BLOCK={self.wide_block}",
+            f"-DPLEX_AHEAD_BYTES={self.ahead_bytes}",
         )
         return (*CFLAGS, *(f"-m{f}" for f in self.features), *numbers)
 
@@ -162,7 +171,7 @@ def kernel_object(kernel: Kernel) -> Path:
     `path` only: one given as `data` links as an empty file (undefined symbol), or crashes
     iree-compile when it has no path."""
     folder = Path(tempfile.gettempdir()) / "plex-kernels"
-    target = folder / f"{kernel.name}-{digest()}.o"
+    target = folder / f"{kernel.name}-ahead{kernel.ahead_bytes}-{digest()}.o"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
@@ -201,24 +210,40 @@ def _cpu_features(devices: Sequence[Any]) -> frozenset[str] | None:
     return frozenset(f.replace("_", "") for f in hostinfo.cpu_flags())  # avx512_vnni: avx512vnni
 
 
+def _llvm_cpu(devices: Sequence[Any]) -> str | None:
+    """The LLVM CPU of the one device `_cpu_features` read: the one it names, else the host's
+    (myelin.hostinfo.llvm_cpu) for `cpu = "host"`."""
+    from myelin import hostinfo
+
+    cpu = devices[0].cpu or "host"
+    return hostinfo.llvm_cpu() if cpu == "host" else cpu
+
+
 def select(devices: Sequence[Any]) -> dict[str, tuple[Kernel, ...]]:
     """Per form, the kernels a variant on these devices (TargetDevice) may run, in KERNELS'
-    order: those whose features its CPU has, built where gcc and the kernel's source are. A
-    matvec runs the first that takes its shape; forms absent keep IREE's code."""
+    order: those whose features its CPU has, built where gcc and the kernel's source are, with
+    that CPU's prefetch distance (PREFETCH_AHEAD_BYTES). A matvec runs the first that takes its
+    shape; forms absent keep IREE's code."""
     features = _cpu_features(devices)
     if features is None or shutil.which("gcc") is None:
         return {}
+    ahead = PREFETCH_AHEAD_BYTES.get(_llvm_cpu(devices) or "", 0)
     chosen: dict[str, tuple[Kernel, ...]] = {}
     for kernel in KERNELS:
         if set(kernel.features) <= features and kernel.source.exists():
-            chosen[kernel.form] = (*chosen.get(kernel.form, ()), kernel)
+            tuned = dataclasses.replace(kernel, ahead_bytes=ahead)
+            chosen[kernel.form] = (*chosen.get(kernel.form, ()), tuned)
     return chosen
 
 
 def selection_key(devices: Sequence[Any]) -> str:
-    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 q4=...,..."."""
+    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 q4=...,..." and the
+    prefetch distance ("ahead=4096")."""
     chosen = sorted(select(devices).items())
-    return " ".join(f"{f}={','.join(k.name for k in ks)}" for f, ks in chosen) or "(none)"
+    if not chosen:
+        return "(none)"
+    kernels = " ".join(f"{f}={','.join(k.name for k in ks)}" for f, ks in chosen)
+    return f"{kernels} ahead={chosen[0][1][0].ahead_bytes}"
 
 
 def _dims(value: ir.Value) -> list[int]:

@@ -22,6 +22,19 @@
 #ifndef PLEX_BLOCK
 #define PLEX_BLOCK 0
 #endif
+/* The software prefetch's distance down a kernel's weight stream, in bytes; 0: none, the
+ * hardware prefetchers alone. The Python side picks it per target CPU (PREFETCH_AHEAD_BYTES):
+ * on Zen 5 it paid, on Zen 4 it slowed a decode step's reads. A prefetch past the end of the
+ * weight does not fault. */
+#ifndef PLEX_AHEAD_BYTES
+#define PLEX_AHEAD_BYTES 0
+#endif
+#define PREFETCH_AHEAD(p)                                                   \
+  do {                                                                      \
+    if (PLEX_AHEAD_BYTES)                                                   \
+      _mm_prefetch((const char*)(p) + PLEX_AHEAD_BYTES, _MM_HINT_T0);       \
+  } while (0)
+
 /* The outputs of the weight's stored blocks where N is a multiple (Kernel.wide_block). */
 #define CHECK_WIDE_BLOCK(block) \
   _Static_assert(!PLEX_WIDE_BLOCK || PLEX_WIDE_BLOCK == (block), "WIDE_BLOCK differs")

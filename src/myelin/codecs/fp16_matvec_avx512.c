@@ -8,14 +8,14 @@
  *
  * A block of outputs walks down all K rows (B / 16 accumulators), and its K rows of B outputs
  * lie back to back: one contiguous stream of K x B x 2 bytes, which the hardware prefetchers
- * follow close to the core's sequential read rate; each row also prefetches the one AHEAD_BYTES
- * on (3-4% more in a decode step). Stored [K][N], the same walk stepped a row (a new page) every
- * iteration and read weights from memory 1.4x slower (docs/codecs.md, "CPU matvec kernels"). */
+ * follow close to the core's sequential read rate; on CPUs where it pays each row also prefetches
+ * the one PLEX_AHEAD_BYTES on (cpu_matvec.h). Stored [K][N], the same walk stepped a row (a new
+ * page) every iteration and read weights from memory 1.4x slower (docs/codecs.md, "CPU matvec
+ * kernels"). */
 #include "cpu_matvec.h"
 
 #define BLOCK 128      /* outputs per narrow block: the granule a workgroup's share is counted in */
 #define WIDE_BLOCK 256 /* outputs per block where N is a multiple */
-#define AHEAD_BYTES 4096 /* the software prefetch's distance down the block's stream */
 CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
 CHECK_WIDE_BLOCK(WIDE_BLOCK);
 
@@ -26,8 +26,7 @@ CHECK_WIDE_BLOCK(WIDE_BLOCK);
     for (int j = 0; j < ACC; ++j) acc[j] = _mm512_loadu_ps(init + n0 + 16 * j);             \
     const uint16_t* row = w;                                                                 \
     _Pragma("GCC unroll 2") for (size_t kk = 0; kk < k; ++kk, row += 16 * ACC) {             \
-      const char* ahead = (const char*)row + AHEAD_BYTES; /* past the end: no fault */       \
-      for (int l = 0; l < ACC / 2; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);           \
+      for (int l = 0; l < ACC / 2; ++l) PREFETCH_AHEAD((const char*)row + 64 * l);          \
       const __m512 xv = _mm512_set1_ps(x[kk]);                                               \
       for (int j = 0; j < ACC; ++j) {                                                        \
         const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16 * j))); \

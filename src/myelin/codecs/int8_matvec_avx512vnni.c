@@ -17,12 +17,12 @@
 #define WIDE_BLOCK 256 /* outputs per stored block where N is a multiple */
 CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
 CHECK_WIDE_BLOCK(WIDE_BLOCK);
-#define AHEAD_BYTES 4096 /* the software prefetch's distance down the block's stream */
 
 /* The outputs c0 .. c0 + width - 1 of one stored block at `codes` (width = B: its K rows of
  * width bytes, back to back). The rows are read 4 at a time, so the block is one contiguous
- * stream, prefetched AHEAD_BYTES on: measured on Zen 5 with the weights out of cache, 1.49x
- * the rate of the same steps over [K][N] rows (docs/codecs.md, "CPU matvec kernels"). */
+ * stream (prefetched PLEX_AHEAD_BYTES on where that pays): measured on Zen 5 with the weights
+ * out of cache, 1.49x the rate of the same steps over [K][N] rows (docs/codecs.md, "CPU matvec
+ * kernels"). */
 static void chunk(const int8_t* codes, const float* scale, const float* init, float* out,
                   size_t k, size_t c0, size_t width, const int8_t* xq, const float* d,
                   const int32_t* xi) {
@@ -40,8 +40,7 @@ static void chunk(const int8_t* codes, const float* scale, const float* init, fl
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const int8_t* c = codes + row * width;
-      for (size_t b = 0; b < 4 * width; b += 64)
-        _mm_prefetch((const char*)c + AHEAD_BYTES + b, _MM_HINT_T0); /* past the end: no fault */
+      for (size_t b = 0; b < 4 * width; b += 64) PREFETCH_AHEAD((const char*)c + b);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK) {
         const __m512i r0 = _mm512_xor_si512(_mm512_loadu_si512(c), flip);
         const __m512i r1 = _mm512_xor_si512(_mm512_loadu_si512(c + width), flip);

@@ -21,12 +21,12 @@
 #define WIDE_BLOCK 256 /* outputs per stored block where N is a multiple */
 CHECK_BLOCK(BLOCK);    /* the Python table's block (Kernel.block) */
 CHECK_WIDE_BLOCK(WIDE_BLOCK);
-#define AHEAD_BYTES 4096 /* the software prefetch's distance down the block's stream */
 
 /* The outputs c0 .. c0 + width - 1 of one stored block (width = B): its codes at `codes` (K rows
  * of width / 2 bytes, back to back), its group factors at `scale` and `offset` (K / 32 rows of
- * width). The rows are read 4 at a time, so the block is one contiguous stream, prefetched
- * AHEAD_BYTES on: the weight streams from memory at the core's sequential rate (docs/codecs.md,
+ * width). The rows are read 4 at a time, so the block is one contiguous stream (prefetched
+ * PLEX_AHEAD_BYTES on where that pays): the weight streams from memory at the core's sequential
+ * rate (docs/codecs.md,
  * "CPU matvec kernels": 1.48x the rate of the same steps over [K][N] rows in the harness). */
 static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
                   const float* row_scale, const float* row_offset, const float* init,
@@ -47,8 +47,7 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const uint8_t* c = codes + row * stride;
-      for (size_t b = 0; b < 4 * stride; b += 64) /* past the end: no fault */
-        _mm_prefetch((const char*)c + AHEAD_BYTES + b, _MM_HINT_T0);
+      for (size_t b = 0; b < 4 * stride; b += 64) PREFETCH_AHEAD((const char*)c + b);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK / 2) {
         const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
         const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
