@@ -218,7 +218,10 @@ def test_q4_avx2_kernel_matches_numpy_on_the_stored_bytes(encoded):
 @needs("int8")
 @needs("fp16")
 def test_int8_and_fp16_kernels_match_numpy_on_the_stored_bytes(encoded_int8):
-    call = encoded_int8.session()
+    _check_int8_fp16(encoded_int8, encoded_int8.session())
+
+
+def _check_int8_fp16(encoded_int8: Encoded, call) -> None:
     rng = np.random.default_rng(13)
     x = rng.standard_normal((1, 1, K)).astype(np.float32)
     got = call("lin", x)
@@ -238,6 +241,21 @@ def test_int8_and_fp16_kernels_match_numpy_on_the_stored_bytes(encoded_int8):
     _close(got, x2 @ encoded_int8.decoded("wide"))
     stored = {s.key: s.data for s in encoded_int8.graph.stored}["wide"]
     _close(got, x2 @ _unblocked(stored, WIDE, 256).astype(np.float32))
+
+
+@needs("q4")
+@needs("int8")
+@needs("fp16")
+def test_kernels_that_prefetch_compute_what_the_others_do(encoded, encoded_int8, monkeypatch):
+    # Only a Zen 5 target prefetches down the weight stream (PREFETCH_AHEAD_BYTES): here the
+    # host's CPU is given the distance, so the prefetching objects are built and run whatever
+    # this CPU is
+    monkeypatch.setattr(cpu_kernels, "PREFETCH_AHEAD_BYTES", {hostinfo.llvm_cpu() or "": 4096})
+    host = cpu_kernels.select([TargetDevice("cpu")])
+    assert {k.ahead_bytes for ks in host.values() for k in ks} == {4096}
+    assert all("-DPLEX_AHEAD_BYTES=4096" in k.cflags for ks in host.values() for k in ks)
+    _check_q4(encoded, encoded.session())
+    _check_int8_fp16(encoded_int8, encoded_int8.session())
 
 
 def _kernel_calls(encoded: Encoded, calls: dict[str, str]) -> str:
@@ -310,6 +328,12 @@ def test_kernel_selection_follows_the_target_cpu_features():
             "int8": ["int8_matvec_avx512vnni"],
             "fp16": ["fp16_matvec_avx512"],
         }
+        # the prefetch distance follows the CPU named: Zen 5's 4 KiB, none on Zen 4
+        for cpu, ahead in (("znver5", 4096), ("znver4", 0), ("x86-64-v4", 0)):
+            named = TargetDevice("cpu", cpu=cpu, cpu_features=vnni.cpu_features)
+            chosen = cpu_kernels.select([named])
+            assert {k.ahead_bytes for ks in chosen.values() for k in ks} == {ahead}
+            assert cpu_kernels.selection_key([named]).endswith(f"ahead={ahead}")
 
 
 def test_other_targets_keep_irees_matvec(encoded, encoded_int8):

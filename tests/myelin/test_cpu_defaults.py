@@ -96,6 +96,24 @@ def test_data_tiling_is_chosen_where_it_was_measured_to_pay(cpu, features, chose
     assert choice.reason
 
 
+@pytest.mark.parametrize(
+    ("vendor", "family", "model", "named"),
+    [
+        ("AuthenticAMD", "26", "17", "znver5"),
+        ("AuthenticAMD", "25", "17", "znver4"),  # a Zen 4 EPYC (Genoa)
+        ("AuthenticAMD", "25", "1", "znver3"),  # a Zen 3 EPYC (Milan)
+        ("AuthenticAMD", "23", "49", None),
+        ("GenuineIntel", "6", "143", None),
+    ],
+)
+def test_the_hosts_amd_generation_is_named_as_llvm_names_it(
+    monkeypatch, vendor, family, model, named
+):
+    fields = {"vendor_id": vendor, "cpu family": family, "model": model}
+    monkeypatch.setattr(hostinfo, "cpuinfo", lambda: fields)
+    assert hostinfo.llvm_cpu() == named
+
+
 def test_the_host_choice_follows_this_cpus_isa():
     flags = hostinfo.cpu_flags()
     expected = (
