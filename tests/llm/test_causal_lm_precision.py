@@ -107,20 +107,26 @@ def test_the_cache_holds_the_models_dtype(measured):
     cache = measured["cache"]
     fp32_bytes = cache["fp32"][0]
     assert cache["fp32"][1] == "float32"
-    assert cache["int8"] == (fp32_bytes, "float32")  # a weight codec leaves compute float32
+    assert cache["int8"] == (fp32_bytes, "float32")  # a weight codec leaves the cache float32
     assert cache["dtype float16"] == (fp32_bytes // 2, "float16")
     assert cache["dtype bfloat16"] == (fp32_bytes // 2, "bfloat16")
 
 
-def test_q4_weights_choose_bf16_matmul_inputs_where_the_cpu_has_bf16_dot_products(measured):
-    """Every weight q4, coarser than bf16: the build rounds matmul inputs to bf16 where the
-    packed kernels have AVX512-BF16 (recorded with its reason); any other codec keeps f32 and
-    records no choice."""
+def test_q4_and_int8_weights_choose_bf16_matmul_inputs_where_the_cpu_has_bf16_dot_products(
+    measured,
+):
+    """Every weight q4 (or every weight int8), coarser than bf16: the build rounds matmul inputs
+    to bf16 where the packed kernels have AVX512-BF16 (recorded with its reason); fp16 keeps
+    f32 and records no choice."""
     devices = measured["devices"]
     want = compute_choice(data_tiling_choice("host", "").value, True, "host", "")
     assert want is not None
-    assert devices["q4"]["host_chosen"]["compute"] == {"value": want.value, "reason": want.reason}
-    assert devices["q4"]["options"].get("compute", "f32") == want.value
-    for name in ("fp32", "fp16", "int8"):
+    for name in ("q4", "int8"):
+        assert devices[name]["host_chosen"]["compute"] == {
+            "value": want.value,
+            "reason": want.reason,
+        }
+        assert devices[name]["options"].get("compute", "f32") == want.value
+    for name in ("fp32", "fp16"):
         assert "compute" not in devices[name].get("host_chosen", {})
         assert "compute" not in devices[name]["options"]

@@ -5,7 +5,7 @@ On a CPU with AVX512-BF16 the data-tiled kernels then run bf16 dot products (two
 f32 lane) on weights packed at half the bytes: the reduced-precision mode OpenVINO's CPU plugin
 takes by default on such a CPU. Elsewhere the bf16 inputs are widened again and nothing is
 gained. It moves an f32 model's outputs by a few thousandths, so the build chooses it itself
-only for a model whose weights are all q4, far coarser than bf16, on a CPU with AVX512-BF16
+only for a model whose weights are all q4 or int8, coarser than bf16, on a CPU with AVX512-BF16
 (myelin.compiler.targets.compute_choice); otherwise it is the app's choice.
 
 IREE 3.13 has the rewrite as a global-optimization pass, but its flags

@@ -186,9 +186,11 @@ def reductions_choice(cpu: str | None, cpu_features: str | None) -> HostChoice:
 
 
 # Weight codecs coarser than bf16 activations: a model whose every encoded weight is one of
-# these loses nothing measurable when its matmul inputs are rounded to bf16 (q4's decode kernels
-# already round the activation to 8 bits per group, as llama.cpp's Q4_0 dot products do).
-BF16_COMPUTE_CODECS = ("q4",)
+# these loses nothing measurable when its matmul inputs are rounded to bf16. An int8 weight's
+# error (half a step of its row's scale, ~1% of a typical weight) is several times bf16's
+# rounding (2^-9), and both codecs' decode kernels already round the activation to 8 bits per
+# group, as llama.cpp's Q4_0 / Q8_0 dot products do (docs/llm.md, "Weight codecs and dtype").
+BF16_COMPUTE_CODECS = ("q4", "int8")
 
 
 def _has_bf16(cpu: str | None, cpu_features: str | None) -> bool:
@@ -204,8 +206,9 @@ def compute_choice(
     data_tiling: bool, coarse_weights: bool, cpu: str | None, cpu_features: str | None
 ) -> HostChoice | None:
     """ "bf16" where a model's encoded weights are all coarser than bf16 (BF16_COMPUTE_CODECS)
-    and its packed matmuls have AVX512-BF16 dot products: a q4 TinyLlama-1.1B's 128-token
-    prefill ran 1.62x faster on a Zen 5 core (myelin.compiler.cpu_compute). None where the
+    and its packed matmuls have AVX512-BF16 dot products: a TinyLlama-1.1B's 128-token
+    prefill ran 1.62x faster on a Zen 5 core with q4 weights, 1.71x on a Zen 4 core with int8
+    (myelin.compiler.cpu_compute). None where the
     weights are not all coarse: the model's own precision, nothing to choose."""
     if not coarse_weights:
         return None
@@ -215,7 +218,8 @@ def compute_choice(
         return HostChoice("f32", "no AVX512-BF16: bf16 inputs would be widened again")
     return HostChoice(
         "bf16",
-        "every encoded weight is q4, coarser than bf16: matmul inputs rounded to bf16 run "
+        f"every encoded weight is {' or '.join(BF16_COMPUTE_CODECS)}, coarser than bf16: "
+        "matmul inputs rounded to bf16 run "
         'AVX512-BF16 dot products (pin compute = "f32" to keep f32 inputs)',
     )
 
