@@ -84,6 +84,10 @@ def ray_cluster() -> Iterator[LoopbackCluster]:
     environment = pytest.MonkeyPatch()  # restored after the module: later tests see no change
     environment.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on 127.0.0.1
     environment.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray starts its workers at niceness 15: beside any other work on the machine (a benchmark,
+    # another test run) the steps would get a few percent of a core and a 4 s build took 70 s.
+    # At 0 they share the CPU as the driver does, and the module's time is its own.
+    environment.setenv("RAY_worker_niceness", "0")
     # Workers import this module for its test job (a step is found by its module's name, and
     # pytest imports this file by its folder).
     paths = [str(REPO), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
