@@ -101,9 +101,12 @@ def test_a_token_authenticated_cluster_refuses_a_driver_without_the_token(tmp_pa
             return done.stdout.strip()
 
         assert driver(secured).startswith("connected 1")
-        unauthenticated = {**base, "RAY_AUTH_MODE": "disabled"}
+        # A refused driver tries the GCS RAY_NUM_REDIS_GET_RETRIES times, a second apart (20 s
+        # by default); the cluster has just taken the secured driver, so 3 tries say the same.
+        refused_soon = {"RAY_NUM_REDIS_GET_RETRIES": "3"}
+        unauthenticated = {**base, **refused_soon, "RAY_AUTH_MODE": "disabled"}
         assert driver(unauthenticated).startswith("refused"), "a driver without the token ran"
-        wrong = {**secured, "RAY_AUTH_TOKEN": "not-" + token}
+        wrong = {**secured, **refused_soon, "RAY_AUTH_TOKEN": "not-" + token}
         assert driver(wrong).startswith("refused"), "a driver with a wrong token ran"
     finally:
         assert head.stdin is not None
