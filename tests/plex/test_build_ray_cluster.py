@@ -88,6 +88,10 @@ def ray_cluster() -> Iterator[LoopbackCluster]:
     # another test run) the steps would get a few percent of a core and a 4 s build took 70 s.
     # At 0 they share the CPU as the driver does, and the module's time is its own.
     environment.setenv("RAY_worker_niceness", "0")
+    # The GCS declares a node dead after 5 failed health checks, one every 3 s by default: the
+    # killed worker's tasks waited 15 s to be retried. A failed check is a refused connection or
+    # a 10 s timeout, not the period, so checking each second only notices the death sooner.
+    environment.setenv("RAY_health_check_period_ms", "1000")
     # Workers import this module for its test job (a step is found by its module's name, and
     # pytest imports this file by its folder).
     paths = [str(REPO), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
