@@ -254,9 +254,13 @@ def test_a_fused_build_does_not_warn(built, tmp_path):
         build(root / "app.toml", tmp_path / "quiet.mln", strict=True)
 
 
+# compute pinned to f32: an all-q4 or all-int8 app would take bf16 matmul inputs on an
+# AVX512-BF16 host (myelin.compiler.targets.compute_choice), and this test checks the decoded
+# weights' f32 results
 DATA_TILED_APP = APP.replace(
     "[weights.codec]",
-    '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ndata_tiling = true\n\n'
+    '[devices.cpu]\ntarget = "llvm-cpu"\ndriver = "local-task"\ndata_tiling = true\n'
+    'compute = "f32"\n\n'
     "[weights.codec]",
 ).replace('"emb" = "q4"', '"emb" = "q4"\n"proj.weight" = "q4"')
 
