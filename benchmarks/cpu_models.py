@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from myelin import hostinfo
 
 HERE = Path(__file__).resolve().parent
 
@@ -227,14 +228,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cpu-models-") as tmp:
         for name in args.models:
             rows += bench(name, Path(tmp), args)
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = hostinfo.cpu_name()
     print(
         f"# {datetime.date.today()} {cpu}, {os.cpu_count()} CPUs, load {load_before:.1f} -> "
         f"{os.getloadavg()[0]:.1f}, threads {args.threads}, batch 1, torch {torch.__version__}"

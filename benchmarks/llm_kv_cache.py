@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -100,13 +99,6 @@ def step_times(session, filled: int, steps: int) -> list[float]:
     return times
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def decode_inputs(filled: int) -> list[np.ndarray]:
     """A decode step's inputs when the sequence holds `filled` tokens before it."""
     return [np.array([[5]]), np.array([[filled]]), np.ones((1, filled + 1), dtype=np.int64)]
@@ -121,6 +113,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import myelin
+    from myelin import hostinfo
     from myelin.runtime.generation import Generator
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +137,7 @@ def main() -> None:
         vocab = generators[args.max_seq[0]].vocab
         smallest = min(args.max_seq)
         print(
-            f"{cpu_model()}, {os.cpu_count()} cores, local-task; load average "
+            f"{hostinfo.cpu_name()}, {os.cpu_count()} cores, local-task; load average "
             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after; {args.rounds} rounds of "
             f"{args.steps} decode steps"
         )

@@ -67,10 +67,6 @@ def ratios(baseline: list[float], other: list[float]) -> list[float]:
     return [o / b for b, o in zip(baseline, other, strict=True) if b > 0]
 
 
-def _cpu_model() -> str:
-    return hostinfo.cpuinfo().get("model name") or platform.processor() or platform.machine()
-
-
 def _gpu_name() -> str | None:
     try:
         import torch
@@ -101,7 +97,7 @@ def _cpu_generation() -> str | None:
 
 def machine(gpu: bool = False) -> dict:
     """What the numbers depend on: the CPU (or GPU) model, the cores, the load when it ran."""
-    cpu = _cpu_model()
+    cpu = hostinfo.cpu_name()
     cores = os.cpu_count() or 1
     gpu_name = _gpu_name() if gpu else None
     name = slug(gpu_name) if gpu_name else f"{slug(cpu)}-{cores}c"

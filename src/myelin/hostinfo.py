@@ -38,6 +38,11 @@ def cpuinfo() -> dict[str, str]:
     return fields
 
 
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, else what the platform module knows."""
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """Codegen-relevant CPU flags of this machine (empty where they cannot be read)."""
