@@ -210,13 +210,15 @@ def _cpu_features(devices: Sequence[Any]) -> frozenset[str] | None:
     return frozenset(f.replace("_", "") for f in hostinfo.cpu_flags())  # avx512_vnni: avx512vnni
 
 
-def _llvm_cpu(devices: Sequence[Any]) -> str | None:
-    """The LLVM CPU of the one device `_cpu_features` read: the one it names, else the host's
-    (myelin.hostinfo.llvm_cpu) for `cpu = "host"`."""
+def _ahead_bytes(devices: Sequence[Any]) -> int:
+    """The prefetch distance (PREFETCH_AHEAD_BYTES) for the LLVM CPU of the one device
+    `_cpu_features` read: the one it names, else the host's (myelin.hostinfo.llvm_cpu) for
+    `cpu = "host"`."""
     from myelin import hostinfo
 
     cpu = devices[0].cpu or "host"
-    return hostinfo.llvm_cpu() if cpu == "host" else cpu
+    named = hostinfo.llvm_cpu() if cpu == "host" else cpu
+    return PREFETCH_AHEAD_BYTES.get(named or "", 0)
 
 
 def select(devices: Sequence[Any]) -> dict[str, tuple[Kernel, ...]]:
@@ -227,7 +229,7 @@ def select(devices: Sequence[Any]) -> dict[str, tuple[Kernel, ...]]:
     features = _cpu_features(devices)
     if features is None or shutil.which("gcc") is None:
         return {}
-    ahead = PREFETCH_AHEAD_BYTES.get(_llvm_cpu(devices) or "", 0)
+    ahead = _ahead_bytes(devices)
     chosen: dict[str, tuple[Kernel, ...]] = {}
     for kernel in KERNELS:
         if set(kernel.features) <= features and kernel.source.exists():
@@ -243,7 +245,7 @@ def selection_key(devices: Sequence[Any]) -> str:
     if not chosen:
         return "(none)"
     kernels = " ".join(f"{f}={','.join(k.name for k in ks)}" for f, ks in chosen)
-    return f"{kernels} ahead={chosen[0][1][0].ahead_bytes}"
+    return f"{kernels} ahead={_ahead_bytes(devices)}"
 
 
 def _dims(value: ir.Value) -> list[int]:
