@@ -333,7 +333,11 @@ def test_kernel_selection_follows_the_target_cpu_features():
             named = TargetDevice("cpu", cpu=cpu, cpu_features=vnni.cpu_features)
             chosen = cpu_kernels.select([named])
             assert {k.ahead_bytes for ks in chosen.values() for k in ks} == {ahead}
-            assert cpu_kernels.selection_key([named]).endswith(f"ahead={ahead}")
+            key = cpu_kernels.selection_key([named])
+            assert f" ahead={ahead} " in key
+            # the workgroup split changes the executables too: a cache must not serve an old one
+            split = f"{cpu_kernels.MAX_WORKGROUPS}/{cpu_kernels.BYTES_PER_QUANTIZING_WORKGROUP}"
+            assert key.endswith(f"workgroups={split}")
 
 
 def test_other_targets_keep_irees_matvec(encoded, encoded_int8):

@@ -54,11 +54,14 @@ if TYPE_CHECKING:
 MARK = "plex.cpu_matvec"
 GROUP = 32  # the activation's quantization group (and q4's: other q4 groups keep IREE's code)
 MAX_K = 8192  # the kernels' stacks hold the quantized activation
-MAX_WORKGROUPS = 32
-# Each workgroup of a kernel that quantizes the activation does so itself (K elements, ~2 us at
-# K = 2048): measured on Zen 5, a 2048x2048 q4 matvec took 64 us as 1 call and 93 us as 16.
-# So such kernels get one workgroup per this many weight bytes (at least one).
-BYTES_PER_QUANTIZING_WORKGROUP = 1 << 20
+# How many workgroups split a kernel's outputs. Each workgroup of a kernel that quantizes the
+# activation does so itself (K elements, ~2 us at K = 2048 on Zen 5), so those get one
+# workgroup per BYTES_PER_QUANTIZING_WORKGROUP of weight read (at least one). Small shares
+# balance IREE's workers: TinyLlama-1.1B q4 decode on Zen 4 (one process, interleaved) took
+# 2 threads from 38.7 to 43.3 tok/s and 1 thread from 29.7 to 32.2 going from (32, 1 MiB) to
+# (64, 32 KiB); int8 and fp16 moved within noise.
+MAX_WORKGROUPS = 64
+BYTES_PER_QUANTIZING_WORKGROUP = 32 << 10
 HEADER = Path(__file__).with_name("cpu_matvec.h")
 # The kernels' software prefetch distance down a weight's stream, in bytes, by the LLVM CPU the
 # build targets; every other CPU gets 0, the hardware prefetchers alone. A decode step's weights
@@ -239,13 +242,15 @@ def select(devices: Sequence[Any]) -> dict[str, tuple[Kernel, ...]]:
 
 
 def selection_key(devices: Sequence[Any]) -> str:
-    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 q4=...,..." and the
-    prefetch distance ("ahead=4096")."""
+    """What `select` chose, for the compile key: "fp16=fp16_matvec_avx512 q4=...,...", the
+    prefetch distance ("ahead=4096") and the workgroup split ("workgroups=64/32768"), as each
+    changes the executables a compile writes."""
     chosen = sorted(select(devices).items())
     if not chosen:
         return "(none)"
     kernels = " ".join(f"{f}={','.join(k.name for k in ks)}" for f, ks in chosen)
-    return f"{kernels} ahead={_ahead_bytes(devices)}"
+    split = f"workgroups={MAX_WORKGROUPS}/{BYTES_PER_QUANTIZING_WORKGROUP}"
+    return f"{kernels} ahead={_ahead_bytes(devices)} {split}"
 
 
 def _dims(value: ir.Value) -> list[int]:
