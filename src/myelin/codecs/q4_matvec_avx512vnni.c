@@ -24,10 +24,11 @@ CHECK_WIDE_BLOCK(WIDE_BLOCK);
 
 /* The outputs c0 .. c0 + width - 1 of one stored block (width = B): its codes at `codes` (K rows
  * of width / 2 bytes, back to back), its group factors at `scale` and `offset` (K / 32 rows of
- * width). The rows are read 4 at a time, so the block is one contiguous stream (prefetched
- * PLEX_AHEAD_BYTES on where that pays): the weight streams from memory at the core's sequential
- * rate (docs/codecs.md,
- * "CPU matvec kernels": 1.48x the rate of the same steps over [K][N] rows in the harness). */
+ * width). The block is one contiguous stream (prefetched PLEX_AHEAD_BYTES on where that pays):
+ * the weight streams from memory at the core's sequential rate (docs/codecs.md, "CPU matvec
+ * kernels": 1.48x the rate of the same steps over [K][N] rows in the harness). Per group, one
+ * 128-output half of the rows at a time, so its 8 sums stay in registers (over both halves at
+ * once, 16 sums and the temporaries spilled to the stack: a load and a store per vpdpbusd). */
 static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offset,
                   const float* row_scale, const float* row_offset, const float* init,
                   float* out, size_t k, size_t c0, size_t width, const int8_t* xq,
@@ -36,19 +37,21 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
   const size_t blocks = width / BLOCK;
   const size_t stride = width / 2;
   __m512 acc[WIDE_BLOCK / 16]; /* [8b + c]: outputs c0 + 128b + 16c .. + 15 */
-  __m512i p[WIDE_BLOCK / 16];
   for (size_t j = 0; j < 8 * blocks; ++j) acc[j] = _mm512_setzero_ps();
   for (size_t g = 0; g < k / GROUP; ++g) {
-    /* p[8b + 4h + i], 128-bit lane L, element j: output c0 + 128b + 2 * (16L + 4i + j) + h */
-    for (size_t j = 0; j < 8 * blocks; ++j) p[j] = _mm512_setzero_si512();
-    for (int r = 0; r < GROUP; r += 4) {
-      const size_t row = g * GROUP + r;
-      int32_t quad;
-      __builtin_memcpy(&quad, xq + row, 4);
-      const __m512i xv = _mm512_set1_epi32(quad);
-      const uint8_t* c = codes + row * stride;
-      for (size_t b = 0; b < 4 * stride; b += 64) PREFETCH_AHEAD((const char*)c + b);
-      for (size_t b = 0; b < blocks; ++b, c += BLOCK / 2) {
+    const uint8_t* rows = codes + g * GROUP * stride;
+    if (PLEX_AHEAD_BYTES)
+      for (size_t b = 0; b < GROUP * stride; b += 64) PREFETCH_AHEAD((const char*)rows + b);
+    const __m512 dg = _mm512_set1_ps(d[g]);
+    for (size_t b = 0; b < blocks; ++b) {
+      /* q[4h + i], 128-bit lane L, element j: output c0 + 128b + 2 * (16L + 4i + j) + h */
+      __m512i q[8];
+      for (int i = 0; i < 8; ++i) q[i] = _mm512_setzero_si512();
+      for (int r = 0; r < GROUP; r += 4) {
+        int32_t quad;
+        __builtin_memcpy(&quad, xq + g * GROUP + r, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+        const uint8_t* c = rows + r * stride + b * (BLOCK / 2);
         const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + stride);
         const __m512i r2 = _mm512_loadu_si512(c + 2 * stride);
         const __m512i r3 = _mm512_loadu_si512(c + 3 * stride);
@@ -61,7 +64,6 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
         const __m512i bh = _mm512_and_si512(_mm512_srli_epi16(bb, 4), nibble);
         const __m512i eh = _mm512_and_si512(_mm512_srli_epi16(e, 4), nibble);
         const __m512i fh = _mm512_and_si512(_mm512_srli_epi16(f, 4), nibble);
-        __m512i* q = p + 8 * b;
         q[0] = _mm512_dpbusd_epi32(q[0], _mm512_unpacklo_epi16(al, el), xv);
         q[1] = _mm512_dpbusd_epi32(q[1], _mm512_unpackhi_epi16(al, el), xv);
         q[2] = _mm512_dpbusd_epi32(q[2], _mm512_unpacklo_epi16(bl, fl), xv);
@@ -71,12 +73,8 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
         q[6] = _mm512_dpbusd_epi32(q[6], _mm512_unpacklo_epi16(bh, fh), xv);
         q[7] = _mm512_dpbusd_epi32(q[7], _mm512_unpackhi_epi16(bh, fh), xv);
       }
-    }
-    const __m512 dg = _mm512_set1_ps(d[g]);
-    for (size_t b = 0; b < blocks; ++b) {
       /* Natural order: even and odd outputs interleaved (v[2i], v[2i + 1]: 128-bit lane L holds
        * outputs 32L + 8i + (0..7)), then the lanes transposed. */
-      const __m512i* q = p + 8 * b;
       __m512i v[8];
       for (int i = 0; i < 4; ++i) {
         v[2 * i] = _mm512_unpacklo_epi32(q[i], q[4 + i]);
