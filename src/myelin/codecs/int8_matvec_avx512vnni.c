@@ -23,7 +23,7 @@ CHECK_WIDE_BLOCK(WIDE_BLOCK);
  * stream (prefetched PLEX_AHEAD_BYTES on where that pays): measured on Zen 5 with the weights
  * out of cache, 1.49x the rate of the same steps over [K][N] rows (docs/codecs.md, "CPU matvec
  * kernels"). */
-static void chunk(const int8_t* codes, const float* scale, const float* init, float* out,
+static inline __attribute__((always_inline)) void chunk(const int8_t* codes, const float* scale, const float* init, float* out,
                   size_t k, size_t c0, size_t width, const int8_t* xq, const float* d,
                   const int32_t* xi) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -40,7 +40,7 @@ static void chunk(const int8_t* codes, const float* scale, const float* init, fl
       __builtin_memcpy(&quad, xq + row, 4);
       const __m512i xv = _mm512_set1_epi32(quad);
       const int8_t* c = codes + row * width;
-      for (size_t b = 0; b < 4 * width; b += 64) PREFETCH_AHEAD((const char*)c + b);
+      PREFETCH_SPAN(c, 4 * width);
       for (size_t b = 0; b < blocks; ++b, c += BLOCK) {
         const __m512i r0 = _mm512_xor_si512(_mm512_loadu_si512(c), flip);
         const __m512i r1 = _mm512_xor_si512(_mm512_loadu_si512(c + width), flip);
@@ -84,7 +84,14 @@ void plex_int8_matvec_avx512vnni(const float* x, size_t x_off, const int8_t* cod
   const size_t end = n_begin + n_count;
   const size_t width = n % WIDE_BLOCK == 0 ? WIDE_BLOCK : BLOCK;
   /* block b of `width` outputs starts at b * K * width = c0 * K codes */
-  for (size_t c0 = n_begin; c0 < end; c0 += width)
-    chunk(codes + codes_off + c0 * k, scale + scale_off, init + init_off, out + out_off, k, c0,
-          width, xq, d, xi);
+  /* `chunk` inlined with the width a constant, so its block loop unrolls and the 16 sums of a
+   * wide block stay in registers */
+  if (width == WIDE_BLOCK)
+    for (size_t c0 = n_begin; c0 < end; c0 += WIDE_BLOCK)
+      chunk(codes + codes_off + c0 * k, scale + scale_off, init + init_off, out + out_off, k, c0,
+            WIDE_BLOCK, xq, d, xi);
+  else
+    for (size_t c0 = n_begin; c0 < end; c0 += BLOCK)
+      chunk(codes + codes_off + c0 * k, scale + scale_off, init + init_off, out + out_off, k, c0,
+            BLOCK, xq, d, xi);
 }

@@ -40,8 +40,7 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
   for (size_t j = 0; j < 8 * blocks; ++j) acc[j] = _mm512_setzero_ps();
   for (size_t g = 0; g < k / GROUP; ++g) {
     const uint8_t* rows = codes + g * GROUP * stride;
-    if (PLEX_AHEAD_BYTES)
-      for (size_t b = 0; b < GROUP * stride; b += 64) PREFETCH_AHEAD((const char*)rows + b);
+    PREFETCH_SPAN(rows, GROUP * stride);
     const __m512 dg = _mm512_set1_ps(d[g]);
     for (size_t b = 0; b < blocks; ++b) {
       /* q[4h + i], 128-bit lane L, element j: output c0 + 128b + 2 * (16L + 4i + j) + h */
