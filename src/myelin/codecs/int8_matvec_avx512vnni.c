@@ -23,9 +23,10 @@ CHECK_WIDE_BLOCK(WIDE_BLOCK);
  * stream (prefetched PLEX_AHEAD_BYTES on where that pays): measured on Zen 5 with the weights
  * out of cache, 1.49x the rate of the same steps over [K][N] rows (docs/codecs.md, "CPU matvec
  * kernels"). */
-static inline __attribute__((always_inline)) void chunk(const int8_t* codes, const float* scale, const float* init, float* out,
-                  size_t k, size_t c0, size_t width, const int8_t* xq, const float* d,
-                  const int32_t* xi) {
+static inline __attribute__((always_inline)) void chunk(const int8_t* codes, const float* scale,
+                                                        const float* init, float* out, size_t k,
+                                                        size_t c0, size_t width, const int8_t* xq,
+                                                        const float* d, const int32_t* xi) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   const size_t blocks = width / BLOCK;
   /* [4b + i], 128-bit lane L, element j: output c0 + 64b + 16L + 4i + j */
