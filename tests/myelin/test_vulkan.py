@@ -38,6 +38,25 @@ pytestmark = pytest.mark.skipif(
     bool(_WHY_NOT), reason=f"{_WHY_NOT}; run tools/install_vulkan.sh (Debian/Ubuntu: lavapipe)"
 )
 
+
+@pytest.fixture(autouse=True)
+def _process_resources() -> None:
+    """Prints what the test process holds before each test (memory maps against the kernel's
+    limit, threads, open files, resident memory). Why: in full suite runs these tests have
+    failed at times with lavapipe's VK_ERROR_DEVICE_LOST at the module's first Vulkan work after
+    a build, and then on every Vulkan call of the process, never when the module ran alone; a
+    failing test's captured output then shows whether the long-lived process ran out of one."""
+    proc = Path("/proc/self")
+    if not proc.exists():
+        return
+    maps = len((proc / "maps").read_text().splitlines())
+    limit = Path("/proc/sys/vm/max_map_count").read_text().strip()
+    threads = len(list((proc / "task").iterdir()))
+    files = len(list((proc / "fd").iterdir()))
+    rss = next(line for line in (proc / "status").read_text().splitlines() if "VmRSS" in line)
+    print(f"process: {maps} maps (limit {limit}), {threads} threads, {files} files, {rss}")
+
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RTOL, ATOL = 1e-4, 1e-5
 
