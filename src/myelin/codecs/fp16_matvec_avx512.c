@@ -26,7 +26,7 @@ CHECK_WIDE_BLOCK(WIDE_BLOCK);
     for (int j = 0; j < ACC; ++j) acc[j] = _mm512_loadu_ps(init + n0 + 16 * j);             \
     const uint16_t* row = w;                                                                 \
     _Pragma("GCC unroll 2") for (size_t kk = 0; kk < k; ++kk, row += 16 * ACC) {             \
-      for (int l = 0; l < ACC / 2; ++l) PREFETCH_AHEAD((const char*)row + 64 * l);          \
+      PREFETCH_SPAN(row, 64 * (ACC / 2));                                                   \
       const __m512 xv = _mm512_set1_ps(x[kk]);                                               \
       for (int j = 0; j < ACC; ++j) {                                                        \
         const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 16 * j))); \
