@@ -44,8 +44,8 @@ def _process_resources() -> None:
     """Prints what the test process holds before each test (memory maps against the kernel's
     limit, threads, open files, resident memory). Why: in full suite runs these tests have
     failed at times with lavapipe's VK_ERROR_DEVICE_LOST at the module's first Vulkan work after
-    a build, and then on every Vulkan call of the process, never when the module ran alone; a
-    failing test's captured output then shows whether the long-lived process ran out of one."""
+    a build, and then on every Vulkan call of the process (far more often than when the module
+    ran alone); a failing test's captured output then shows whether the process ran out of one."""
     proc = Path("/proc/self")
     if not proc.exists():
         return
