@@ -175,3 +175,23 @@ def test_a_causal_lm_with_encoded_weights_records_why_it_data_tiles(tmp_path):
         if name == "default":
             assert chosen["data_tiling"] == {"value": True, "reason": CAUSAL_LM_TILING}
     assert tokens["default"] == tokens["untiled"]
+
+
+def test_the_attention_mask_keeps_the_step_one_queue_submission(tmp_path):
+    """The decomposed attention keeps its mask's producer out of the softmax with IREE's
+    compute barrier (myelin.compiler.backend_attention), which Stream never sees: the host
+    awaits a decode step and a prefill once, for their results, however many layers (a
+    `util.optimization_barrier` there made it await every layer's mask, one queue submission
+    a layer)."""
+    import re
+
+    _package(tmp_path)
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(pinned=""))
+    build(app, tmp_path / "ir", compile_to="stream")
+    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
+    functions = {
+        body.split("(", 1)[0].split()[-1]: body for body in re.split(r"\n\s*util\.func ", text)[1:]
+    }
+    for name in ("@prefill", "@decode"):
+        assert functions[name].count("stream.timepoint.await") == 1, name

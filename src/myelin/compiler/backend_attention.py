@@ -96,12 +96,18 @@ def _function_text(name: str, op: ir.Operation) -> str:
         element = str(ir.RankedTensorType(ins[4].type).element_type)
         mask_dyn = f"tensor<?x?x?x{element}>"
         # the barrier keeps the mask's producer (a broadcast over the heads, in MiniLM) out of
-        # the softmax dispatches: fused there, its index arithmetic made them ~15x slower
+        # the softmax dispatches: fused there, its index arithmetic made them ~15x slower.
+        # IREE's compute barrier, not `util.optimization_barrier`: on this dynamic shape Stream
+        # makes the host await the latter's operand, which ended a queue submission at every
+        # attention (a causal LM's decode step: 24 submissions, one a layer, the workers idle
+        # while the host woke between them; MiniLM's call: 9 -> 3). The compute barrier fences
+        # the passes up to dispatch formation only and is gone before Stream (docs/llm.md, "One
+        # queue submission a step")
         mask_cast = (
             f"%maskc = tensor.cast %mask : {mask_t} to {mask_dyn}\n"
             + "".join(f"  %md{i} = tensor.dim %maskc, %c{i} : {mask_dyn}\n" for i in range(3))
-            + f"  %maskb = util.optimization_barrier %maskc : {mask_dyn}\n"
-            f"  %maskd = flow.tensor.tie_shape %maskb : {mask_dyn}{{%md0, %md1, %md2}}"
+            + f"  %maskd = iree_tensor_ext.compute_barrier.start %maskc : "
+            f"{mask_dyn}{{%md0, %md1, %md2}} -> {mask_dyn}"
         )
         mask_in, mask_ty, mask_block = ", %maskd", f", {mask_dyn}", f", %keep: {element}"
         mask_map = ", #all"
