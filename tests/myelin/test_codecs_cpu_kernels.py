@@ -67,6 +67,19 @@ MODEL = f"""module @kernel {{
     %y = linalg.matmul ins(%x, %w : tensor<1x{K}xf32>, tensor<{K}x{WIDE}xf32>) outs(%acc : tensor<1x{WIDE}xf32>) -> tensor<1x{WIDE}xf32>
     return %y : tensor<1x{WIDE}xf32>
   }}
+  util.global private @w_pa = #flow.parameter.named<"g"::"pa"> : tensor<{K}x{N}xf32>
+  util.global private @w_pb = #flow.parameter.named<"g"::"pb"> : tensor<{K}x{N}xf32>
+  func.func @pair(%x: tensor<1x{K}xf32>) -> tensor<1x{N}xf32> {{
+    %a = util.global.load @w_pa : tensor<{K}x{N}xf32>
+    %b = util.global.load @w_pb : tensor<{K}x{N}xf32>
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty() : tensor<1x{N}xf32>
+    %acc = linalg.fill ins(%z : f32) outs(%e : tensor<1x{N}xf32>) -> tensor<1x{N}xf32>
+    %ya = linalg.matmul ins(%x, %a : tensor<1x{K}xf32>, tensor<{K}x{N}xf32>) outs(%acc : tensor<1x{N}xf32>) -> tensor<1x{N}xf32>
+    %yb = linalg.matmul ins(%x, %b : tensor<1x{K}xf32>, tensor<{K}x{N}xf32>) outs(%acc : tensor<1x{N}xf32>) -> tensor<1x{N}xf32>
+    %y = arith.addf %ya, %yb : tensor<1x{N}xf32>
+    return %y : tensor<1x{N}xf32>
+  }}
   util.global private @w_n16 = #flow.parameter.named<"g"::"n16"> : tensor<{K}x{NARROW_16}xf32>
   func.func @n16(%x: tensor<1x{K}xf32>) -> tensor<1x{NARROW_16}xf32> {{
     %w = util.global.load @w_n16 : tensor<{K}x{NARROW_16}xf32>
@@ -99,6 +112,8 @@ def encoded() -> Encoded:
             ("narrow", "q4"),
             ("wide", "q4"),  # 9 stored blocks of 256 outputs
             ("n16", "q4"),  # 17 of 128
+            ("pa", "q4"),  # two matvecs of one activation: one quantizer dispatch
+            ("pb", "q4"),
         ],
     )
 
@@ -114,6 +129,8 @@ def encoded_int8() -> Encoded:
             ("narrow", "int8"),
             ("wide", "fp16"),
             ("n16", "fp16"),
+            ("pa", "int8"),
+            ("pb", "int8"),
         ],
     )
 
@@ -192,6 +209,9 @@ def _check_q4(encoded: Encoded, call) -> None:
     _close(call("narrow", x2), _q4_reference(encoded, "narrow", x2, zeros, NARROW))
     for name, n in (("wide", WIDE), ("n16", NARROW_16)):  # a workgroup walks several blocks
         _close(call(name, x2), _q4_reference(encoded, name, x2, np.zeros(n, np.float32), n))
+    zeros = np.zeros(N, np.float32)
+    want = _q4_reference(encoded, "pa", x2, zeros) + _q4_reference(encoded, "pb", x2, zeros)
+    _close(call("pair", x2), want)
     # q4:g16 is no group the kernels take: the grouped matvec, exact to the float decode
     bias = bias[:, :N]
     got = call("g16", x2, bias)
@@ -232,6 +252,9 @@ def _check_int8_fp16(encoded_int8: Encoded, call) -> None:
     _close(call("mm", x2, bias), _int8_reference(encoded_int8, "mm", x2, bias, M))
     zeros = np.zeros(NARROW, np.float32)  # 3 blocks of 64
     _close(call("narrow", x2), _int8_reference(encoded_int8, "narrow", x2, zeros, NARROW))
+    zeros = np.zeros(N, np.float32)
+    pair = [_int8_reference(encoded_int8, k, x2, zeros, N) for k in ("pa", "pb")]
+    _close(call("pair", x2), pair[0] + pair[1])
     # fp16: no quantization, the float decode up to summation order; and that of the stored
     # blocks by hand
     bias = bias[:, :N]
@@ -295,6 +318,18 @@ def test_q4_kernel_dispatch_reads_the_encoded_parameters_and_materializes_nothin
         assert f"tensor<{K}x{n}xf32>" not in body
     assert _function(text, "g16").count("flow.dispatch.workgroups") == 1
     assert kernel.symbol in text
+    _quantized_once(text, kernel)
+
+
+def _quantized_once(text: str, kernel: cpu_kernels.Kernel) -> None:
+    """Each function's matvecs read the activation packed by one dispatch of the kernel's
+    quantizer, `pair`'s two matvecs of one activation included."""
+    quantizer = f"flow.dispatch @__plex_{kernel.name}_quantize_{K}"
+    assert kernel.quantizer in text
+    for name in ("lin", "mm", "pair"):
+        assert _function(text, name).count(quantizer) == 1, name
+    pair = _function(text, "pair")
+    assert pair.count(f"flow.dispatch @__plex_{kernel.name}_{K}x{N}") == 2, pair
 
 
 @needs("int8")
@@ -308,6 +343,8 @@ def test_int8_and_fp16_kernel_dispatches_read_the_encoded_parameters(encoded_int
     assert f"tensor<1x{K}x256xi8>" in _function(text, "mm")
     assert f"tensor<1x{K}x128xf16>" in _function(text, "g16")
     assert f"tensor<{WIDE // 256}x{K}x256xf16>" in _function(text, "wide")
+    _quantized_once(text, HOST["int8"][0])
+    assert "quantize" not in _function(text, "g16")  # fp16 reads the activation as it is
 
 
 def _names(device: TargetDevice) -> dict[str, list[str]]:

@@ -21,7 +21,11 @@ of the outputs. The executable carries the kernel's object file (`hal.executable
 built here by gcc) and IREE's linker links it into the executable's embedded ELF (the call is
 `hal.import.static`). The object is a file in the system temp dir, named by its digest: IREE
 3.13 links an object given as `data` as an empty file. The bindings are the encoded parameters
-themselves (read in place from the .mln), the activation and the consumer's init. Everything
+themselves (read in place from the .mln), the activation and the consumer's init. A kernel that
+quantizes the activation reads it packed (cpu_matvec.h, Q8_BYTES) from a one-workgroup dispatch
+of its object's quantizer (`Kernel.quantizer`) placed before the first matvec of that
+activation; the others of the same activation (a layer's Q, K and V; gate and up) read the
+same packed buffer. Everything
 else (cuda, vmvx, a CPU without the features, a shape no kernel takes, a build machine without
 gcc) keeps IREE's code for the matvec. `hal.dispatch.extern` would be the shorter spelling,
 but it crashes iree-compile 3.13 on llvm-cpu.
@@ -54,12 +58,12 @@ if TYPE_CHECKING:
 MARK = "plex.cpu_matvec"
 GROUP = 32  # the activation's quantization group (and q4's: other q4 groups keep IREE's code)
 MAX_K = 8192  # the kernels' stacks hold the quantized activation
-# How many workgroups split a kernel's outputs. Each workgroup of a kernel that quantizes the
-# activation does so itself (K elements, ~2 us at K = 2048 on Zen 5), so those get one
-# workgroup per BYTES_PER_QUANTIZING_WORKGROUP of weight read (at least one). Small shares
-# balance IREE's workers: TinyLlama-1.1B q4 decode on Zen 4 (one process, interleaved) took
-# 2 threads from 38.7 to 43.3 tok/s and 1 thread from 29.7 to 32.2 going from (32, 1 MiB) to
-# (64, 32 KiB); int8 and fp16 moved within noise.
+# How many workgroups split a kernel's outputs. Kernels that quantize the activation get one
+# workgroup per BYTES_PER_QUANTIZING_WORKGROUP of weight read (at least one), chosen while each
+# workgroup still quantized the activation itself (now their quantizer's dispatch does it once).
+# Small shares balance IREE's workers: TinyLlama-1.1B q4 decode on Zen 4 (one process,
+# interleaved) took 2 threads from 38.7 to 43.3 tok/s and 1 thread from 29.7 to 32.2 going
+# from (32, 1 MiB) to (64, 32 KiB); int8 and fp16 moved within noise.
 MAX_WORKGROUPS = 64
 BYTES_PER_QUANTIZING_WORKGROUP = 32 << 10
 HEADER = Path(__file__).with_name("cpu_matvec.h")
@@ -119,6 +123,12 @@ class Kernel:
     @property
     def symbol(self) -> str:
         return f"plex_{self.name}"
+
+    @property
+    def quantizer(self) -> str:
+        """The entry point, in the same object, that packs the activation for `symbol` (a
+        kernel that `quantizes`): cpu_matvec.h, Q8_QUANTIZER."""
+        return f"plex_{self.name}_quantize"
 
     @property
     def cflags(self) -> tuple[str, ...]:
@@ -435,7 +445,7 @@ def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
     count = min(matvec.n // matvec.granule(kernel), MAX_WORKGROUPS)
     if kernel.quantizes:
         weight = sum(
-            size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "init")
+            size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "q8", "init")
         )
         count = min(count, max(1, weight // BYTES_PER_QUANTIZING_WORKGROUP))
     return count
@@ -485,6 +495,48 @@ stream.executable private @{name} attributes {{
       %n_count = arith.muli %count, %block : index
       func.call @{symbol}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)
           : ({signature}) -> ()
+      return
+    }}
+  }}
+}}
+"""
+
+
+def q8_bytes(k: int) -> int:
+    """Bytes of the packed quantized activation (cpu_matvec.h, Q8_BYTES)."""
+    return k + 12 * (k // GROUP)
+
+
+def _quantizer_text(name: str, kernel: Kernel, k: int, obj: Path) -> str:
+    """The one-workgroup executable packing a K-element activation for `kernel`'s matvecs."""
+    dyn = "strided<[1], offset: ?>"
+    x_t, q_t = f"memref<{k}xf32, {dyn}>", f"memref<{q8_bytes(k)}xi8, {dyn}>"
+    signature = "memref<f32>, index, memref<i8>, index, index"
+    return f"""
+stream.executable private @{name} attributes {{
+  hal.executable.objects = #hal.executable.objects<{{
+    #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64"> = [
+      #hal.executable.object<{{path = "{obj}"}}>
+    ]
+  }}>
+}} {{
+  stream.executable.export public @{name} workgroups() -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    stream.return %c1, %c1, %c1 : index, index, index
+  }}
+  builtin.module {{
+    func.func private @{kernel.quantizer}({signature})
+        attributes {{hal.import.static, llvm.bareptr = true}}
+    func.func @{name}(%b_x: !stream.binding, %b_q: !stream.binding) {{
+      %c0 = arith.constant 0 : index
+      %m_x = stream.binding.subspan %b_x[%c0] : !stream.binding -> {x_t}
+      %p_x, %o_x, %s_x, %st_x = memref.extract_strided_metadata %m_x
+          : {x_t} -> memref<f32>, index, index, index
+      %m_q = stream.binding.subspan %b_q[%c0] : !stream.binding -> {q_t}
+      %p_q, %o_q, %s_q, %st_q = memref.extract_strided_metadata %m_q
+          : {q_t} -> memref<i8>, index, index, index
+      %k = arith.constant {k} : index
+      func.call @{kernel.quantizer}(%p_x, %o_x, %p_q, %o_q, %k) : ({signature}) -> ()
       return
     }}
   }}
@@ -561,8 +613,18 @@ def apply_kernels(module: ir.Operation, kernels: dict[str, tuple[Kernel, ...]]) 
     from iree.compiler import ir
 
     placed: list[str] = []
-    executables: dict[tuple[str, int, int], str] = {}
+    added: set[str] = set()  # the executables appended to the module
+    # (kernel, activation, the op holding the region, its packed form): the matvecs of one
+    # activation (a layer's Q, K and V) share one quantizer dispatch
+    packed: list[tuple[str, ir.Value, ir.Operation, ir.Value]] = []
     body = module.regions[0].blocks[0]
+
+    def add(name: str, text: str) -> None:
+        helper = ir.Module.parse(text)  # held while its ops move: freed, it would free them
+        for op in list(helper.body.operations):
+            body.append(op.detach_from_parent())
+        added.add(name)
+
     for region, marked in _regions(module):
         form = ir.StringAttr(marked.attributes[MARK]).value
         del marked.attributes[MARK]
@@ -577,14 +639,22 @@ def apply_kernels(module: ir.Operation, kernels: dict[str, tuple[Kernel, ...]]) 
         init = _hoisted_init(matvec.operands[-1][1], region)
         if init is None:
             continue
-        key = (kernel.name, matvec.k, matvec.n)
-        name = executables.get(key)
-        if name is None:
-            name = executables[key] = f"__plex_{kernel.name}_{matvec.k}x{matvec.n}"
-            text = _executable_text(name, kernel, matvec, kernel_object(kernel))
-            helper = ir.Module.parse(text)
-            for op in list(helper.body.operations):
-                body.append(op.detach_from_parent())
+        if kernel.quantizes:
+            x, holder = matvec.operands[0][1], region.parent.operation
+            q8 = next((q for n, v, h, q in packed if (n, v, h) == (kernel.name, x, holder)), None)
+            if q8 is None:
+                q_name = f"__plex_{kernel.name}_quantize_{matvec.k}"
+                if q_name not in added:
+                    add(q_name, _quantizer_text(q_name, kernel, matvec.k, kernel_object(kernel)))
+                with ir.InsertionPoint(region), region.location:
+                    i8 = ir.IntegerType.get_signless(8)
+                    q_type = ir.RankedTensorType.get([q8_bytes(matvec.k)], i8)
+                    q8 = _dispatch(q_name, [x], q_type).results[0]
+                packed.append((kernel.name, x, holder, q8))
+            matvec.operands[0] = ("q8", q8, "i8", q8_bytes(matvec.k))
+        name = f"__plex_{kernel.name}_{matvec.k}x{matvec.n}"
+        if name not in added:
+            add(name, _executable_text(name, kernel, matvec, kernel_object(kernel)))
         operands = [v for _, v, _, _ in matvec.operands[:-1]] + [init]
         with ir.InsertionPoint(region), region.location:
             dispatch = _dispatch(name, operands, region.results[0].type)

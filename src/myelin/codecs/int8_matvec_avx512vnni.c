@@ -71,17 +71,17 @@ static inline __attribute__((always_inline)) void chunk(const int8_t* codes, con
   }
 }
 
-/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks. Arguments
- * are IREE's bare-pointer memrefs (base pointer, element offset). The caller checked K <= MAX_K,
- * K % 32 == 0 and N % 64 == 0 when it chose this kernel. */
-void plex_int8_matvec_avx512vnni(const float* x, size_t x_off, const int8_t* codes,
+Q8_QUANTIZER(plex_int8_matvec_avx512vnni_quantize, quantize_q8_avx512)
+
+/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks, of the
+ * activation its quantizer packed (q8_parts). Arguments are IREE's bare-pointer memrefs (base
+ * pointer, element offset). The caller checked K <= MAX_K, K % 32 == 0 and N % 64 == 0 when it
+ * chose this kernel. */
+void plex_int8_matvec_avx512vnni(const uint8_t* q8, size_t q8_off, const int8_t* codes,
                                  size_t codes_off, const float* scale, size_t scale_off,
                                  const float* init, size_t init_off, float* out, size_t out_off,
                                  size_t k, size_t n, size_t n_begin, size_t n_count) {
-  int8_t xq[MAX_K] __attribute__((aligned(64)));
-  float d[MAX_K / GROUP], xs[MAX_K / GROUP];
-  int32_t xi[MAX_K / GROUP];
-  quantize_q8_avx512(x + x_off, k, xq, d, xs, xi);
+  const q8_view x = q8_parts(q8 + q8_off, k);
   const size_t end = n_begin + n_count;
   const size_t width = n % WIDE_BLOCK == 0 ? WIDE_BLOCK : BLOCK;
   /* block b of `width` outputs starts at b * K * width = c0 * K codes */
@@ -90,9 +90,9 @@ void plex_int8_matvec_avx512vnni(const float* x, size_t x_off, const int8_t* cod
   if (width == WIDE_BLOCK)
     for (size_t c0 = n_begin; c0 < end; c0 += WIDE_BLOCK)
       chunk(codes + codes_off + c0 * k, scale + scale_off, init + init_off, out + out_off, k, c0,
-            WIDE_BLOCK, xq, d, xi);
+            WIDE_BLOCK, x.xq, x.d, x.xi);
   else
     for (size_t c0 = n_begin; c0 < end; c0 += BLOCK)
       chunk(codes + codes_off + c0 * k, scale + scale_off, init + init_off, out + out_off, k, c0,
-            BLOCK, xq, d, xi);
+            BLOCK, x.xq, x.d, x.xi);
 }

@@ -103,19 +103,19 @@ static void block64(const uint8_t* codes, const uint8_t* scale, const int8_t* of
   }
 }
 
-/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks.
- * Arguments are IREE's bare-pointer memrefs (base pointer, element offset). Returns nothing:
- * the caller checked K <= MAX_K, K % 32 == 0 and N % 64 == 0 when it chose this kernel. */
-void plex_q4_matvec_avx2(const float* x, size_t x_off, const uint8_t* codes, size_t codes_off,
+Q8_QUANTIZER(plex_q4_matvec_avx2_quantize, quantize_q8)
+
+/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks, of the
+ * activation its quantizer packed (q8_parts). Arguments are IREE's bare-pointer memrefs (base
+ * pointer, element offset). Returns nothing: the caller checked K <= MAX_K, K % 32 == 0 and
+ * N % 64 == 0 when it chose this kernel. */
+void plex_q4_matvec_avx2(const uint8_t* q8, size_t q8_off, const uint8_t* codes, size_t codes_off,
                          const uint8_t* scale, size_t scale_off, const int8_t* offset,
                          size_t offset_off, const float* row_scale, size_t row_scale_off,
                          const float* row_offset, size_t row_offset_off, const float* init,
                          size_t init_off, float* out, size_t out_off, size_t k, size_t n,
                          size_t n_begin, size_t n_count) {
-  int8_t xq[MAX_K] __attribute__((aligned(32)));
-  float d[MAX_K / GROUP], xs[MAX_K / GROUP];
-  int32_t xi[MAX_K / GROUP];
-  quantize_q8(x + x_off, k, xq, d, xs, xi);
+  const q8_view x = q8_parts(q8 + q8_off, k);
   const size_t width = n % WIDE_BLOCK == 0 ? WIDE_BLOCK : n % 128 == 0 ? 128 : BLOCK;
   for (size_t c0 = n_begin; c0 < n_begin + n_count; c0 += width) {
     /* the stored block at c0: codes from c0 * K / 2 bytes, group factors from c0 * K / 32 */
@@ -124,6 +124,6 @@ void plex_q4_matvec_avx2(const float* x, size_t x_off, const uint8_t* codes, siz
     const int8_t* o = offset + offset_off + c0 * (k / GROUP);
     for (size_t local = 0; local < width; local += BLOCK)
       block64(c, s, o, row_scale + row_scale_off, row_offset + row_offset_off, init + init_off,
-              out + out_off, k, width, local, c0 + local, xq, d, xs);
+              out + out_off, k, width, local, c0 + local, x.xq, x.d, x.xs);
   }
 }

@@ -112,20 +112,20 @@ static void chunk(const uint8_t* codes, const uint8_t* scale, const int8_t* offs
   }
 }
 
-/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks. Arguments
- * are IREE's bare-pointer memrefs (base pointer, element offset). The caller checked
- * K <= MAX_K, K % 32 == 0 and N % 128 == 0 when it chose this kernel. */
-void plex_q4_matvec_avx512vnni(const float* x, size_t x_off, const uint8_t* codes,
+Q8_QUANTIZER(plex_q4_matvec_avx512vnni_quantize, quantize_q8_avx512)
+
+/* One workgroup's share: outputs [n_begin, n_begin + n_count), whole stored blocks, of the
+ * activation its quantizer packed (q8_parts). Arguments are IREE's bare-pointer memrefs (base
+ * pointer, element offset). The caller checked K <= MAX_K, K % 32 == 0 and N % 128 == 0 when
+ * it chose this kernel. */
+void plex_q4_matvec_avx512vnni(const uint8_t* q8, size_t q8_off, const uint8_t* codes,
                                size_t codes_off, const uint8_t* scale, size_t scale_off,
                                const int8_t* offset, size_t offset_off, const float* row_scale,
                                size_t row_scale_off, const float* row_offset,
                                size_t row_offset_off, const float* init, size_t init_off,
                                float* out, size_t out_off, size_t k, size_t n, size_t n_begin,
                                size_t n_count) {
-  int8_t xq[MAX_K] __attribute__((aligned(64)));
-  float d[MAX_K / GROUP], xs[MAX_K / GROUP];
-  int32_t xi[MAX_K / GROUP];
-  quantize_q8_avx512(x + x_off, k, xq, d, xs, xi);
+  const q8_view x = q8_parts(q8 + q8_off, k);
   const size_t end = n_begin + n_count;
   const size_t width = n % WIDE_BLOCK == 0 ? WIDE_BLOCK : BLOCK;
   /* block b of `width` outputs: its codes start at b * K * width / 2 = c0 * K / 2 bytes, its
@@ -133,5 +133,6 @@ void plex_q4_matvec_avx512vnni(const float* x, size_t x_off, const uint8_t* code
   for (size_t c0 = n_begin; c0 < end; c0 += width)
     chunk(codes + codes_off + c0 * k / 2, scale + scale_off + c0 * (k / GROUP),
           offset + offset_off + c0 * (k / GROUP), row_scale + row_scale_off,
-          row_offset + row_offset_off, init + init_off, out + out_off, k, c0, width, xq, d, xs);
+          row_offset + row_offset_off, init + init_off, out + out_off, k, c0, width, x.xq, x.d,
+          x.xs);
 }
