@@ -451,9 +451,10 @@ def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
     return count
 
 
-def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> str:
+def _bound(bindings: list[tuple[str, str, int]]) -> tuple[str, str, list[str], list[str]]:
+    """For bindings (name, element type, elements): the function's arguments, their subspans
+    as bare pointers and offsets, the call's operands and their types."""
     dyn = "strided<[1], offset: ?>"
-    bindings = [(b, t, size) for b, _, t, size in matvec.operands] + [("out", "f32", matvec.n)]
     args = ", ".join(f"%b_{b}: !stream.binding" for b, _, _ in bindings)
     subspans, pointers, types = [], [], []
     for b, t, size in bindings:
@@ -465,9 +466,14 @@ def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> st
         )
         pointers += [f"%p_{b}", f"%o_{b}"]
         types += [f"memref<{t}>", "index"]
-    signature = ", ".join([*types, "index", "index", "index", "index"])
-    workgroups = _workgroups(kernel, matvec)
-    symbol = kernel.symbol
+    return args, "\n".join("      " + s for s in subspans).lstrip(), pointers, types
+
+
+def _object_executable(
+    name: str, obj: Path, workgroups: int, symbol: str, signature: str, func: str
+) -> str:
+    """A stream.executable linking `obj`, its export `name` run on `workgroups` workgroups,
+    its module `func` (the export's function) and the import of `symbol`."""
     return f"""
 stream.executable private @{name} attributes {{
   hal.executable.objects = #hal.executable.objects<{{
@@ -482,10 +488,22 @@ stream.executable private @{name} attributes {{
     stream.return %w, %c1, %c1 : index, index, index
   }}
   builtin.module {{
-    func.func private @{symbol}({signature}) attributes {{hal.import.static, llvm.bareptr = true}}
-    func.func @{name}({args}) {{
+    func.func private @{symbol}({signature})
+        attributes {{hal.import.static, llvm.bareptr = true}}
+    {func}
+  }}
+}}
+"""
+
+
+def _executable_text(name: str, kernel: Kernel, matvec: Matvec, obj: Path) -> str:
+    bindings = [(b, t, size) for b, _, t, size in matvec.operands] + [("out", "f32", matvec.n)]
+    args, subspans, pointers, types = _bound(bindings)
+    signature = ", ".join([*types, "index", "index", "index", "index"])
+    symbol = kernel.symbol
+    func = f"""func.func @{name}({args}) {{
       %c0 = arith.constant 0 : index
-      {chr(10).join("      " + s for s in subspans).lstrip()}
+      {subspans}
       %k = arith.constant {matvec.k} : index
       %n = arith.constant {matvec.n} : index
       %blocks = arith.constant {matvec.n // matvec.granule(kernel)} : index
@@ -496,10 +514,8 @@ stream.executable private @{name} attributes {{
       func.call @{symbol}({", ".join(pointers)}, %k, %n, %n_begin, %n_count)
           : ({signature}) -> ()
       return
-    }}
-  }}
-}}
-"""
+    }}"""
+    return _object_executable(name, obj, _workgroups(kernel, matvec), symbol, signature, func)
 
 
 def q8_bytes(k: int) -> int:
@@ -509,39 +525,16 @@ def q8_bytes(k: int) -> int:
 
 def _quantizer_text(name: str, kernel: Kernel, k: int, obj: Path) -> str:
     """The one-workgroup executable packing a K-element activation for `kernel`'s matvecs."""
-    dyn = "strided<[1], offset: ?>"
-    x_t, q_t = f"memref<{k}xf32, {dyn}>", f"memref<{q8_bytes(k)}xi8, {dyn}>"
-    signature = "memref<f32>, index, memref<i8>, index, index"
-    return f"""
-stream.executable private @{name} attributes {{
-  hal.executable.objects = #hal.executable.objects<{{
-    #hal.executable.target<"llvm-cpu", "embedded-elf-x86_64"> = [
-      #hal.executable.object<{{path = "{obj}"}}>
-    ]
-  }}>
-}} {{
-  stream.executable.export public @{name} workgroups() -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    stream.return %c1, %c1, %c1 : index, index, index
-  }}
-  builtin.module {{
-    func.func private @{kernel.quantizer}({signature})
-        attributes {{hal.import.static, llvm.bareptr = true}}
-    func.func @{name}(%b_x: !stream.binding, %b_q: !stream.binding) {{
+    args, subspans, pointers, types = _bound([("x", "f32", k), ("q", "i8", q8_bytes(k))])
+    signature = ", ".join([*types, "index"])
+    func = f"""func.func @{name}({args}) {{
       %c0 = arith.constant 0 : index
-      %m_x = stream.binding.subspan %b_x[%c0] : !stream.binding -> {x_t}
-      %p_x, %o_x, %s_x, %st_x = memref.extract_strided_metadata %m_x
-          : {x_t} -> memref<f32>, index, index, index
-      %m_q = stream.binding.subspan %b_q[%c0] : !stream.binding -> {q_t}
-      %p_q, %o_q, %s_q, %st_q = memref.extract_strided_metadata %m_q
-          : {q_t} -> memref<i8>, index, index, index
+      {subspans}
       %k = arith.constant {k} : index
-      func.call @{kernel.quantizer}(%p_x, %o_x, %p_q, %o_q, %k) : ({signature}) -> ()
+      func.call @{kernel.quantizer}({", ".join(pointers)}, %k) : ({signature}) -> ()
       return
-    }}
-  }}
-}}
-"""
+    }}"""
+    return _object_executable(name, obj, 1, kernel.quantizer, signature, func)
 
 
 def _hoisted_init(init: ir.Value, region: ir.Operation) -> ir.Value | None:
