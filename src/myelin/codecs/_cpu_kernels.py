@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 # a matvec whose weight is stored K-major (the kernels read K-major weights only).
 MARK = "plex.cpu_matvec"
 GROUP = 32  # the activation's quantization group (and q4's: other q4 groups keep IREE's code)
-MAX_K = 8192  # the kernels' stacks hold the quantized activation
+MAX_K = 8192  # the largest K a quantizing kernel takes (the K measured; larger untested)
 # How many workgroups split a kernel's outputs. Kernels that quantize the activation get one
 # workgroup per BYTES_PER_QUANTIZING_WORKGROUP of weight read (at least one), chosen while each
 # workgroup still quantized the activation itself (now their quantizer's dispatch does it once).

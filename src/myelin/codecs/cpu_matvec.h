@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define GROUP 32
-#define MAX_K 8192 /* the quantized activation lives on the worker's stack */
+#define MAX_K 8192 /* the largest K a quantizing kernel takes (the K measured; larger untested) */
 
 /* myelin.codecs._cpu_kernels passes its own numbers (-DPLEX_*): the two sides must agree. */
 #if defined(PLEX_GROUP) && (PLEX_GROUP != GROUP || PLEX_MAX_K != MAX_K)
