@@ -20,12 +20,14 @@ from myelin.errors import ArtifactError
 from myelin.mln import (
     HEADER_SIZE,
     MAGIC,
+    PARAMETER_PAGE,
     SECTION_ALIGNMENT,
     MlnReader,
     MlnWriter,
     module_section_name,
     parameter_section_name,
 )
+from myelin.runtime.parameter_memory import parameter_pages
 
 MODULE = module_section_name("cpu", "mlp")  # "variant/cpu/module/mlp"
 W0 = parameter_section_name("model", "w0")  # "param/model/w0"
@@ -203,6 +205,24 @@ def test_header_layout_and_manifest_encoding(tmp_path):
     assert hashlib.sha256(body).digest() == digest
     manifest = json.loads(body)
     assert body == json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_the_pages_of_the_parameters_lie_inside_the_file(tmp_path):
+    """After parameters the manifest starts on a page, so the runtime wraps the parameters in
+    whole pages that a device can import (myelin.runtime.parameter_memory.parameter_pages)."""
+    path = build(tmp_path / "demo.mln")
+    assert header_of(path)[4] % PARAMETER_PAGE == 0
+    with MlnReader(path) as reader:
+        params = [s for s in reader.sections.values() if s.kind == "parameter"]
+        start, end = parameter_pages(params, reader.file_size)
+    assert (start, end) == (4096, 12288)  # w0's page and b0's, the last one whole
+    assert end <= path.stat().st_size
+    # Without parameters there is nothing to import: the manifest keeps the 64-byte alignment.
+    manifest = demo_manifest()
+    manifest["parameters"] = []
+    writer = MlnWriter(manifest)
+    writer.add_section(MODULE, "module", MODULE_DATA)
+    assert header_of(writer.write(tmp_path / "code.mln"))[4] == 192  # 64 + 119, on 64
 
 
 def test_section_view_is_zero_copy_into_the_map(tmp_path):

@@ -2,8 +2,9 @@
 
     [header, 64 bytes][section][pad][section]...[pad][manifest (JSON)][signature trailer]
 
-Every section starts on its kind's alignment (parameters on 4096 so the runtime can wrap them
-zero-copy from an mmap); padding is zero bytes; the manifest comes last so the writer knows every
+Every section starts on its kind's alignment (parameters on a 4096-byte page so the runtime can
+wrap them zero-copy from an mmap, and the manifest after them on a page too); padding is zero
+bytes; the manifest comes last so the writer knows every
 section's offset when it writes it, and the header is written last of all. A signed file (header
 flag FLAG_SIGNED) ends with a fixed-size signature trailer after the manifest, outside everything
 the signature covers (myelin.mln._signing).
@@ -23,7 +24,13 @@ MAX_MANIFEST_SIZE = 64 * 1024 * 1024
 # "backend": an external backend's executable plugin or a vendor library it links
 # (myelin.backends); a runtime that predates them refuses the artifact on the unknown kind.
 SECTION_ALIGNMENT = MappingProxyType({"module": 64, "parameter": 4096, "blob": 64, "backend": 4096})
-MIN_ALIGNMENT = 64  # also the alignment of the manifest and of section kinds from a newer minor
+MIN_ALIGNMENT = 64  # also the alignment of section kinds from a newer minor
+# The page parameters are mapped, wrapped and imported in: parameter sections start on it, and
+# in a file with parameters the manifest does too (else on MIN_ALIGNMENT), so the pages that
+# hold the parameters lie wholly inside the file. Why: a device imports host memory only in
+# whole pages (Vulkan's minImportedHostPointerAlignment, 4096 on lavapipe and the common GPUs);
+# memory it cannot import, IREE's Vulkan driver reads through host-side staging instead.
+PARAMETER_PAGE = SECTION_ALIGNMENT["parameter"]
 CHUNK_SIZE = 4 * 1024 * 1024  # unit of streaming and hashing
 FLAG_SIGNED = 0x1  # a signature trailer follows the manifest (format 1.1)
 KNOWN_FLAGS = FLAG_SIGNED

@@ -29,6 +29,7 @@ from myelin.mln._layout import (
     HEADER_SIZE,
     MAX_MANIFEST_SIZE,
     MIN_ALIGNMENT,
+    PARAMETER_PAGE,
     SECTION_ALIGNMENT,
     Header,
     LayoutError,
@@ -129,7 +130,9 @@ class MlnWriter:
             offset = align_up(position, SECTION_ALIGNMENT[section.kind])
             offsets.append(offset)
             position = offset + section.length
-        return offsets, align_up(position, MIN_ALIGNMENT)
+        # In a file with parameters the manifest starts on a page (PARAMETER_PAGE).
+        has_parameters = any(s.kind == "parameter" for s in self._sections)
+        return offsets, align_up(position, PARAMETER_PAGE if has_parameters else MIN_ALIGNMENT)
 
     def _encode_checked(
         self, path: Path, offsets: list[int], digests: list[str], manifest_offset: int

@@ -28,7 +28,7 @@ from myelin.mln import (
 from myelin.runtime.admission import AdmissionBudget, CallNeed, FootprintFormula
 from myelin.runtime.devices import DeviceRegistry, host_drivers
 from myelin.runtime.parameter_memory import collect as collect_parameter_memory
-from myelin.runtime.parameter_memory import wrap_mapping
+from myelin.runtime.parameter_memory import parameter_pages, wrap_mapping
 from myelin.runtime.residency import ParameterResidency
 from myelin.signature import Signature, TensorSpec, parse_abi_declaration
 from myelin.sizes import parse_size
@@ -329,15 +329,19 @@ class Model:
         scopes = list(self.variant_record.parameter_scopes)
         if not scopes:
             return []
+        parameters = self.artifact_manifest.parameters_in(scopes)
+        sections = self._reader.sections
+        start, end = parameter_pages(
+            [sections[p.section] for p in parameters], self._reader.file_size
+        )
         # Not FileHandle.wrap_memory(mmap) itself: IREE can release what it wraps on one of its
         # worker threads, without the GIL (myelin.runtime.parameter_memory).
-        handle = wrap_mapping(self._reader.mmap)
+        handle = wrap_mapping(self._reader.mmap, start, end)
         indexes = {scope: rt.ParameterIndex() for scope in scopes}
-        sections = self._reader.sections
-        for p in self.artifact_manifest.parameters_in(scopes):
+        for p in parameters:
             section = sections[p.section]
             indexes[p.scope].add_from_file_handle(
-                p.key, handle, p.length, offset=section.offset + p.offset
+                p.key, handle, p.length, offset=section.offset + p.offset - start
             )
         self._file_handle = handle
         return [indexes[s].create_provider(scope=s) for s in scopes]

@@ -25,9 +25,12 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import iree.runtime as rt
+
+from myelin.mln import PARAMETER_PAGE, SectionEntry, align_up
 
 # id(proxy) -> proxy. A proxy is only ever stored and deleted: iterating the values, or keeping
 # one anywhere else, would change its count while an IREE worker may be changing it too.
@@ -37,11 +40,30 @@ _LOCK = threading.Lock()
 _ONLY_OURS = 1
 
 
-def wrap_mapping(mapping: Any) -> rt.FileHandle:
-    """A read-only IREE file handle over `mapping` (an mmap), zero-copy, whose Python side is
-    never released by an IREE thread."""
+def parameter_pages(sections: Sequence[SectionEntry], file_size: int) -> tuple[int, int]:
+    """The bytes [start, end) of a file to wrap for parameters in these sections: their whole
+    pages (PARAMETER_PAGE), cut at the end of the file.
+
+    Why whole pages: a device imports host memory only in pages, and a memory file that IREE's
+    Vulkan driver cannot import it reads through host-side staging, whose completions two IREE
+    threads report at once: IREE 3.13's queue then signals its wakeup semaphore out of order,
+    which Mesa's lavapipe answers with VK_ERROR_DEVICE_LOST for the rest of the process (seen
+    within a few dozen model loads). Imported pages are read by queue copies, with no staging.
+    Files written before the manifest moved onto a page may end inside the last one: then the
+    import fails as before and IREE stages, still correct where no race strikes.
+    """
+    if not sections:
+        return 0, file_size
+    start = min(s.offset for s in sections) // PARAMETER_PAGE * PARAMETER_PAGE
+    end = align_up(max(s.offset + s.length for s in sections), PARAMETER_PAGE)
+    return start, min(end, file_size)
+
+
+def wrap_mapping(mapping: Any, start: int = 0, end: int | None = None) -> rt.FileHandle:
+    """A read-only IREE file handle over bytes [start, end) of `mapping` (an mmap), zero-copy,
+    whose Python side is never released by an IREE thread."""
     collect()
-    proxy = memoryview(mapping)
+    proxy = memoryview(mapping)[start:end]
     handle = rt.FileHandle.wrap_memory(proxy, readable=True, writable=False)
     with _LOCK:
         _PROXIES[id(proxy)] = proxy
