@@ -135,10 +135,10 @@ HOST_TILES = data_tiling_choice("host", None).value  # an AVX-512 x86-64 host
 
 @pytest.mark.parametrize("pinned", ["data_tiling = false", "data_tiling = true"])
 def test_dynamic_attention_on_llvm_cpu_is_matmuls_and_a_softmax(tmp_path, pinned):
-    """The prefill's and decode's attentions, of dynamic lengths, become two batch matmuls and a
-    softmax (myelin.compiler.cpu_attention); under data tiling those matmuls carry a preset
-    compilation_info, which keeps IREE's data tiling (whose dynamic batch matmuls do not
-    compile) away from them."""
+    """The prefill's and decode's attentions, of dynamic lengths, become two products and a
+    softmax (myelin.compiler.cpu_attention; the products are generic contractions over the
+    cache rows); under data tiling the products carry a preset compilation_info, which keeps
+    IREE's data tiling (whose dynamic batch matmuls do not compile) away from them."""
     _package(tmp_path)
     app = tmp_path / "app.toml"
     app.write_text(APP.format(pinned=pinned))
@@ -146,7 +146,7 @@ def test_dynamic_attention_on_llvm_cpu_is_matmuls_and_a_softmax(tmp_path, pinned
     build(app, ir, compile_to="abi")
     text = "\n".join(p.read_text() for p in Path(ir).rglob("*.mlir"))
     assert "iree_linalg_ext.attention" not in text
-    matmuls = [line for line in text.splitlines() if "linalg.batch_matmul" in line]
+    matmuls = [line for line in text.splitlines() if "plex.attention_product" in line]
     assert len(matmuls) >= 4  # Q @ K^T and P @ V, prefill and decode
     preset = [line for line in matmuls if "compilation_info" in line]
     assert len(preset) == (len(matmuls) if pinned.endswith("true") else 0)
@@ -195,3 +195,32 @@ def test_the_attention_mask_keeps_the_step_one_queue_submission(tmp_path):
     }
     for name in ("@prefill", "@decode"):
         assert functions[name].count("stream.timepoint.await") == 1, name
+
+
+def test_decode_and_prefill_read_the_held_rows_in_the_caches_layout(tmp_path):
+    """On llvm-cpu the decomposed attention's products index the cache rows [slot, heads,
+    head_dim] in that layout (backend_attention.cache_rows_source): no dispatch copies the held keys
+    or values into [heads, slot, head_dim] first (before: two such copies a layer and call,
+    growing with the tokens held)."""
+    import re
+
+    _package(tmp_path)
+    app = tmp_path / "app.toml"
+    app.write_text(APP.format(pinned=""))
+    build(app, tmp_path / "ir", compile_to="dispatch-creation")
+    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
+    functions = {
+        body.split("(", 1)[0].split()[-1]: body for body in re.split(r"\n\s*util\.func ", text)[1:]
+    }
+    # the tiny llama: 2 layers, 2 KV heads of 16; held rows [?, 2, 16], a copy's result [2, ?, 16]
+    copy = re.compile(
+        r"flow\.dispatch\.workgroups.*\(tensor<\?x2x16xf32>\{[^}]*\}, index\) -> "
+        r"tensor<2x\?x16xf32>"
+    )
+    decode, prefill = functions["@decode"], functions["@prefill"]
+    assert copy.findall(decode) == []
+    # the prefill's one copy a layer is RoPE's, of the new keys (before: 3 a layer)
+    assert len(copy.findall(prefill)) == 2
+    products = [line for line in decode.splitlines() if "plex.attention_product" in line]
+    assert len(products) == 2 * 2  # Q K^T and P V, 2 layers
+    assert all("tensor<?x2x16xf32>" in line for line in products)

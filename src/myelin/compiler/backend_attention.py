@@ -28,6 +28,7 @@ it in tiles): for MiniLM at batch 32, seq 128, 25 MiB per layer, transient.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from iree.compiler import ir
 
@@ -80,8 +81,7 @@ def why_not(op: ir.Operation) -> str | None:
     return None
 
 
-def _function_text(name: str, op: ir.Operation) -> str:
-    ins = list(op.operands)[:-1]
+def _function_text(name: str, op: ir.Operation, ins: list[ir.Value], rows: Rows) -> str:
     q_t, k_t, v_t = (str(v.type) for v in ins[:3])
     out_t = str(op.results[0].type)
     mask_t = str(ins[4].type) if len(ins) == 5 else None
@@ -133,13 +133,11 @@ util.func private @{name}(%q0: {q_t}, %k0: {k_t}, %v0: {v_t}, %scale: f32{mask_a
   %b = tensor.dim %q, %c0 : {_DYN}
   %l = tensor.dim %q, %c1 : {_DYN}
   %e = tensor.dim %q, %c2 : {_DYN}
-  %s = tensor.dim %k, %c1 : {_DYN}
+  %s = tensor.dim %k, {"%c0" if rows.keys else "%c1"} : {_DYN}
   %ev = tensor.dim %v, %c2 : {_DYN}
-  %kt0 = tensor.empty(%b, %e, %s) : {_DYN}
-  %kt = linalg.transpose ins(%k : {_DYN}) outs(%kt0 : {_DYN}) permutation = [0, 2, 1]
   %s0 = tensor.empty(%b, %l, %s) : {_DYN}
   %sz = linalg.fill ins(%zero : f32) outs(%s0 : {_DYN}) -> {_DYN}
-  %qk = linalg.batch_matmul ins(%q, %kt : {_DYN}, {_DYN}) outs(%sz : {_DYN}) -> {_DYN}
+  {_scores(rows.keys)}
   %r0 = tensor.empty(%b, %l) : tensor<?x?xf32>
   %mi = linalg.fill ins(%lowest : f32) outs(%r0 : tensor<?x?xf32>) -> tensor<?x?xf32>
   %mx = linalg.generic {{indexing_maps = [#all{mask_map}, #row],
@@ -176,21 +174,81 @@ util.func private @{name}(%q0: {q_t}, %k0: {k_t}, %v0: {v_t}, %scale: f32{mask_a
   }} -> {_DYN}
   %o0 = tensor.empty(%b, %l, %ev) : {_DYN}
   %oz = linalg.fill ins(%zero : f32) outs(%o0 : {_DYN}) -> {_DYN}
-  %o = linalg.batch_matmul ins(%p, %v : {_DYN}, {_DYN}) outs(%oz : {_DYN}) -> {_DYN}
+  {_weighted_values(rows.values)}
   %out = tensor.cast %o : {_DYN} to {out_t}
   util.return %out : {out_t}
 }}
 """
 
 
-def decompose_attention(module: ir.Operation, op: ir.Operation, name: str) -> None:
-    """Replace `op` by a call of a new private function `name` (see the module docstring)."""
-    parsed = ir.Module.parse(_function_text(name, op))
+@dataclass(frozen=True)
+class Rows:
+    """Which of an attention's keys and values the decomposition reads as cache rows: x [S,
+    B*H, E] (a causal LM's held rows, `cache_rows_source`), indexed in that layout by the products,
+    instead of [B*H, S, E]."""
+
+    keys: bool = False
+    values: bool = False
+
+
+# The mark of the products a decomposition computes as generics (Rows), for callers that give
+# them a strategy (myelin.compiler.cpu_attention).
+PRODUCT_MARK = "plex.attention_product"
+
+
+def _scores(keys_as_rows: bool) -> str:
+    """%qk = Q K^T: a batch matmul with K transposed in the call, or over cache rows a generic
+    contraction that reads each key where it lies (its map (b, l, s, e) -> (s, b, e))."""
+    if not keys_as_rows:
+        return f"""%kt0 = tensor.empty(%b, %e, %s) : {_DYN}
+  %kt = linalg.transpose ins(%k : {_DYN}) outs(%kt0 : {_DYN}) permutation = [0, 2, 1]
+  %qk = linalg.batch_matmul ins(%q, %kt : {_DYN}, {_DYN}) outs(%sz : {_DYN}) -> {_DYN}"""
+    return f"""%qk = linalg.generic {{indexing_maps = [
+        affine_map<(b, l, s, e) -> (b, l, e)>, affine_map<(b, l, s, e) -> (s, b, e)>,
+        affine_map<(b, l, s, e) -> (b, l, s)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction"], {PRODUCT_MARK}}}
+      ins(%q, %k : {_DYN}, {_DYN}) outs(%sz : {_DYN}) {{
+    ^bb0(%x: f32, %y: f32, %a: f32):
+      %m = arith.mulf %x, %y : f32
+      %r = arith.addf %a, %m : f32
+      linalg.yield %r : f32
+  }} -> {_DYN}"""
+
+
+def _weighted_values(values_as_rows: bool) -> str:
+    """%o = P V: a batch matmul, or over cache rows a generic contraction (as `_scores`)."""
+    if not values_as_rows:
+        return f"%o = linalg.batch_matmul ins(%p, %v : {_DYN}, {_DYN}) outs(%oz : {_DYN}) -> {_DYN}"
+    return f"""%o = linalg.generic {{indexing_maps = [
+        affine_map<(b, l, e, s) -> (b, l, s)>, affine_map<(b, l, e, s) -> (s, b, e)>,
+        affine_map<(b, l, e, s) -> (b, l, e)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction"], {PRODUCT_MARK}}}
+      ins(%p, %v : {_DYN}, {_DYN}) outs(%oz : {_DYN}) {{
+    ^bb0(%x: f32, %y: f32, %a: f32):
+      %m = arith.mulf %x, %y : f32
+      %r = arith.addf %a, %m : f32
+      linalg.yield %r : f32
+  }} -> {_DYN}"""
+
+
+def decompose_attention(
+    module: ir.Operation, op: ir.Operation, name: str, *, cache_rows: bool = False
+) -> None:
+    """Replace `op` by a call of a new private function `name` (see the module docstring).
+    With `cache_rows`, keys and values that are a causal LM's held rows (`cache_rows_source`)
+    are read in the rows' own layout."""
+    ins = list(op.operands)[:-1]
+    rows = Rows()
+    if cache_rows:
+        keys, values = cache_rows_source(ins[1], op), cache_rows_source(ins[2], op)
+        rows = Rows(keys=keys is not None, values=values is not None)
+        ins[1] = keys if keys is not None else ins[1]
+        ins[2] = values if values is not None else ins[2]
+    parsed = ir.Module.parse(_function_text(name, op, ins, rows))
     block = module.regions[0].blocks[0]
     for fn in list(parsed.body.operations):
         fn.operation.detach_from_parent()
         block.append(fn)
-    ins = list(op.operands)[:-1]
     call = ir.Operation.create(
         "util.call",
         results=[op.results[0].type],
@@ -263,6 +321,43 @@ def heads_source(value: ir.Value) -> tuple[ir.Value, int] | None:
     if list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [0, 2, 1, 3]:
         return None
     return transpose.operands[0], ir.RankedTensorType(collapse.operands[0].type).shape[1]
+
+
+def cache_rows_source(value: ir.Value, before: ir.Operation) -> ir.Value | None:
+    """x [S, B, H, E] collapsed to [S, B*H, E] (inserted before `before`) where `value` is x with
+    its length moved behind the heads and the heads collapsed into the batch: how a causal LM's
+    held keys and values reach attention from its cache rows (myelin.frontends.causal_lm,
+    row `slot` holding every sequence's heads). Else None.
+
+    Why: as [B*H, S, E] operands they were a transposing copy of every held row, two a layer
+    and step, growing with the tokens held; in the rows' layout, the products index them
+    without that copy."""
+    collapse = _collapsed_heads(value)
+    if collapse is None:
+        return None
+    transpose = _producer(collapse.operands[0])
+    if transpose is None or transpose.name != "linalg.transpose":
+        return None
+    if list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 2, 0, 3]:
+        return None
+    x = transpose.operands[0]
+    shape = ir.RankedTensorType(x.type)
+    if shape.is_dynamic_dim(1) or shape.is_dynamic_dim(2) or shape.is_dynamic_dim(3):
+        return None
+    rows_type = ir.RankedTensorType.get(
+        [shape.shape[0], shape.shape[1] * shape.shape[2], shape.shape[3]],
+        shape.element_type,
+        loc=before.location,
+    )
+    collapse_rows = ir.Operation.create(
+        "tensor.collapse_shape",
+        results=[rows_type],
+        operands=[x],
+        attributes={"reassociation": ir.Attribute.parse("[[0], [1, 2], [3]]")},
+        loc=before.location,
+    )
+    ir.InsertionPoint(before).insert(collapse_rows)
+    return collapse_rows.results[0]
 
 
 def mask_source(value: ir.Value) -> tuple[ir.Value, int] | None:

@@ -16,6 +16,14 @@ basis element may be statically non-positive"), so there they get a `compilation
 IREE's plain matmul code. A 2-layer TinyLlama prefill of 128 tokens (data-tiled) spent 718 ms
 in the fused attentions and about 85 ms in their decomposition (docs/llm.md).
 
+A causal LM's keys and values reach its attentions from the cache rows ([slot, batch * heads,
+head_dim], myelin.frontends.causal_lm) through a transpose into [batch * heads, slot, head_dim]
+that IREE materialized: a copy of every held key and value, two a layer and call, growing with
+the tokens held. On llvm-cpu the decomposition reads such operands in the rows' layout instead
+(backend_attention.cache_rows_source): its products are generic contractions indexing the rows.
+A TinyLlama-1.1B decode step lost 44 of its 492 dispatches (docs/llm.md). IREE's bf16 demotion
+takes named matmuls only, so under `compute = "bf16"` these products stay f32.
+
 vulkan-spirv variants get the decomposition too, dynamic shapes included (no data tiling
 there): IREE 3.13's SPIR-V pipeline cannot lower the fused op at all, so without it a model
 using `scaled_dot_product_attention` (examples/minilm) does not compile for Vulkan.
@@ -27,7 +35,12 @@ from collections.abc import Sequence
 
 from iree.compiler import ir
 
-from myelin.compiler.backend_attention import ATTENTION, decompose_attention, why_not
+from myelin.compiler.backend_attention import (
+    ATTENTION,
+    PRODUCT_MARK,
+    decompose_attention,
+    why_not,
+)
 from myelin.compiler.targets import TargetDevice
 
 FUNCTION_PREFIX = "plex_cpu_attention"
@@ -77,21 +90,26 @@ def decompose_cpu_attentions(module: ir.Operation, devices: Sequence[TargetDevic
 
     module.walk(visit)
     untiled = set()
+    on_cpu = {d.target for d in devices} == {"llvm-cpu"}
     for index, op in enumerate(found):
-        if not _static(op):
+        dynamic = not _static(op)
+        if dynamic:
             untiled.add(f"{FUNCTION_PREFIX}_{index}")
-        decompose_attention(module, op, f"{FUNCTION_PREFIX}_{index}")
+        # a causal LM's held keys and values are read where its cache rows hold them
+        # (backend_attention.cache_rows_source); on llvm-cpu only, where it was measured
+        decompose_attention(module, op, f"{FUNCTION_PREFIX}_{index}", cache_rows=dynamic and on_cpu)
     if untiled and _data_tiled(devices):
         _keep_out_of_data_tiling(module, untiled)
     return len(found)
 
 
 def _keep_out_of_data_tiling(module: ir.Operation, functions: set[str]) -> None:
-    """Give the batch matmuls of these decompositions UNTILED_MATMUL."""
+    """Give the products of these decompositions (batch matmuls, or generics over cache rows)
+    UNTILED_MATMUL."""
     matmuls: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "linalg.batch_matmul":
+        if op.name == "linalg.batch_matmul" or PRODUCT_MARK in op.attributes:
             parent = op.parent
             while parent is not None and parent.name != "util.func":
                 parent = parent.parent

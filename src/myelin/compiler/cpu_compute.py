@@ -1,5 +1,7 @@
 """llvm-cpu `compute = "bf16"`: every matmul (batch matmuls included) takes its inputs rounded
-to bf16 and accumulates in f32; convolutions, elementwise ops, softmax and norms stay f32.
+to bf16 and accumulates in f32; convolutions, elementwise ops, softmax and norms stay f32, and
+so do a causal LM's attention products over its cache rows (generic contractions, which IREE's
+demotion does not take: myelin.compiler.cpu_attention).
 
 On a CPU with AVX512-BF16 the data-tiled kernels then run bf16 dot products (two products per
 f32 lane) on weights packed at half the bytes: the reduced-precision mode OpenVINO's CPU plugin
