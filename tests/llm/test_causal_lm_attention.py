@@ -11,6 +11,7 @@ transformers' `generate` for Llama, Qwen2 and Mistral (all GQA) are in test_caus
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -177,22 +178,25 @@ def test_a_causal_lm_with_encoded_weights_records_why_it_data_tiles(tmp_path):
     assert tokens["default"] == tokens["untiled"]
 
 
+def _functions(ir: Path) -> dict[str, str]:
+    """The text of each util.func in the phase files under `ir`, by its "@name"."""
+    text = "\n".join(p.read_text() for p in ir.rglob("*.mlir"))
+    return {
+        body.split("(", 1)[0].split()[-1]: body for body in re.split(r"\n\s*util\.func ", text)[1:]
+    }
+
+
 def test_the_attention_mask_keeps_the_step_one_queue_submission(tmp_path):
     """The decomposed attention keeps its mask's producer out of the softmax with IREE's
     compute barrier (myelin.compiler.backend_attention), which Stream never sees: the host
     awaits a decode step and a prefill once, for their results, however many layers (a
     `util.optimization_barrier` there made it await every layer's mask, one queue submission
     a layer)."""
-    import re
-
     _package(tmp_path)
     app = tmp_path / "app.toml"
     app.write_text(APP.format(pinned=""))
     build(app, tmp_path / "ir", compile_to="stream")
-    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
-    functions = {
-        body.split("(", 1)[0].split()[-1]: body for body in re.split(r"\n\s*util\.func ", text)[1:]
-    }
+    functions = _functions(tmp_path / "ir")
     for name in ("@prefill", "@decode"):
         assert functions[name].count("stream.timepoint.await") == 1, name
 
@@ -202,16 +206,11 @@ def test_decode_and_prefill_read_the_held_rows_in_the_caches_layout(tmp_path):
     head_dim] in that layout (backend_attention.cache_rows_source): no dispatch copies the held keys
     or values into [heads, slot, head_dim] first (before: two such copies a layer and call,
     growing with the tokens held)."""
-    import re
-
     _package(tmp_path)
     app = tmp_path / "app.toml"
     app.write_text(APP.format(pinned=""))
     build(app, tmp_path / "ir", compile_to="dispatch-creation")
-    text = "\n".join(p.read_text() for p in (tmp_path / "ir").rglob("*.mlir"))
-    functions = {
-        body.split("(", 1)[0].split()[-1]: body for body in re.split(r"\n\s*util\.func ", text)[1:]
-    }
+    functions = _functions(tmp_path / "ir")
     # the tiny llama: 2 layers, 2 KV heads of 16; held rows [?, 2, 16], a copy's result [2, ?, 16]
     copy = re.compile(
         r"flow\.dispatch\.workgroups.*\(tensor<\?x2x16xf32>\{[^}]*\}, index\) -> "

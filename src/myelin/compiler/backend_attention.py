@@ -198,32 +198,29 @@ PRODUCT_MARK = "plex.attention_product"
 
 def _scores(keys_as_rows: bool) -> str:
     """%qk = Q K^T: a batch matmul with K transposed in the call, or over cache rows a generic
-    contraction that reads each key where it lies (its map (b, l, s, e) -> (s, b, e))."""
+    contraction that reads each key in the rows' layout (its map (b, l, s, e) -> (s, b, e))."""
     if not keys_as_rows:
         return f"""%kt0 = tensor.empty(%b, %e, %s) : {_DYN}
   %kt = linalg.transpose ins(%k : {_DYN}) outs(%kt0 : {_DYN}) permutation = [0, 2, 1]
   %qk = linalg.batch_matmul ins(%q, %kt : {_DYN}, {_DYN}) outs(%sz : {_DYN}) -> {_DYN}"""
-    return f"""%qk = linalg.generic {{indexing_maps = [
-        affine_map<(b, l, s, e) -> (b, l, e)>, affine_map<(b, l, s, e) -> (s, b, e)>,
-        affine_map<(b, l, s, e) -> (b, l, s)>],
-      iterator_types = ["parallel", "parallel", "parallel", "reduction"], {PRODUCT_MARK}}}
-      ins(%q, %k : {_DYN}, {_DYN}) outs(%sz : {_DYN}) {{
-    ^bb0(%x: f32, %y: f32, %a: f32):
-      %m = arith.mulf %x, %y : f32
-      %r = arith.addf %a, %m : f32
-      linalg.yield %r : f32
-  }} -> {_DYN}"""
+    return _rows_product("%qk", "%q", "%k", "%sz", "(b, l, s, e)", "(b, l, e)", "(b, l, s)")
 
 
 def _weighted_values(values_as_rows: bool) -> str:
     """%o = P V: a batch matmul, or over cache rows a generic contraction (as `_scores`)."""
     if not values_as_rows:
         return f"%o = linalg.batch_matmul ins(%p, %v : {_DYN}, {_DYN}) outs(%oz : {_DYN}) -> {_DYN}"
-    return f"""%o = linalg.generic {{indexing_maps = [
-        affine_map<(b, l, e, s) -> (b, l, s)>, affine_map<(b, l, e, s) -> (s, b, e)>,
-        affine_map<(b, l, e, s) -> (b, l, e)>],
+    return _rows_product("%o", "%p", "%v", "%oz", "(b, l, e, s)", "(b, l, s)", "(b, l, e)")
+
+
+def _rows_product(result: str, lhs: str, rows: str, init: str, loops: str, lhs_dims: str,
+                  out_dims: str) -> str:  # fmt: skip
+    """`result` = sum over the last loop of `lhs` times `rows` [s, b, e] (cache rows)."""
+    return f"""{result} = linalg.generic {{indexing_maps = [
+        affine_map<{loops} -> {lhs_dims}>, affine_map<{loops} -> (s, b, e)>,
+        affine_map<{loops} -> {out_dims}>],
       iterator_types = ["parallel", "parallel", "parallel", "reduction"], {PRODUCT_MARK}}}
-      ins(%p, %v : {_DYN}, {_DYN}) outs(%oz : {_DYN}) {{
+      ins({lhs}, {rows} : {_DYN}, {_DYN}) outs({init} : {_DYN}) {{
     ^bb0(%x: f32, %y: f32, %a: f32):
       %m = arith.mulf %x, %y : f32
       %r = arith.addf %a, %m : f32
@@ -313,14 +310,22 @@ def heads_source(value: ir.Value) -> tuple[ir.Value, int] | None:
     len and collapsed into the batch (how BERT-style models split Q, K, V into heads): the call
     reads x as it is (no transposed copy). Else None."""
     collapse = _collapsed_heads(value)
+    x = _transposed_source(collapse, [0, 2, 1, 3])
+    if collapse is None or x is None:
+        return None
+    return x, ir.RankedTensorType(collapse.operands[0].type).shape[1]
+
+
+def _transposed_source(collapse: ir.Operation | None, permutation: list[int]) -> ir.Value | None:
+    """x where `collapse` (from `_collapsed_heads`) collapses a `permutation` transpose of x."""
     if collapse is None:
         return None
     transpose = _producer(collapse.operands[0])
     if transpose is None or transpose.name != "linalg.transpose":
         return None
-    if list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [0, 2, 1, 3]:
+    if list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != permutation:
         return None
-    return transpose.operands[0], ir.RankedTensorType(collapse.operands[0].type).shape[1]
+    return transpose.operands[0]
 
 
 def cache_rows_source(value: ir.Value, before: ir.Operation) -> ir.Value | None:
@@ -332,15 +337,9 @@ def cache_rows_source(value: ir.Value, before: ir.Operation) -> ir.Value | None:
     Why: as [B*H, S, E] operands they were a transposing copy of every held row, two a layer
     and step, growing with the tokens held; in the rows' layout, the products index them
     without that copy."""
-    collapse = _collapsed_heads(value)
-    if collapse is None:
+    x = _transposed_source(_collapsed_heads(value), [1, 2, 0, 3])
+    if x is None:
         return None
-    transpose = _producer(collapse.operands[0])
-    if transpose is None or transpose.name != "linalg.transpose":
-        return None
-    if list(ir.DenseI64ArrayAttr(transpose.attributes["permutation"])) != [1, 2, 0, 3]:
-        return None
-    x = transpose.operands[0]
     shape = ir.RankedTensorType(x.type)
     if shape.is_dynamic_dim(1) or shape.is_dynamic_dim(2) or shape.is_dynamic_dim(3):
         return None
