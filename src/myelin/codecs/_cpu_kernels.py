@@ -445,7 +445,7 @@ def _workgroups(kernel: Kernel, matvec: Matvec) -> int:
     count = min(matvec.n // matvec.granule(kernel), MAX_WORKGROUPS)
     if kernel.quantizes:
         weight = sum(
-            size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("x", "q8", "init")
+            size * _BYTES[t] for b, _, t, size in matvec.operands if b not in ("q8", "init")
         )
         count = min(count, max(1, weight // BYTES_PER_QUANTIZING_WORKGROUP))
     return count

@@ -137,11 +137,10 @@ static inline q8_view q8_parts(const uint8_t* packed, size_t k) {
 
 /* `void name(const float* x, size_t x_off, uint8_t* q8, size_t q8_off, size_t k)`: the
  * quantizer entry of a kernel's object, over `quantize` (quantize_q8 or its AVX-512 form). */
-#define Q8_QUANTIZER(name, quantize)                                                  \
-  void name(const float* x, size_t x_off, uint8_t* q8, size_t q8_off, size_t k) {     \
-    uint8_t* p = q8 + q8_off;                                                         \
-    float* d = (float*)(p + k);                                                       \
-    quantize(x + x_off, k, (int8_t*)p, d, d + k / GROUP, (int32_t*)(d + 2 * (k / GROUP))); \
+#define Q8_QUANTIZER(name, quantize)                                                       \
+  void name(const float* x, size_t x_off, uint8_t* q8, size_t q8_off, size_t k) {          \
+    const q8_view v = q8_parts(q8 + q8_off, k); /* the layout the kernels read, written */ \
+    quantize(x + x_off, k, (int8_t*)v.xq, (float*)v.d, (float*)v.xs, (int32_t*)v.xi);      \
   }
 
 #ifdef __AVX512F__
